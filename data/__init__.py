@@ -1,0 +1,1 @@
+"""ARC data: loading and validation, canvas encoding, augmentation, features, curriculum."""

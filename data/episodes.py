@@ -1,0 +1,122 @@
+"""Episodes (context demos + one query pair) and the tensors a training step consumes.
+
+Training episodes: leave-one-out over the demos of every training task (one demo is the query, the
+others the context) plus the test pairs of training tasks with all demos as context. Evaluation
+episodes: the test pairs of evaluation tasks; their outputs are read by the scorer only.
+
+Everything the prompt sees (demo texts, numeric and relation features, control vector) is computed
+from the context demos and the query INPUT; the query output only becomes the training target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from data.arc import ArcPair, ArcTask
+from data.augment import Augmentation, random_augmentation
+from data.canvas import encode
+from data.curriculum import EASY_PERCENTILE
+from data.features import difficulty, numeric_features, relation_features
+from data.text import demo_text
+
+CTRL_FEATURES = (
+    "difficulty_percentile",  # the episode's difficulty rank among training episodes, in [0, 1]
+    "is_easy",  # 1 if below the easy percentile of the curriculum
+    "is_augmented",  # 1 if the episode was augmented
+)
+CTRL_DIM = len(CTRL_FEATURES)
+
+
+@dataclass(frozen=True)
+class Episode:
+    task: ArcTask
+    context: tuple[ArcPair, ...]
+    query: ArcPair
+    where: str  # "train[i]" or "test[j]": which pair of the task is the query
+
+
+def training_episodes(tasks: tuple[ArcTask, ...]) -> list[Episode]:
+    episodes = []
+    for task in tasks:
+        if len(task.train) >= 2:
+            for i, pair in enumerate(task.train):
+                episodes.append(Episode(task, task.train[:i] + task.train[i + 1:], pair, f"train[{i}]"))
+        for j, pair in enumerate(task.test):
+            episodes.append(Episode(task, task.train, pair, f"test[{j}]"))
+    return episodes
+
+
+def evaluation_episodes(tasks: tuple[ArcTask, ...]) -> list[Episode]:
+    return [Episode(t, t.train, p, f"test[{j}]") for t in tasks for j, p in enumerate(t.test)]
+
+
+class DifficultyScale:
+    """Maps a difficulty score to its percentile among the training episodes."""
+
+    def __init__(self, train_scores: np.ndarray):
+        self.sorted = np.sort(train_scores)
+
+    def percentile(self, score: float) -> float:
+        return float(np.searchsorted(self.sorted, score, side="left")) / max(len(self.sorted), 1)
+
+    def is_easy(self, score: float) -> bool:
+        return self.percentile(score) < EASY_PERCENTILE / 100
+
+
+def episode_difficulty(ep: Episode) -> float:
+    return difficulty(ep.context, ep.query.input)
+
+
+class EpisodeDataset(Dataset):
+    """Indexed by (episode index, augmentation seed); seed -1 means the identity augmentation."""
+
+    def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False):
+        self.episodes = episodes
+        self.scale = scale
+        self.permute_background = permute_background
+        self.scores = np.array([episode_difficulty(e) for e in episodes])
+
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def augmentation(self, index: int, aug_seed: int) -> Augmentation:
+        if aug_seed < 0:
+            return Augmentation()
+        rng = np.random.default_rng(aug_seed)
+        return random_augmentation(rng, len(self.episodes[index].context), self.permute_background)
+
+    def __getitem__(self, item: tuple[int, int]) -> dict:
+        index, aug_seed = item
+        ep = self.episodes[index]
+        aug = self.augmentation(index, aug_seed)
+        context = aug.pairs(ep.context)
+        query_in, query_out = aug.grid(ep.query.input), aug.grid(ep.query.output)
+        percentile = self.scale.percentile(self.scores[index])
+        ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
+        return {
+            "input": torch.from_numpy(encode(query_in)),
+            "target": torch.from_numpy(encode(query_out)),
+            "numeric": torch.from_numpy(numeric_features(context, query_in)),
+            "relation": torch.from_numpy(relation_features(context)),
+            "ctrl": torch.tensor(ctrl, dtype=torch.float32),
+            "demo_texts": tuple(demo_text(p) for p in context),
+            "task_id": ep.task.task_id,
+            "where": ep.where,
+            "augmentation": aug,
+        }
+
+
+def collate(samples: list[dict]) -> dict:
+    """Stack a list of samples into a batch.
+
+    Returns: input, target [B, 30, 30] int64; numeric [B, 15], relation [B, 126], ctrl [B, 3]
+    float32; demo_texts list of B tuples of str; task_id, where, augmentation lists of length B.
+    """
+    batch = {k: torch.stack([s[k] for s in samples]) for k in ("input", "target", "numeric", "relation", "ctrl")}
+    for k in ("demo_texts", "task_id", "where", "augmentation"):
+        batch[k] = [s[k] for s in samples]
+    return batch

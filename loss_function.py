@@ -1,0 +1,119 @@
+"""The EFE (expected free energy) loss with hard-cell weighting, and the combined training loss.
+
+Pure functions. Per valid cell, with q = softmax(logits) and C classes:
+
+    risk       = -sum_c pref(c) log q(c)        pref = (1 - smoothing) onehot + smoothing / C
+    divergence = KL(q || p_eps) = sum_c q(c) (log q(c) - log p_eps(c))
+                                                p_eps = (1 - eps) onehot + eps / C  (finite for one-hot)
+    ambiguity  = H[q] = -sum_c q(c) log q(c)
+    cell_loss  = risk + lambda_r * divergence + lambda_a * ambiguity
+
+Hard cells (predicted wrong, or output differs from input) weigh `hard_weight`, others 1. Per sample:
+
+    efe = (0.5 + 0.5 * mask_ratio) * sum(weight * cell_loss) / n_valid + lambda_c * ||refined - prompt||^2
+
+where mask_ratio is the share of valid cells still predicted wrong (no gradient). Everything is per
+sample, so a batch split into micro-batches gives the same gradient as the whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from data.canvas import PAD
+
+
+@dataclass(frozen=True)
+class EFECoefs:
+    smoothing: float = 0.1  # label smoothing of the preference distribution
+    eps: float = 0.01  # smoothing of p_eps inside the KL term
+    lambda_r: float = 0.1  # weight of KL(q || p_eps)
+    lambda_a: float = 0.01  # weight of the ambiguity H[q]
+    lambda_c: float = 1e-3  # weight of the complexity ||refined - prompt||^2
+    hard_weight: float = 2.0  # weight of a hard cell (an easy one weighs 1)
+
+
+@dataclass(frozen=True)
+class EFEResult:
+    per_sample: torch.Tensor  # [B] float32, carries gradients
+    mask_ratio: torch.Tensor  # [B] float32, detached
+    parts: dict[str, torch.Tensor]  # batch means of each term, detached, for logging
+
+
+def valid_cells(input_canvas: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """[B, H, W] bool: cells inside the input or the target grid (incl. EOG markers); PAD cells
+    outside both are excluded from the loss."""
+    return (target != PAD) | (input_canvas != PAD)
+
+
+def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor,
+             refined_prompt: torch.Tensor, prompt: torch.Tensor, coefs: EFECoefs = EFECoefs()) -> EFEResult:
+    """EFE loss per sample.
+
+    Args:
+        logits: [B, 30, 30, C] float (any float dtype; the loss is computed in float32).
+        target: [B, 30, 30] int64 class indices. A float target is an error: it used to be passed
+            as `out.float()` and silently broadcast inside the KL term.
+        input_canvas: [B, 30, 30] int64, the query input (for the valid mask and hard cells).
+        refined_prompt, prompt: [B, P] float32, after and before refinement.
+    Returns:
+        EFEResult with per_sample [B] float32 (with gradients), mask_ratio [B] and parts (detached).
+    """
+    if target.dtype != torch.long:
+        raise TypeError(f"efe_loss: target must hold integer class indices (torch.long), got {target.dtype}")
+    if logits.shape[:-1] != target.shape:
+        raise ValueError(f"efe_loss: logits {tuple(logits.shape)} do not match target {tuple(target.shape)}")
+    num_classes = logits.shape[-1]
+    # float32 on purpose: log-softmax and KL of bf16/fp16 logits under autocast lose the small terms.
+    log_q = F.log_softmax(logits.float(), dim=-1)
+    q = log_q.exp()
+    onehot = F.one_hot(target, num_classes).float()
+
+    pref = (1 - coefs.smoothing) * onehot + coefs.smoothing / num_classes
+    risk = -(pref * log_q).sum(-1)
+    log_p_eps = torch.log((1 - coefs.eps) * onehot + coefs.eps / num_classes)
+    divergence = (q * (log_q - log_p_eps)).sum(-1)
+    ambiguity = -(q * log_q).sum(-1)
+    cell_loss = risk + coefs.lambda_r * divergence + coefs.lambda_a * ambiguity
+
+    valid = valid_cells(input_canvas, target)
+    validf = valid.float()
+    n_valid = validf.sum((1, 2)).clamp_min(1.0)
+    with torch.no_grad():
+        wrong = (log_q.argmax(-1) != target) & valid
+        hard = wrong | (target != input_canvas)
+        weight = torch.where(hard, coefs.hard_weight, 1.0) * validf
+        mask_ratio = wrong.float().sum((1, 2)) / n_valid
+
+    data_term = (weight * cell_loss).sum((1, 2)) / n_valid
+    complexity = (refined_prompt.float() - prompt.float()).pow(2).sum(-1)
+    per_sample = (0.5 + 0.5 * mask_ratio) * data_term + coefs.lambda_c * complexity
+
+    def cell_mean(x: torch.Tensor) -> torch.Tensor:
+        return ((x * validf).sum((1, 2)) / n_valid).mean().detach()
+
+    parts = {"risk": cell_mean(risk), "divergence": cell_mean(divergence), "ambiguity": cell_mean(ambiguity),
+             "complexity": complexity.mean().detach()}
+    return EFEResult(per_sample, mask_ratio, parts)
+
+
+@torch.no_grad()
+def target_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor) -> torch.Tensor:
+    """Mean per-cell log-likelihood of the target over valid cells: [B] float32, no gradient.
+
+    logits [B, 30, 30, C] float; target, input_canvas [B, 30, 30] int64. The RL reward compares it
+    between the sampled and the mean refinement.
+    """
+    log_q = F.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    validf = valid_cells(input_canvas, target).float()
+    return (log_q * validf).sum((1, 2)) / validf.sum((1, 2)).clamp_min(1.0)
+
+
+def combined_loss(efe_sampled: torch.Tensor, efe_mean: torch.Tensor, efe_weight: float,
+                  rl_weight: float) -> torch.Tensor:
+    """Per-sample training loss [B]: `efe_weight * EFE(sampled refinement) + rl_weight * EFE(mean
+    refinement)`. Both terms carry gradients."""
+    return efe_weight * efe_sampled + rl_weight * efe_mean

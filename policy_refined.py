@@ -1,0 +1,142 @@
+"""Prompt refinement with an RL head.
+
+    refined = apply(prompt, ctrl_vec, feat_sum) + U @ a,    a ~ N(mu(x), diag(sigma^2)),  x detached
+
+- `apply()` is a residual MLP trained by the main loss; it has no `no_grad`, so gradients reach the
+  prompt encoder (and Qwen, when it trains) through it.
+- The RL head is a Gaussian policy over a low-rank delta: `U` [P, rank] is a fixed random orthonormal
+  basis, `mu` a small MLP of the detached inputs, the log-std a learned vector clamped to a range.
+  It has its own optimizer and is trained only by `update()`, REINFORCE with a moving-average
+  baseline, which runs after the main optimizer step on detached tensors: it never touches the main
+  graph, so it can never backward through it a second time.
+
+Inputs:
+- ctrl_vec [B, 3] float32: the episode's curriculum controls (data.episodes.CTRL_FEATURES:
+  difficulty percentile, is_easy, is_augmented).
+- feat_sum [B, 15] float32: the numeric task summary (data.features.NUMERIC_FEATURES).
+
+`PolicyRefiner` is a plain object holding two modules (`refiner` for the main optimizer, `head` for
+its own) so that no parameter can ever sit in both optimizers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class RefineMLP(nn.Module):
+    """Residual refinement: prompt + MLP([prompt, ctrl, feat]); starts as the identity."""
+
+    def __init__(self, prompt_dim: int, ctrl_dim: int, feat_dim: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(prompt_dim + ctrl_dim + feat_dim, hidden), nn.GELU(),
+                                 nn.Linear(hidden, prompt_dim))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, prompt: torch.Tensor, ctrl: torch.Tensor, feat: torch.Tensor) -> torch.Tensor:
+        return prompt + self.net(torch.cat([prompt, ctrl.to(prompt.dtype), feat.to(prompt.dtype)], -1))
+
+
+class GaussianHead(nn.Module):
+    """mu(x) [B, rank] and a clamped, learned log-std [rank]."""
+
+    def __init__(self, in_dim: int, rank: int, hidden: int, log_std_init: float, log_std_bounds: tuple[float, float]):
+        super().__init__()
+        self.mu = nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, rank))
+        nn.init.zeros_(self.mu[-1].weight)
+        nn.init.zeros_(self.mu[-1].bias)
+        self.log_std = nn.Parameter(torch.full((rank,), log_std_init))
+        self.log_std_bounds = log_std_bounds
+        self.register_buffer("baseline", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mu(x), self.log_std.clamp(*self.log_std_bounds).exp()
+
+
+@dataclass
+class RLInfo:
+    """What the RL update needs, all detached: head input x [B, in], action a [B, rank]."""
+
+    head_input: torch.Tensor
+    action: torch.Tensor
+
+
+class PolicyRefiner:
+    def __init__(self, prompt_dim: int, ctrl_dim: int, feat_dim: int, *, rank: int = 8, hidden: int = 256,
+                 rl_lr: float = 1e-3, baseline_momentum: float = 0.9, log_std_init: float = -1.0,
+                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0,
+                 device: torch.device = torch.device("cpu")):
+        self.refiner = RefineMLP(prompt_dim, ctrl_dim, feat_dim, hidden).to(device)
+        in_dim = prompt_dim + ctrl_dim + feat_dim
+        self.head = GaussianHead(in_dim, rank, hidden // 2, log_std_init, log_std_bounds).to(device)
+        basis_gen = torch.Generator().manual_seed(seed + 7919)
+        basis = torch.linalg.qr(torch.randn(prompt_dim, rank, generator=basis_gen))[0]
+        self.basis = basis.to(device)  # U [P, rank], orthonormal columns, fixed
+        self.optimizer = torch.optim.Adam(self.head.parameters(), lr=rl_lr)
+        self.momentum = baseline_momentum
+        self.generator = torch.Generator(device=device).manual_seed(seed + 104729)
+        self.device = device
+
+    def apply(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
+        """Deterministic refinement [B, P] (dtype of prompt), with gradients to the prompt."""
+        return self.refiner(prompt, ctrl_vec, feat_sum)
+
+    @staticmethod
+    def _head_input(prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
+        """[B, P + 3 + 15] float32, detached: the RL head never sends gradients into the main graph."""
+        return torch.cat([prompt.detach().float(), ctrl_vec.float(), feat_sum.float()], -1)
+
+    def refine_prompt(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor,
+                      feat_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, RLInfo]:
+        """-> (refined with the sampled delta [B, P], refined with the mean delta [B, P], RLInfo).
+
+        prompt [B, P] float, ctrl_vec [B, 3] float32, feat_sum [B, 15] float32. The head runs in
+        float32 outside autocast: it is tiny, and its log-probabilities must be exact.
+        """
+        base = self.apply(prompt, ctrl_vec, feat_sum)
+        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+            x = self._head_input(prompt, ctrl_vec, feat_sum)
+            mu, std = self.head(x)
+            noise = torch.randn(mu.shape, generator=self.generator, device=mu.device)
+            action = mu + std * noise
+        basis = self.basis.to(base.dtype)
+        sampled = base + action.to(base.dtype) @ basis.T
+        mean = base + mu.to(base.dtype) @ basis.T
+        return sampled, mean, RLInfo(x, action)
+
+    def refine_mean(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
+        """The deterministic refinement with the policy's mean delta [B, P]; draws no random numbers
+        (used for evaluation, so validating never shifts the training noise)."""
+        base = self.apply(prompt, ctrl_vec, feat_sum)
+        with torch.autocast(self.device.type, enabled=False):
+            mu, _ = self.head(self._head_input(prompt, ctrl_vec, feat_sum))
+        return base + mu.detach().to(base.dtype) @ self.basis.to(base.dtype).T
+
+    def update(self, info: RLInfo, reward: torch.Tensor) -> dict[str, float]:
+        """One REINFORCE step on the signed reward [B] float32 (never clipped to positive).
+
+        Builds its own small graph from the detached `info`, so it is independent of the main one.
+        """
+        with torch.autocast(self.device.type, enabled=False):
+            mu, std = self.head(info.head_input)
+            log_prob = torch.distributions.Normal(mu, std).log_prob(info.action).sum(-1)
+            advantage = reward.detach().float() - self.head.baseline
+            loss = -(advantage * log_prob).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        with torch.no_grad():
+            self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * reward.mean())
+        return {"rl/loss": loss.detach(), "rl/advantage": advantage.mean().detach(),
+                "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}
+
+    def state_dict(self) -> dict:
+        return {"head_optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["head_optimizer"])
+        self.generator.set_state(state["generator"])
