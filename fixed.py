@@ -60,6 +60,7 @@ class TrainConfig:
     weight_decay: float = flag(0.01, "AdamW weight decay")
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
+    fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
     seed: int = flag(0, "seed of every random number in the run")
     # prompt encoder
@@ -154,7 +155,7 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     if qwen_params:
         groups.append({"params": qwen_params, "lr": cfg.qwen_lr, "name": "qwen"})
     optimizer = torch.optim.AdamW(groups, weight_decay=cfg.weight_decay)
-    return Parts(prompt, agent, policy, optimizer, MixedPrecision(cfg.amp, device))
+    return Parts(prompt, agent, policy, optimizer, MixedPrecision(cfg.amp, device, cfg.fp16_init_scale))
 
 
 def forward_losses(parts: Parts, batch: dict, step: int, cfg: TrainConfig):

