@@ -1,0 +1,56 @@
+"""The command line: every flag documented, bad flags and bad data one line with a non-zero exit,
+nothing left behind that looks like a run."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+import fixed
+from tests.conftest import ROOT
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, str(ROOT / "fixed.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_help_documents_every_flag():
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for f in dataclasses.fields(fixed.TrainConfig):
+        assert f"--{f.name}" in out.stdout
+    for required in ("--epochs", "--max_batches", "--qwen_model", "--prompt_refresh", "--reward_scale"):
+        assert required in out.stdout
+
+
+@pytest.mark.parametrize("args", [["--no_such_flag"], ["--amp", "fp8"], ["--epochs", "two"],
+                                  ["--device", "tpu"]])
+def test_bad_flag_is_one_line_exit_2(args):
+    out = run_cli(*args)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "error" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_trainable_fp16_qwen_refused_before_anything_runs(tmp_path):
+    out = run_cli("--qwen_train", "full", "--qwen_dtype", "float16", "--run_dir", str(tmp_path / "run"))
+    assert out.returncode == 2
+    assert "must be float32" in out.stderr and out.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_bad_data_stops_before_a_run_folder_exists(tmp_path):
+    for sub in ("training", "evaluation"):
+        (tmp_path / "data" / sub).mkdir(parents=True)
+        (tmp_path / "data" / sub / "t.json").write_text(json.dumps({"train": [], "test": []}))
+    out = run_cli("--data", str(tmp_path / "data"), "--run_dir", str(tmp_path / "run"))
+    assert out.returncode == 1
+    assert "t.json" in out.stderr and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_values_out_of_range_are_refused():
+    out = run_cli("--grad_accum", "0")
+    assert out.returncode == 2 and "--grad_accum must be at least 1" in out.stderr
