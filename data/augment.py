@@ -28,11 +28,29 @@ def dihedral_inverse(grid: Grid, k: int) -> Grid:
 
 @dataclass(frozen=True)
 class Augmentation:
-    """`dihedral` in 0..7; `colours[c]` is the new colour of colour c; `demo_order` permutes demos."""
+    """`dihedral` in 0..7; `colours[c]` is the new colour of colour c; demo `demo_order[j]` is the
+    original demo shown at position j. `aug_id` names it (see `from_id`)."""
 
     dihedral: int = 0
     colours: tuple[int, ...] = IDENTITY_PERM
     demo_order: tuple[int, ...] | None = None
+    aug_id: int = 0
+
+    @classmethod
+    def from_id(cls, aug_id: int, n_demos: int, permute_background: bool = False) -> Augmentation:
+        """0 is the identity, 1-7 the other dihedral transforms alone, and any id >= 8 a uniformly
+        drawn dihedral x colour permutation x demo order, reproducible from the id."""
+        if aug_id < 0:
+            raise ValueError(f"augmentation id must be >= 0, got {aug_id}")
+        if aug_id < 8:
+            return cls(dihedral=aug_id, aug_id=aug_id)
+        rng = np.random.default_rng(aug_id)
+        k = int(rng.integers(8))
+        if permute_background:
+            colours = tuple(int(c) for c in rng.permutation(NUM_COLOURS))
+        else:  # colour 0 is the background in most ARC tasks
+            colours = (0, *(int(c) + 1 for c in rng.permutation(NUM_COLOURS - 1)))
+        return cls(k, colours, tuple(int(i) for i in rng.permutation(n_demos)), aug_id)
 
     @property
     def is_identity(self) -> bool:
@@ -47,23 +65,26 @@ class Augmentation:
         return dihedral_inverse(inverse[grid], self.dihedral)
 
     def pairs(self, pairs: tuple[ArcPair, ...]) -> tuple[ArcPair, ...]:
-        out = [ArcPair(self.grid(p.input), self.grid(p.output)) for p in pairs]
-        if self.demo_order is not None:
-            out = [out[i] for i in self.demo_order]
-        return tuple(out)
+        """Transform every grid, then reorder (the order applies to demos: pass test pairs to
+        `grids_only`)."""
+        out = self.grids_only(pairs)
+        return tuple(out[i] for i in self.demo_order) if self.demo_order is not None else out
+
+    def grids_only(self, pairs: tuple[ArcPair, ...]) -> tuple[ArcPair, ...]:
+        return tuple(ArcPair(self.grid(p.input), self.grid(p.output)) for p in pairs)
 
     def task(self, task: ArcTask) -> ArcTask:
-        """The whole task under this augmentation (demo order applies to the demos only)."""
-        test = Augmentation(self.dihedral, self.colours).pairs(task.test)
-        return ArcTask(task.task_id, self.pairs(task.train), test)
+        """The whole task under this augmentation: every grid transformed, the demos reordered."""
+        return ArcTask(task.task_id, self.pairs(task.train), self.grids_only(task.test))
 
-
-def random_augmentation(rng: np.random.Generator, n_demos: int, permute_background: bool = False) -> Augmentation:
-    """A uniformly drawn augmentation; colour 0 (background) stays fixed unless asked otherwise."""
-    k = int(rng.integers(8))
-    if permute_background:
-        colours = tuple(int(c) for c in rng.permutation(NUM_COLOURS))
-    else:
-        colours = (0, *(int(c) + 1 for c in rng.permutation(NUM_COLOURS - 1)))
-    order = tuple(int(i) for i in rng.permutation(n_demos))
-    return Augmentation(k, colours, order)
+    def invert_task(self, task: ArcTask) -> ArcTask:
+        """The exact inverse of `task`."""
+        def back(pairs):
+            return tuple(ArcPair(self.invert_grid(p.input), self.invert_grid(p.output)) for p in pairs)
+        train = back(task.train)
+        if self.demo_order is not None:
+            original = [None] * len(train)
+            for shown, source in enumerate(self.demo_order):
+                original[source] = train[shown]
+            train = tuple(original)
+        return ArcTask(task.task_id, train, back(task.test))

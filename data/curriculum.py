@@ -1,7 +1,7 @@
 """Curriculum batches: a fixed share of easy episodes per batch, higher in the first epoch.
 
 Batches are a pure function of (seed, epoch), so a run resumed mid-epoch draws exactly the batches
-it would have drawn, and each entry carries the seed of its own augmentation so results do not
+it would have drawn, and each entry carries the id of its own augmentation so results do not
 depend on the number of loader workers.
 """
 
@@ -21,9 +21,9 @@ def easy_fraction(epoch: int, warmup_fraction: float = 0.6, later_fraction: floa
 
 
 class CurriculumBatches:
-    """Batch sampler over episodes: yields lists of (episode index, augmentation seed).
+    """Batch sampler over episodes: yields lists of (episode index, augmentation id).
 
-    The augmentation seed is -1 when augmentation is off. Within an epoch the easy and the hard
+    The augmentation id is 0 (the identity) when augmentation is off. Within an epoch the easy and the hard
     pools are each walked in a fresh random order, so every episode is seen before any repeats.
     """
 
@@ -59,8 +59,8 @@ class CurriculumBatches:
                 for _ in range(count):
                     picks.append(int(pool[cursors[pool_id] % len(pool)]))
                     cursors[pool_id] += 1
-            aug_seeds = rng.integers(0, 2**31 - 1, size=len(picks)) if self.augment else [-1] * len(picks)
-            batches.append([(i, int(s)) for i, s in zip(picks, aug_seeds)])
+            aug_ids = rng.integers(8, 2**31 - 1, size=len(picks)) if self.augment else [0] * len(picks)
+            batches.append([(i, int(a)) for i, a in zip(picks, aug_ids)])
         return batches
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:

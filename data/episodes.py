@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from data.arc import ArcPair, ArcTask
-from data.augment import Augmentation, random_augmentation
+from data.augment import Augmentation
 from data.canvas import encode
 from data.curriculum import EASY_PERCENTILE
 from data.features import difficulty, numeric_features, relation_features
@@ -72,7 +72,7 @@ def episode_difficulty(ep: Episode) -> float:
 
 
 class EpisodeDataset(Dataset):
-    """Indexed by (episode index, augmentation seed); seed -1 means the identity augmentation."""
+    """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False):
         self.episodes = episodes
@@ -83,16 +83,10 @@ class EpisodeDataset(Dataset):
     def __len__(self) -> int:
         return len(self.episodes)
 
-    def augmentation(self, index: int, aug_seed: int) -> Augmentation:
-        if aug_seed < 0:
-            return Augmentation()
-        rng = np.random.default_rng(aug_seed)
-        return random_augmentation(rng, len(self.episodes[index].context), self.permute_background)
-
     def __getitem__(self, item: tuple[int, int]) -> dict:
-        index, aug_seed = item
+        index, aug_id = item
         ep = self.episodes[index]
-        aug = self.augmentation(index, aug_seed)
+        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background)
         context = aug.pairs(ep.context)
         query_in, query_out = aug.grid(ep.query.input), aug.grid(ep.query.output)
         percentile = self.scale.percentile(self.scores[index])

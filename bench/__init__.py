@@ -1,0 +1,1 @@
+"""Benchmarks that print figures (ratios measured within one run); not tests."""

