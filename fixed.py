@@ -56,6 +56,8 @@ class TrainConfig:
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
     augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
+    augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
+                                 "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
     permute_background: bool = flag(False, "let augmentation permute colour 0 too")
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
     easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
@@ -76,6 +78,11 @@ class TrainConfig:
     qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"))
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
                            ("float32", "bfloat16", "float16"))
+    qwen_pooling: str = flag("mean", "pooling of a demo's Qwen states: mean of its tokens, or the last token",
+                             ("mean", "last"))
+    max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)")
+    prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
+                                     "beside the run folder; 'none': memory only)")
     lora_rank: int = flag(8, "LoRA rank with --qwen_train lora")
     lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora")
     use_qwen: bool = flag(True, "Qwen text stream of the prompt")
@@ -108,7 +115,7 @@ class TrainConfig:
 
     def qwen_cfg(self) -> QwenCfg:
         return QwenCfg(self.qwen_model, self.qwen_dtype, self.use_qwen, self.qwen_train, self.lora_rank,
-                       self.lora_alpha, seed=self.seed)
+                       self.lora_alpha, self.qwen_pooling, self.max_prompt_tokens, seed=self.seed)
 
     def synthetic(self) -> SyntheticOptions:
         lo, _, hi = self.synthetic_size.partition("-")
@@ -133,7 +140,8 @@ def check_config(cfg: TrainConfig) -> None:
                  "prompt_dim", "rl_rank"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_batches", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip"):
+    for name in ("max_batches", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
+                 "augment_pool", "max_prompt_tokens"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -163,9 +171,10 @@ class Parts:
             m.train(mode)
 
 
-def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
+def build_parts(cfg: TrainConfig, device: torch.device, prompt_cache_dir: Path | None = None) -> Parts:
     prompt = QwenHybridPrompt(cfg.prompt_dim, NUMERIC_DIM, cfg.fuse, cfg.qwen_cfg(), cfg.use_numeric,
-                              cfg.use_relation, prompt_refresh=cfg.prompt_refresh).to(device)
+                              cfg.use_relation, prompt_refresh=cfg.prompt_refresh,
+                              cache_dir=prompt_cache_dir).to(device)
     agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels).to(device)
     policy = PolicyRefiner(cfg.prompt_dim, CTRL_DIM, NUMERIC_DIM, rank=cfg.rl_rank, rl_lr=cfg.rl_lr, seed=cfg.seed,
                            device=device)
@@ -283,8 +292,10 @@ def build_loaders(cfg: TrainConfig, device: torch.device):
         raise DataError(f"--data {cfg.data}: the training tasks give no training episodes")
     scale = DifficultyScale(np.array([episode_difficulty(e) for e in train_eps]))
     train_set = EpisodeDataset(train_eps, scale, cfg.permute_background)
+    task_index = {t.task_id: i for i, t in enumerate(splits.training)}
     sampler = CurriculumBatches(np.array([scale.is_easy(s) for s in train_set.scores]), cfg.batch_size, cfg.seed,
-                                cfg.augment, cfg.easy_warmup, cfg.easy_later)
+                                cfg.augment, cfg.easy_warmup, cfg.easy_later, cfg.augment_pool,
+                                np.array([task_index[e.task.task_id] for e in train_eps]))
     pin = device.type == "cuda"
     train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
                               pin_memory=pin)
@@ -322,7 +333,8 @@ class Counters:
     batch_in_epoch: int = 0
 
 
-def make_run_dir(cfg: TrainConfig, resumed_from: Path | None) -> Path:
+def plan_run_dir(cfg: TrainConfig, resumed_from: Path | None) -> Path:
+    """The run folder (not created yet: nothing is written before every input has been checked)."""
     if cfg.run_dir:
         run_dir = Path(cfg.run_dir)
         if resumed_from is None and (run_dir / "checkpoints").exists():
@@ -332,11 +344,18 @@ def make_run_dir(cfg: TrainConfig, resumed_from: Path | None) -> Path:
         run_dir = resumed_from.parent.parent
     else:
         run_dir = Path("runs") / f"{cfg.run_name}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
 
 
+def prompt_cache_dir(cfg: TrainConfig, run_dir: Path) -> Path | None:
+    if cfg.prompt_cache_dir == "none":
+        return None
+    return Path(cfg.prompt_cache_dir) if cfg.prompt_cache_dir else run_dir.parent / "prompt_cache"
+
+
 def save(parts: Parts, counters: Counters, cfg: TrainConfig, run_dir: Path) -> Path:
+    if parts.prompt.cache is not None:
+        parts.prompt.cache.flush()
     state = {"counters": dataclasses.asdict(counters), "config": dataclasses.asdict(cfg),
              "optimizer": parts.optimizer.state_dict(), "amp": parts.amp.state_dict(),
              "policy": parts.policy.state_dict(), "rng": rng_state(),
@@ -374,10 +393,11 @@ def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: t
 def train(cfg: TrainConfig, device: torch.device) -> dict:
     seed_everything(cfg.seed)
     splits, sampler, train_loader, eval_loader = build_loaders(cfg, device)  # validates all data first
-    parts = build_parts(cfg, device)
     resumed_from = resolve_checkpoint(cfg.resume) if cfg.resume else None
+    run_dir = plan_run_dir(cfg, resumed_from)
+    parts = build_parts(cfg, device, prompt_cache_dir(cfg, run_dir))
     counters = restore(parts, resumed_from, cfg) if resumed_from else Counters()
-    run_dir = make_run_dir(cfg, resumed_from)
+    run_dir.mkdir(parents=True, exist_ok=True)
     qwen_desc = parts.prompt.qwen.description if parts.prompt.qwen is not None else "off"
     n_params = sum(p.numel() for p in parts.agent.parameters())
     print(f"run {run_dir} | device={device} amp={cfg.amp} world_size=1 | data {splits.name}: "
@@ -425,9 +445,8 @@ def cache_and_amp_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: Train
     values = {"amp/scale": parts.amp.scale, "amp/skipped_steps": parts.amp.skipped_steps, "grad/qwen_norm": qwen_norm,
               "train/easy_fraction": easy_fraction(epoch, cfg.easy_warmup, cfg.easy_later)}
     if parts.prompt.cache is not None:
-        s = parts.prompt.cache.stats
-        values.update({"cache/hits": s.hits, "cache/misses": s.misses,
-                       "cache/qwen_tokens_encoded": parts.prompt.qwen.tokens_encoded})
+        values.update({f"cache/{k}": v for k, v in vars(parts.prompt.cache.stats).items()})
+        values["cache/qwen_tokens_encoded"] = parts.prompt.qwen.tokens_encoded
     return values
 
 

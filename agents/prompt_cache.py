@@ -1,53 +1,121 @@
-"""Cache of pooled Qwen features, so the trunk is paid for only when it has to be.
+"""Cache of pooled Qwen features per demo text, so the trunk is paid for only when it has to be.
 
-Key: (model fingerprint, text-format version, pooling, hash of the task's demo texts after
-augmentation). Value: pooled features [hidden] float32 on the CPU, never holding a graph.
+Key: sha1 of (model fingerprint, text-format version, pooling, demo text after augmentation); a
+task's feature is the mean of its demos' entries, so leave-one-out episodes of one task share their
+demos' encodings. Value: pooled features [hidden] float32 on the CPU, never holding a graph.
 
-- Frozen Qwen: a key is encoded once (under no_grad) and reused from then on.
-- Trainable Qwen: every `refresh`-th step encodes the whole batch WITH gradients (so Qwen trains on
-  those steps) and stores the detached result; other steps serve cached features detached, and
-  encode missing or stale (older than `refresh` steps) keys under no_grad. The projection above the
-  cache gets exact gradients on every step either way.
+- Frozen Qwen: each key is encoded once per run (under no_grad) and, with a cache folder, once
+  ever: entries are written to disk in checksummed shards and read back by later runs.
+- Trainable Qwen: every `refresh`-th step encodes the batch's demos WITH gradients (Qwen trains on
+  those steps) and stores them detached; other steps serve cached features, encoding missing or
+  stale (older than `refresh` steps) keys under no_grad. The projection above the cache gets exact
+  gradients on every step either way.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from agents.qwen_encoder import QwenTextEncoder
 from data.text import TEXT_FORMAT_VERSION
 
-POOLING = "demo-mean"  # per-demo mean over tokens, then mean over demos
-
 
 @dataclass
 class CacheStats:
-    hits: int = 0
-    misses: int = 0
-    refreshed: int = 0  # entries encoded with gradients
+    hits: int = 0  # demo features served from the cache
+    misses: int = 0  # demo features encoded without gradients
+    refreshed: int = 0  # demo features encoded with gradients
+    dropped_demos: int = 0  # demos left out to fit --max_prompt_tokens
+    loaded: int = 0  # entries read from the cache folder
+    corrupt_files: int = 0
+
+
+def _checksum(entries: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(entries):
+        h.update(k.encode())
+        h.update(entries[k].numpy().tobytes())
+    return h.hexdigest()
+
+
+class DiskShards:
+    """Cache entries on disk: append-only safetensors shards, each with a sha256 of its content.
+
+    A shard that fails to parse or to match its checksum is reported on stderr, renamed to
+    `*.corrupt` and never used; its prompts are recomputed and written again.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def load(self, stats: CacheStats) -> dict[str, torch.Tensor]:
+        entries: dict[str, torch.Tensor] = {}
+        for shard in sorted(self.folder.glob("*.safetensors")):
+            try:
+                with safe_open(str(shard), "pt") as fh:
+                    expected = (fh.metadata() or {}).get("sha256")
+                    data = {k: fh.get_tensor(k) for k in fh.keys()}
+                ok, reason = expected == _checksum(data), "checksum mismatch"
+            except (SafetensorError, OSError, ValueError) as err:
+                ok, reason = False, str(err).splitlines()[0]
+            if not ok:
+                print(f"warning: prompt cache shard {shard} is corrupt ({reason}); ignored, its prompts "
+                      f"will be recomputed", file=sys.stderr)
+                os.replace(shard, shard.with_suffix(".corrupt"))
+                stats.corrupt_files += 1
+                continue
+            entries.update(data)
+        stats.loaded += len(entries)
+        return entries
+
+    def write(self, entries: dict[str, torch.Tensor]) -> None:
+        if not entries:
+            return
+        name = f"shard-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{len(entries)}"
+        tmp = self.folder / f".{name}.tmp"
+        save_file(entries, str(tmp), metadata={"sha256": _checksum(entries)})
+        os.replace(tmp, self.folder / f"{name}.safetensors")
 
 
 class PromptCache:
-    def __init__(self, encoder: QwenTextEncoder, refresh: int, max_entries: int = 200_000):
+    def __init__(self, encoder: QwenTextEncoder, refresh: int, cache_dir: Path | None = None,
+                 max_entries: int = 1_000_000):
         self.encoder = encoder
         self.refresh = refresh
         self.max_entries = max_entries
         self.entries: OrderedDict[str, tuple[torch.Tensor, int]] = OrderedDict()
         self.stats = CacheStats()
+        self.unsaved: dict[str, torch.Tensor] = {}
+        # A trainable encoder's features change as it trains: they are never shared through disk.
+        self.disk = None
+        if cache_dir is not None and not encoder.cfg.trainable:
+            namespace = f"{encoder.fingerprint}-v{TEXT_FORMAT_VERSION}-{encoder.cfg.pooling}"
+            self.disk = DiskShards(Path(cache_dir) / namespace)
+            for k, v in self.disk.load(self.stats).items():
+                self.entries[k] = (v, 0)
 
-    def key(self, texts: tuple[str, ...]) -> str:
-        h = hashlib.sha1(f"{self.encoder.fingerprint}|v{TEXT_FORMAT_VERSION}|{POOLING}".encode())
-        for t in texts:
-            h.update(b"\x00" + t.encode())
+    def key(self, text: str) -> str:
+        h = hashlib.sha1(f"{self.encoder.fingerprint}|v{TEXT_FORMAT_VERSION}|{self.encoder.cfg.pooling}|".encode())
+        h.update(text.encode())
         return h.hexdigest()
 
     def _store(self, key: str, value: torch.Tensor, step: int) -> None:
-        self.entries[key] = (value.detach().to("cpu", torch.float32), step)
+        value = value.detach().to("cpu", torch.float32)
+        self.entries[key] = (value, step)
         self.entries.move_to_end(key)
+        if self.disk is not None:
+            self.unsaved[key] = value
         while len(self.entries) > self.max_entries:
             self.entries.popitem(last=False)
 
@@ -55,42 +123,50 @@ class PromptCache:
         return self.encoder.cfg.trainable and step % self.refresh == 0
 
     def features(self, demo_texts: list[tuple[str, ...]], step: int, device: torch.device) -> torch.Tensor:
-        """demo_texts: B tuples of demo strings -> [B, hidden] float32 on `device`.
+        """demo_texts: B tuples of demo strings -> [B, hidden] float32 on `device`, the mean of each
+        task's demo features (zeros for a task without demos).
 
         Carries gradients to Qwen only on refresh steps of a trainable encoder.
         """
-        keys = [self.key(t) for t in demo_texts]
+        tasks = []
+        for texts in demo_texts:
+            kept, dropped = self.encoder.fit_budget(texts)
+            self.stats.dropped_demos += dropped
+            tasks.append([(self.key(t), t) for t in kept])
+        unique = dict(kd for task in tasks for kd in task)  # key -> text, in batch order
         if self.is_refresh_step(step):
-            feats = self.encoder.encode(demo_texts)
-            for k, f in zip(keys, feats):
+            feats = self.encoder.encode(list(unique.values()))
+            by_key = dict(zip(unique, feats))
+            for k, f in by_key.items():
                 self._store(k, f, step)
-            self.stats.refreshed += len(keys)
-            return feats
-        trainable = self.encoder.cfg.trainable
+            self.stats.refreshed += len(unique)
+        else:
+            trainable = self.encoder.cfg.trainable
+            todo = {k: t for k, t in unique.items()
+                    if k not in self.entries or (trainable and step - self.entries[k][1] >= self.refresh)}
+            self.stats.hits += len(unique) - len(todo)
+            self.stats.misses += len(todo)
+            if todo:
+                with torch.no_grad():
+                    for k, f in zip(todo, self.encoder.encode(list(todo.values()))):
+                        self._store(k, f, step)
+            by_key = {k: self.entries[k][0].to(device, non_blocking=True) for k in unique}
+        zeros = torch.zeros(self.encoder.hidden_size, device=device)
+        return torch.stack([torch.stack([by_key[k] for k, _ in task]).mean(0) if task else zeros for task in tasks])
 
-        def fresh(k: str) -> bool:
-            return k in self.entries and not (trainable and step - self.entries[k][1] >= self.refresh)
-
-        missing: dict[str, tuple[str, ...]] = {}  # unique keys to encode, in batch order
-        for k, texts in zip(keys, demo_texts):
-            if not fresh(k):
-                missing.setdefault(k, texts)
-        n_missing = sum(not fresh(k) for k in keys)
-        self.stats.hits += len(keys) - n_missing
-        self.stats.misses += n_missing
-        if missing:
-            with torch.no_grad():
-                feats = self.encoder.encode(list(missing.values()))
-            for k, f in zip(missing, feats):
-                self._store(k, f, step)
-        return torch.stack([self.entries[k][0] for k in keys]).to(device)
+    def flush(self) -> None:
+        """Write the entries made since the last flush to the cache folder (frozen encoder only)."""
+        if self.disk is not None:
+            self.disk.write(self.unsaved)
+            self.unsaved = {}
 
     def state_dict(self) -> dict:
-        """Entries and counters, so a resumed run serves exactly the features it would have served."""
-        return {"entries": list(self.entries.items()), "stats": vars(self.stats).copy(),
-                "tokens_encoded": self.encoder.tokens_encoded}
+        """Entries and counters, so a resumed run serves exactly the features it would have served.
+        With a cache folder the entries are on disk already (call `flush` first) and not repeated."""
+        entries = [] if self.disk is not None else list(self.entries.items())
+        return {"entries": entries, "stats": vars(self.stats).copy(), "tokens_encoded": self.encoder.tokens_encoded}
 
     def load_state_dict(self, state: dict) -> None:
-        self.entries = OrderedDict(state["entries"])
+        self.entries.update(state["entries"])
         self.stats = CacheStats(**state["stats"])
         self.encoder.tokens_encoded = state["tokens_encoded"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from engine.config import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TRAIN_MODES = ("frozen", "full", "lora")
+POOLINGS = ("mean", "last")
 TINY = "tiny"
 
 
@@ -30,12 +32,16 @@ class QwenCfg:
     train_mode: str = "frozen"  # frozen | full | lora
     lora_rank: int = 8
     lora_alpha: int = 16
+    pooling: str = "mean"  # over a demo's non-padding tokens: "mean", or the "last" token's state
+    max_prompt_tokens: int = 0  # per task; over it, whole demos are dropped from the end (0: no limit)
     encode_batch: int = 16  # demo texts per Qwen forward
     seed: int = 0  # initialises the tiny model's random weights
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"QwenCfg.dtype={self.dtype!r}: choose one of {', '.join(DTYPES)}")
+        if self.pooling not in POOLINGS:
+            raise ConfigError(f"--qwen_pooling {self.pooling}: choose one of {', '.join(POOLINGS)}")
         if self.train_mode not in TRAIN_MODES:
             raise ConfigError(f"QwenCfg.train_mode={self.train_mode!r}: choose one of {', '.join(TRAIN_MODES)}")
         if self.use_qwen and self.train_mode != "frozen" and self.dtype != "float32":
@@ -90,20 +96,35 @@ def _load_pretrained(cfg: QwenCfg):
     return tokenizer, model
 
 
+def _weights_signature(folder: Path) -> str:
+    """Names, sizes and the first and last MiB of every weights file: cheap, and changes whenever
+    the weights do (a full hash of a 6 GB checkpoint would cost seconds at every start)."""
+    h = hashlib.sha1()
+    for f in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+        h.update(f"{f.name}:{f.stat().st_size}".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+            fh.seek(max(f.stat().st_size - (1 << 20), 0))
+            h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
 def _fingerprint(cfg: QwenCfg, model: nn.Module) -> str:
     """Identifies the weights the features come from (a part of every prompt-cache key)."""
     if cfg.model_name == TINY:
         ident = f"tiny-qwen2:h{model.config.hidden_size}:l{model.config.num_hidden_layers}:seed{cfg.seed}"
+    elif os.path.isdir(cfg.model_name):
+        ident = f"folder:{_weights_signature(Path(cfg.model_name))}"
     else:
-        ident = f"{cfg.model_name}@{getattr(model.config, '_commit_hash', None) or 'local'}"
-    return hashlib.sha1(f"{ident}:{cfg.dtype}".encode()).hexdigest()[:16]
+        ident = f"{cfg.model_name}@{getattr(model.config, '_commit_hash', None) or 'unknown-revision'}"
+    return hashlib.sha1(f"{ident}:{cfg.dtype}:{cfg.pooling}".encode()).hexdigest()[:16]
 
 
 class QwenTextEncoder(nn.Module):
-    """Qwen2 trunk + tokenizer: demo texts -> pooled features, one vector per task.
+    """Qwen2 trunk + tokenizer: demo texts -> pooled features, one vector per demo.
 
-    Each demo text is encoded on its own and mean-pooled over its non-padding tokens; a task's
-    feature is the mean over its demos. Sequences are length-sorted into batches to save padding.
+    Each demo is its own sequence, so the pooled state keeps that demo's input/output relation;
+    the prompt cache averages a task's demos.
     """
 
     def __init__(self, cfg: QwenCfg):
@@ -116,6 +137,7 @@ class QwenTextEncoder(nn.Module):
         else:
             self.tokenizer, self.trunk = _load_pretrained(cfg)
             self.description = f"{cfg.model_name} (pretrained, {cfg.dtype} weights)"
+        self.tokenizer.padding_side = "right"  # pooling reads real tokens from the left
         self.trunk.to(DTYPES[cfg.dtype])
         self.trunk.requires_grad_(cfg.train_mode == "full")
         if cfg.train_mode == "lora":
@@ -129,27 +151,44 @@ class QwenTextEncoder(nn.Module):
         self.fingerprint = _fingerprint(cfg, self.trunk)
         self.tokens_encoded = 0  # cumulative non-padding tokens read by the trunk
 
-    def encode(self, demo_texts: list[tuple[str, ...]]) -> torch.Tensor:
-        """demo_texts: B tuples of demo strings -> [B, hidden] float32 (zeros for a task with no demos).
+    def token_count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        Gradients flow when the trunk is trainable and grad mode is on.
+    def fit_budget(self, demos: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+        """Drop whole demos from the end until the task fits `max_prompt_tokens` (a grid is never
+        cut); the first demo is always kept. -> (kept demos, number dropped)."""
+        budget = self.cfg.max_prompt_tokens
+        if budget <= 0 or len(demos) <= 1:
+            return demos, 0
+        counts = [self.token_count(d) for d in demos]
+        keep = len(demos)
+        while keep > 1 and sum(counts[:keep]) > budget:
+            keep -= 1
+        return demos[:keep], len(demos) - keep
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        """N demo texts -> pooled features [N, hidden] float32, one row per text.
+
+        Texts are length-sorted into batches of `encode_batch` to save padding; pooling reads only
+        non-padding tokens. Gradients flow when the trunk is trainable and grad mode is on.
         """
         device = next(self.trunk.parameters()).device
-        flat = [(b, text) for b, texts in enumerate(demo_texts) for text in texts]
-        pooled = [None] * len(flat)
-        order = sorted(range(len(flat)), key=lambda i: len(flat[i][1]))
+        pooled: list[torch.Tensor | None] = [None] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         for start in range(0, len(order), self.cfg.encode_batch):
             chunk = order[start:start + self.cfg.encode_batch]
-            tokens = self.tokenizer([flat[i][1] for i in chunk], padding=True, return_tensors="pt").to(device)
-            hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]).last_hidden_state
-            mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            means = ((hidden * mask).sum(1) / mask.sum(1)).float()
-            self.tokens_encoded += int(tokens["attention_mask"].sum())
+            tokens = self.tokenizer([texts[i] for i in chunk], padding=True, return_tensors="pt").to(device)
+            mask = tokens["attention_mask"]
+            hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
+            if self.cfg.pooling == "mean":
+                weights = mask.unsqueeze(-1).to(hidden.dtype)
+                rows = (hidden * weights).sum(1) / weights.sum(1)
+            else:  # right padding: the last real token sits at length - 1
+                rows = hidden[torch.arange(len(chunk), device=device), mask.sum(1) - 1]
+            self.tokens_encoded += int(mask.sum())
+            # float32 whatever the trunk's dtype: the cache and the projection above are float32.
             for j, i in enumerate(chunk):
-                pooled[i] = means[j]
-        out = []
-        for b in range(len(demo_texts)):
-            mine = [pooled[i] for i, (owner, _) in enumerate(flat) if owner == b]
-            out.append(torch.stack(mine).mean(0) if mine else torch.zeros(self.hidden_size, device=device))
-        # Pooled in float32 whatever the trunk's dtype: the cache and the projection above are float32.
-        return torch.stack(out)
+                pooled[i] = rows[j].float()
+        if not texts:
+            return torch.zeros(0, self.hidden_size, device=device)
+        return torch.stack(pooled)

@@ -10,6 +10,8 @@ Each stream can be switched off; `QwenCfg(use_qwen=False)` gives a prompt withou
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
 class QwenHybridPrompt(nn.Module):
     def __init__(self, prompt_dim: int = 256, numeric_in_dim: int = NUMERIC_DIM, fuse: str = "mean",
                  qwen: QwenCfg = QwenCfg(), use_numeric: bool = True, use_relation: bool = True,
-                 relation_in_dim: int = RELATION_DIM, prompt_refresh: int = 10):
+                 relation_in_dim: int = RELATION_DIM, prompt_refresh: int = 10, cache_dir: Path | None = None):
         super().__init__()
         if fuse not in FUSE_MODES:
             raise ConfigError(f"fuse={fuse!r}: choose one of {', '.join(FUSE_MODES)}")
@@ -35,7 +37,7 @@ class QwenHybridPrompt(nn.Module):
             raise ConfigError("every prompt stream is off: enable Qwen, --use_numeric or --use_relation")
         self.fuse, self.prompt_dim = fuse, prompt_dim
         self.qwen = QwenTextEncoder(qwen) if qwen.use_qwen else None
-        self.cache = PromptCache(self.qwen, prompt_refresh) if self.qwen is not None else None
+        self.cache = PromptCache(self.qwen, prompt_refresh, cache_dir) if self.qwen is not None else None
         self.qwen_proj = nn.Linear(self.qwen.hidden_size, prompt_dim) if self.qwen is not None else None
         self.numeric_mlp = _mlp(numeric_in_dim, prompt_dim) if use_numeric else None
         self.relation_mlp = _mlp(relation_in_dim, prompt_dim) if use_relation else None

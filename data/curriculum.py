@@ -28,12 +28,26 @@ class CurriculumBatches:
     """
 
     def __init__(self, is_easy: np.ndarray, batch_size: int, seed: int, augment: bool,
-                 warmup_fraction: float, later_fraction: float):
+                 warmup_fraction: float, later_fraction: float, augment_pool: int = 0,
+                 task_of: np.ndarray | None = None):
         self.easy = np.flatnonzero(is_easy)
         self.hard = np.flatnonzero(~is_easy)
         self.batch_size, self.seed, self.augment = batch_size, seed, augment
         self.fractions = (warmup_fraction, later_fraction)
         self.epoch, self.start_batch = 0, 0
+        self.augment_pool = augment_pool
+        self.task_of = task_of if task_of is not None else np.arange(len(is_easy))
+
+    def augmentation_id(self, episode: int, rng: np.random.Generator) -> int:
+        """A fresh id >= 8, or with a pool, one of the `augment_pool` ids fixed for this episode's
+        task: then all episodes of a task share augmented demos, and a frozen encoder's cache
+        covers every augmentation the run will ever draw."""
+        if not self.augment:
+            return 0
+        if self.augment_pool <= 0:
+            return int(rng.integers(8, 2**31 - 1))
+        slot = int(rng.integers(self.augment_pool))
+        return int(np.random.default_rng([self.seed, int(self.task_of[episode]), slot]).integers(8, 2**31 - 1))
 
     @property
     def batches_per_epoch(self) -> int:
@@ -59,8 +73,7 @@ class CurriculumBatches:
                 for _ in range(count):
                     picks.append(int(pool[cursors[pool_id] % len(pool)]))
                     cursors[pool_id] += 1
-            aug_ids = rng.integers(8, 2**31 - 1, size=len(picks)) if self.augment else [0] * len(picks)
-            batches.append([(i, int(a)) for i, a in zip(picks, aug_ids)])
+            batches.append([(i, self.augmentation_id(i, rng)) for i in picks])
         return batches
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:

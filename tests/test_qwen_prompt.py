@@ -55,9 +55,9 @@ def test_frozen_cache_serves_what_recomputing_gives(arc_folder):
     tokens = prompt.qwen.tokens_encoded
     second = prompt.cache.features(batch["demo_texts"], 1, torch.device("cpu"))
     assert prompt.qwen.tokens_encoded == tokens, "a frozen cache must not encode a key twice"
-    assert prompt.cache.stats.hits == 4
+    assert prompt.cache.stats.misses > 0 and prompt.cache.stats.hits == prompt.cache.stats.misses
     with torch.no_grad():
-        direct = prompt.qwen.encode(batch["demo_texts"])
+        direct = torch.stack([prompt.qwen.encode(list(texts)).mean(0) for texts in batch["demo_texts"]])
     assert torch.equal(first, second)
     torch.testing.assert_close(first, direct, rtol=1e-5, atol=1e-6)
 

@@ -1,0 +1,130 @@
+"""The prompt cache: per-demo sharing, the disk cache across runs, corrupt shards, the token
+budget, pooling, and the LoRA adapters through a checkpoint."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import fixed
+from agents import QwenCfg, QwenTextEncoder
+from agents.prompt_cache import PromptCache
+from tests.conftest import ROOT
+
+DEMOS = ("input\n12\noutput\n21\n", "input\n3\noutput\n33\n", "input\n45\n45\noutput\n5\n")
+
+
+def test_leave_one_out_episodes_share_demo_encodings():
+    enc = QwenTextEncoder(QwenCfg())
+    cache = PromptCache(enc, refresh=10)
+    loo = [DEMOS[1:], DEMOS[:1] + DEMOS[2:], DEMOS[:2]]  # the three leave-one-out contexts
+    cache.features(loo, step=0, device=torch.device("cpu"))
+    assert cache.stats.misses == 3, "three distinct demos, each encoded once"
+    assert enc.tokens_encoded == sum(enc.token_count(d) for d in DEMOS)
+    cache.features([DEMOS], step=1, device=torch.device("cpu"))
+    assert cache.stats.hits == 3 and cache.stats.misses == 3
+
+
+def test_task_feature_is_the_mean_of_its_demos():
+    enc = QwenTextEncoder(QwenCfg())
+    cache = PromptCache(enc, refresh=10)
+    feats = cache.features([DEMOS, ()], step=0, device=torch.device("cpu"))
+    with torch.no_grad():
+        per_demo = enc.encode(list(DEMOS))
+    torch.testing.assert_close(feats[0], per_demo.mean(0))
+    assert torch.equal(feats[1], torch.zeros(enc.hidden_size)), "a task without demos gets zeros"
+
+
+def test_budget_drops_whole_demos_from_the_end():
+    enc = QwenTextEncoder(QwenCfg(max_prompt_tokens=16))
+    counts = [enc.token_count(d) for d in DEMOS]  # 10, 9, 12 tokens
+    assert counts[0] <= 16 < counts[0] + counts[1]
+    kept, dropped = enc.fit_budget(DEMOS)
+    assert kept == DEMOS[:1] and dropped == 2
+    cache = PromptCache(enc, refresh=10)
+    cache.features([DEMOS], step=0, device=torch.device("cpu"))
+    assert cache.stats.dropped_demos == 2 and enc.tokens_encoded == counts[0]
+
+
+def test_last_token_pooling_reads_the_last_real_token():
+    enc = QwenTextEncoder(QwenCfg(pooling="last"))
+    with torch.no_grad():
+        batched = enc.encode(list(DEMOS))  # padded to the longest
+        alone = torch.cat([enc.encode([d]) for d in DEMOS])  # no padding at all
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    assert enc.fingerprint != QwenTextEncoder(QwenCfg(pooling="mean")).fingerprint
+
+
+def scalar(run_dir, tag):
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return acc.Scalars(tag)[-1].value
+
+
+def test_second_run_with_disk_cache_encodes_no_token(small_cfg, tmp_path):
+    cache_dir = tmp_path / "cache"
+    first = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), prompt_cache_dir=str(cache_dir)), torch.device("cpu"))
+    assert scalar(first["run_dir"], "cache/qwen_tokens_encoded") > 0
+    assert list(cache_dir.glob("*/*.safetensors"))
+    second = fixed.train(small_cfg(run_dir=str(tmp_path / "b"), prompt_cache_dir=str(cache_dir)),
+                         torch.device("cpu"))
+    assert scalar(second["run_dir"], "cache/qwen_tokens_encoded") == 0
+    assert scalar(second["run_dir"], "cache/loaded") > 0
+    assert second["loss/combined"] == first["loss/combined"]
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate"])
+def test_corrupt_shard_is_reported_and_recomputed(damage, tmp_path, capsys):
+    enc = QwenTextEncoder(QwenCfg())
+    cache = PromptCache(enc, refresh=10, cache_dir=tmp_path)
+    reference = cache.features([DEMOS], step=0, device=torch.device("cpu"))
+    cache.flush()
+    (shard,) = tmp_path.glob("*/*.safetensors")
+    data = bytearray(shard.read_bytes())
+    if damage == "flip a byte":
+        data[-5] ^= 0xFF  # inside the last tensor's values: parses, but the checksum fails
+    else:
+        data = data[: len(data) // 2]
+    shard.write_bytes(bytes(data))
+    enc2 = QwenTextEncoder(QwenCfg())
+    again = PromptCache(enc2, refresh=10, cache_dir=tmp_path)
+    assert again.stats.corrupt_files == 1 and again.stats.loaded == 0
+    assert "corrupt" in capsys.readouterr().err
+    assert shard.with_suffix(".corrupt").exists() and not shard.exists()
+    assert torch.equal(again.features([DEMOS], step=0, device=torch.device("cpu")), reference)
+    assert enc2.tokens_encoded > 0, "the damaged entries were recomputed, not used"
+
+
+def test_trainable_encoder_never_uses_the_disk(tmp_path):
+    cache = PromptCache(QwenTextEncoder(QwenCfg(train_mode="full")), refresh=10, cache_dir=tmp_path)
+    assert cache.disk is None and not list(tmp_path.iterdir())
+
+
+def test_unreachable_hub_model_is_one_line_saying_how_to_get_it(tmp_path):
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "fixed.py", "--qwen_model", "Qwen/Qwen2.5-0.5B", "--run_dir",
+                          str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 2, out.stderr[-1500:]
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "networked machine" in out.stderr and "local folder" in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_lora_adapters_are_saved_and_resumed(small_cfg, tmp_path):
+    cfg = small_cfg(qwen_train="lora", prompt_refresh=1, qwen_lr=1e-2, max_batches=2, run_dir=str(tmp_path / "a"))
+    fixed.train(cfg, torch.device("cpu"))
+    ckpt = tmp_path / "a" / "checkpoints" / "step_00000002"
+    weights = load_file(str(ckpt / "model.safetensors"))
+    lora = {k: v for k, v in weights.items() if "lora_" in k}
+    assert lora and not any(k.startswith("prompt.qwen.") and "lora_" not in k for k in weights), \
+        "only the adapters of the trunk are saved"
+    parts = fixed.build_parts(cfg, torch.device("cpu"))
+    fixed.restore(parts, ckpt, cfg)
+    state = parts.prompt.state_dict()
+    for k, v in lora.items():
+        assert torch.equal(state[k[len("prompt."):]], v), k
+    assert any(v.abs().sum() > 0 for k, v in lora.items() if "lora_B" in k), "the adapters trained"
