@@ -7,9 +7,11 @@ demos' encodings. Value: pooled features [hidden] float32 on the CPU, never hold
 - Frozen Qwen: each key is encoded once per run (under no_grad) and, with a cache folder, once
   ever: entries are written to disk in checksummed shards and read back by later runs.
 - Trainable Qwen: every `refresh`-th step encodes the batch's demos WITH gradients (Qwen trains on
-  those steps) and stores them detached; other steps serve cached features, encoding missing or
-  stale (older than `refresh` steps) keys under no_grad. The projection above the cache gets exact
-  gradients on every step either way.
+  those steps) and stores them detached; other training steps serve entries younger than `refresh`
+  steps and encode nothing, so Qwen costs 1/refresh of encoding every step. A task whose demos are
+  not all fresh has no Qwen stream on that step (`present` is False; the prompt fuses the other
+  streams). Evaluation encodes what it misses, without gradients. The projection above the cache
+  gets exact gradients whenever the stream is present.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from data.text import TEXT_FORMAT_VERSION
 class CacheStats:
     hits: int = 0  # demo features served from the cache
     misses: int = 0  # demo features encoded without gradients
+    absent: int = 0  # trainable, between refreshes: tasks served without a Qwen stream
     refreshed: int = 0  # demo features encoded with gradients
     dropped_demos: int = 0  # demos left out to fit --max_prompt_tokens
     loaded: int = 0  # entries read from the cache folder
@@ -122,11 +125,13 @@ class PromptCache:
     def is_refresh_step(self, step: int) -> bool:
         return self.encoder.cfg.trainable and step % self.refresh == 0
 
-    def features(self, demo_texts: list[tuple[str, ...]], step: int, device: torch.device) -> torch.Tensor:
-        """demo_texts: B tuples of demo strings -> [B, hidden] float32 on `device`, the mean of each
-        task's demo features (zeros for a task without demos).
+    def features(self, demo_texts: list[tuple[str, ...]], step: int, device: torch.device,
+                 training: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """demo_texts: B tuples of demo strings -> (features [B, hidden] float32 on `device`, the
+        mean of each task's demo features; present [B] bool, False where a task has no feature:
+        no demos, or a trainable encoder between refreshes with a demo not fresh in the cache).
 
-        Carries gradients to Qwen only on refresh steps of a trainable encoder.
+        Carries gradients to Qwen only on refresh steps of a trainable encoder in training.
         """
         tasks = []
         for texts in demo_texts:
@@ -134,25 +139,30 @@ class PromptCache:
             self.stats.dropped_demos += dropped
             tasks.append([(self.key(t), t) for t in kept])
         unique = dict(kd for task in tasks for kd in task)  # key -> text, in batch order
-        if self.is_refresh_step(step):
+        trainable = self.encoder.cfg.trainable
+        if training and self.is_refresh_step(step):
             feats = self.encoder.encode(list(unique.values()))
             by_key = dict(zip(unique, feats))
             for k, f in by_key.items():
                 self._store(k, f, step)
             self.stats.refreshed += len(unique)
         else:
-            trainable = self.encoder.cfg.trainable
-            todo = {k: t for k, t in unique.items()
-                    if k not in self.entries or (trainable and step - self.entries[k][1] >= self.refresh)}
-            self.stats.hits += len(unique) - len(todo)
+            fresh = {k for k in unique if k in self.entries and not (trainable and step - self.entries[k][1] >= self.refresh)}
+            todo = {} if (trainable and training) else {k: t for k, t in unique.items() if k not in fresh}
+            self.stats.hits += len(fresh)
             self.stats.misses += len(todo)
             if todo:
                 with torch.no_grad():
                     for k, f in zip(todo, self.encoder.encode(list(todo.values()))):
                         self._store(k, f, step)
-            by_key = {k: self.entries[k][0].to(device, non_blocking=True) for k in unique}
+                fresh |= set(todo)
+            by_key = {k: self.entries[k][0].to(device, non_blocking=True) for k in fresh}
+        present = [bool(task) and all(k in by_key for k, _ in task) for task in tasks]
+        self.stats.absent += sum(bool(task) and not p for task, p in zip(tasks, present))
         zeros = torch.zeros(self.encoder.hidden_size, device=device)
-        return torch.stack([torch.stack([by_key[k] for k, _ in task]).mean(0) if task else zeros for task in tasks])
+        feats = torch.stack([torch.stack([by_key[k] for k, _ in task]).mean(0) if ok else zeros
+                             for task, ok in zip(tasks, present)])
+        return feats, torch.tensor(present, device=device)
 
     def flush(self) -> None:
         """Write the entries made since the last flush to the cache folder (frozen encoder only)."""

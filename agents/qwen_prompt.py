@@ -56,16 +56,23 @@ class QwenHybridPrompt(nn.Module):
                 step: int) -> torch.Tensor:
         """demo_texts: B tuples of demo strings; numeric [B, 15], relation [B, 126] float32.
 
-        -> prompt [B, P] (float32, or the autocast dtype). `step` drives the cache's refresh.
+        -> prompt [B, P] (float32, or the autocast dtype). `step` drives the cache's refresh; a
+        sample without a Qwen feature on this step (see PromptCache) fuses its other streams.
         """
-        streams = []
+        streams, weights = [], []  # weights [B]: 1 where a sample has that stream
+        ones = torch.ones(numeric.shape[0], device=numeric.device)
         if self.qwen is not None:
-            streams.append(self.qwen_proj(self.cache.features(demo_texts, step, numeric.device)))
+            feats, present = self.cache.features(demo_texts, step, numeric.device, self.training)
+            streams.append(self.qwen_proj(feats))
+            weights.append(present.to(ones.dtype))
         if self.numeric_mlp is not None:
             streams.append(self.numeric_mlp(numeric))
+            weights.append(ones)
         if self.relation_mlp is not None:
             streams.append(self.relation_mlp(relation))
-        fused = torch.stack(streams).sum(0)
+            weights.append(ones)
+        w = torch.stack(weights).unsqueeze(-1)  # [S, B, 1]
+        fused = (torch.stack(streams) * w.to(streams[0].dtype)).sum(0)
         if self.fuse == "mean":
-            fused = fused / len(streams)
+            fused = fused / w.sum(0).clamp_min(1.0).to(fused.dtype)
         return self.norm(fused)

@@ -31,7 +31,8 @@ def test_leave_one_out_episodes_share_demo_encodings():
 def test_task_feature_is_the_mean_of_its_demos():
     enc = QwenTextEncoder(QwenCfg())
     cache = PromptCache(enc, refresh=10)
-    feats = cache.features([DEMOS, ()], step=0, device=torch.device("cpu"))
+    feats, present = cache.features([DEMOS, ()], step=0, device=torch.device("cpu"))
+    assert present.tolist() == [True, False]
     with torch.no_grad():
         per_demo = enc.encode(list(DEMOS))
     torch.testing.assert_close(feats[0], per_demo.mean(0))
@@ -80,7 +81,7 @@ def test_second_run_with_disk_cache_encodes_no_token(small_cfg, tmp_path):
 def test_corrupt_shard_is_reported_and_recomputed(damage, tmp_path, capsys):
     enc = QwenTextEncoder(QwenCfg())
     cache = PromptCache(enc, refresh=10, cache_dir=tmp_path)
-    reference = cache.features([DEMOS], step=0, device=torch.device("cpu"))
+    reference, _ = cache.features([DEMOS], step=0, device=torch.device("cpu"))
     cache.flush()
     (shard,) = tmp_path.glob("*/*.safetensors")
     data = bytearray(shard.read_bytes())
@@ -94,8 +95,27 @@ def test_corrupt_shard_is_reported_and_recomputed(damage, tmp_path, capsys):
     assert again.stats.corrupt_files == 1 and again.stats.loaded == 0
     assert "corrupt" in capsys.readouterr().err
     assert shard.with_suffix(".corrupt").exists() and not shard.exists()
-    assert torch.equal(again.features([DEMOS], step=0, device=torch.device("cpu")), reference)
+    assert torch.equal(again.features([DEMOS], step=0, device=torch.device("cpu"))[0], reference)
     assert enc2.tokens_encoded > 0, "the damaged entries were recomputed, not used"
+
+
+def test_trainable_encoder_encodes_on_refresh_steps_only():
+    """Qwen costs 1/refresh of encoding every step: between refreshes nothing is encoded in training;
+    entries younger than `refresh` are served, other tasks go without the Qwen stream."""
+    enc = QwenTextEncoder(QwenCfg(train_mode="full"))
+    cache = PromptCache(enc, refresh=4)
+    cpu = torch.device("cpu")
+    feats, present = cache.features([DEMOS], step=0, device=cpu)
+    assert feats.requires_grad and present.all()
+    tokens = enc.tokens_encoded
+    _, present = cache.features([DEMOS, DEMOS[1:]], step=1, device=cpu)  # fresh, and a subset of fresh demos
+    assert present.tolist() == [True, True]
+    _, present = cache.features([("input\n7\noutput\n7\n",)], step=2, device=cpu)  # never seen
+    assert present.tolist() == [False] and enc.tokens_encoded == tokens
+    _, present = cache.features([DEMOS], step=5, device=cpu)  # older than refresh: stale
+    assert present.tolist() == [False] and enc.tokens_encoded == tokens
+    feats, present = cache.features([("input\n7\noutput\n7\n",)], step=6, device=cpu, training=False)
+    assert present.all() and not feats.requires_grad and enc.tokens_encoded > tokens, "evaluation encodes"
 
 
 def test_trainable_encoder_never_uses_the_disk(tmp_path):

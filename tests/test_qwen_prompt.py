@@ -51,9 +51,10 @@ def test_frozen_cache_serves_what_recomputing_gives(arc_folder):
     dataset = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)))
     batch = collate([dataset[(i, 0)] for i in range(4)])
     prompt = QwenHybridPrompt(prompt_dim=32, qwen=QwenCfg())
-    first = prompt.cache.features(batch["demo_texts"], 0, torch.device("cpu"))
+    first, present = prompt.cache.features(batch["demo_texts"], 0, torch.device("cpu"))
+    assert present.all()
     tokens = prompt.qwen.tokens_encoded
-    second = prompt.cache.features(batch["demo_texts"], 1, torch.device("cpu"))
+    second, _ = prompt.cache.features(batch["demo_texts"], 1, torch.device("cpu"))
     assert prompt.qwen.tokens_encoded == tokens, "a frozen cache must not encode a key twice"
     assert prompt.cache.stats.misses > 0 and prompt.cache.stats.hits == prompt.cache.stats.misses
     with torch.no_grad():
