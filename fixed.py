@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -32,10 +32,12 @@ from data.episodes import CTRL_DIM, DifficultyScale, EpisodeDataset, collate, ep
 from data.features import NUMERIC_DIM
 from data.sources import SyntheticOptions, load_splits
 from data.synthetic import FAMILIES
-from engine.checkpoint import load_checkpoint, resolve_checkpoint, rng_state, save_checkpoint, set_rng_state
+from engine.checkpoint import resolve_checkpoint
 from engine.config import ConfigError, flag, parse
+from engine.distributed import Dist, init_distributed, shutdown
 from engine.precision import AMP_MODES, MixedPrecision, check_master_weights
 from engine.run_logger import RunLogger
+from engine.run_state import Counters, Parts, plan_run_dir, restore_run_state, save_run_state
 from engine.scoring import pair_metrics, summarise
 from loss_function import EFECoefs, combined_loss, efe_loss, target_log_likelihood
 from policy_refined import PolicyRefiner, RLInfo
@@ -112,6 +114,8 @@ class TrainConfig:
     log_every: int = flag(50, "TensorBoard scalars every N batches")
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)")
     keep_checkpoints: int = flag(3, "checkpoints kept (0: all)")
+    max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many steps in a row skipped for "
+                                          "non-finite loss or gradients")
 
     def qwen_cfg(self) -> QwenCfg:
         return QwenCfg(self.qwen_model, self.qwen_dtype, self.use_qwen, self.qwen_train, self.lora_rank,
@@ -137,7 +141,7 @@ class TrainConfig:
 def check_config(cfg: TrainConfig) -> None:
     """Reject impossible settings at start-up, saying what to change."""
     for name in ("epochs", "batch_size", "grad_accum", "log_every", "prompt_refresh", "eval_batch_size",
-                 "prompt_dim", "rl_rank"):
+                 "prompt_dim", "rl_rank", "max_consecutive_skips"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("max_batches", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
@@ -154,30 +158,14 @@ def check_config(cfg: TrainConfig) -> None:
 # The parts and the algorithm
 # ----------------------------------------------------------------------------------------------
 
-@dataclass
-class Parts:
-    prompt: QwenHybridPrompt
-    agent: torch.nn.Module
-    policy: PolicyRefiner
-    optimizer: torch.optim.Optimizer
-    amp: MixedPrecision
-
-    def modules(self) -> dict[str, torch.nn.Module]:
-        return {"prompt": self.prompt, "agent": self.agent, "refiner": self.policy.refiner,
-                "rl_head": self.policy.head}
-
-    def train(self, mode: bool = True) -> None:
-        for m in self.modules().values():
-            m.train(mode)
-
-
-def build_parts(cfg: TrainConfig, device: torch.device, prompt_cache_dir: Path | None = None) -> Parts:
+def build_parts(cfg: TrainConfig, device: torch.device, prompt_cache_dir: Path | None = None,
+                dist: Dist = Dist()) -> Parts:
     prompt = QwenHybridPrompt(cfg.prompt_dim, NUMERIC_DIM, cfg.fuse, cfg.qwen_cfg(), cfg.use_numeric,
                               cfg.use_relation, prompt_refresh=cfg.prompt_refresh,
                               cache_dir=prompt_cache_dir).to(device)
     agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels).to(device)
     policy = PolicyRefiner(cfg.prompt_dim, CTRL_DIM, NUMERIC_DIM, rank=cfg.rl_rank, rl_lr=cfg.rl_lr, seed=cfg.seed,
-                           device=device)
+                           noise_seed=cfg.seed + 1000 * dist.rank, device=device)
     main_params = [*prompt.head_parameters(), *agent.parameters(), *policy.refiner.parameters()]
     qwen_params = prompt.qwen_parameters()
     check_master_weights(main_params + qwen_params, "main optimizer")
@@ -210,14 +198,14 @@ def forward_losses(parts: Parts, batch: dict, step: int, cfg: TrainConfig):
     return loss, stats, rl_info, reward
 
 
-def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainConfig) -> dict:
+def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainConfig, dist: Dist = Dist()) -> dict:
     """One optimizer step over a window of micro-batches (grad_accum of them, or fewer at the end).
 
     Each micro-batch's loss is summed over its samples and divided by the window's real sample
-    count, so the step's gradient is the mean gradient of exactly the samples it saw. A micro-batch
-    with a non-finite loss does not go backward and is counted.
+    count over all processes, so the step's gradient is the mean gradient of exactly the samples
+    it saw. A micro-batch with a non-finite loss does not go backward and is counted.
     """
-    n_samples = sum(b["input"].shape[0] for b in window)
+    n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
     stats: dict = {"amp/nonfinite_losses": 0.0}
     infos, rewards = [], []
     for i, batch in enumerate(window):
@@ -232,22 +220,24 @@ def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainCo
             stats[k] = stats.get(k, 0.0) + float(v) / len(window)
         infos.append(info)
         rewards.append(reward)
+    dist.average_gradients([p for g in parts.optimizer.param_groups for p in g["params"]])
     result = parts.amp.step(parts.optimizer, cfg.clip, watch={"qwen": parts.prompt.qwen_parameters()})
+    stats["amp/stepped"] = float(result is not None and result.stepped)
     if result is not None:
-        stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"],
-                      "amp/stepped": float(result.stepped)})
+        stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
     # The RL head learns after the main step, from detached tensors, with its own optimizer.
-    if infos:
+    if dist.sum_int(bool(infos)) == dist.world_size:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
-        stats.update({k: float(v) for k, v in parts.policy.update(info, torch.cat(rewards)).items()})
+        stats.update({k: float(v) for k, v in parts.policy.update(info, torch.cat(rewards), dist).items()})
     return stats
 
 
 @torch.no_grad()
-def evaluate(parts: Parts, loader: DataLoader, step: int, device: torch.device) -> dict[str, float]:
+def evaluate(parts: Parts, loader: DataLoader, step: int, device: torch.device, dist: Dist = Dist()) -> dict[str, float]:
     """Score the mean-refinement prediction of every evaluation test input, beside the copy baseline.
 
-    Targets are read here only, to score; nothing computed from them reaches the model.
+    Targets are read here only, to score; nothing computed from them reaches the model. With
+    several processes each scores its share and the records are gathered.
     """
     parts.train(False)
     records, copy_records = [], []
@@ -262,21 +252,19 @@ def evaluate(parts: Parts, loader: DataLoader, step: int, device: torch.device) 
             records.append((batch["task_id"][b], pair_metrics(aug.invert_grid(decode_logits(logits[b])), target)))
             copy_records.append((batch["task_id"][b], pair_metrics(query, target)))
     parts.train(True)
+    records = [r for rank in dist.gather(records) for r in rank]
+    copy_records = [r for rank in dist.gather(copy_records) for r in rank]
     metrics = {f"eval/{k}": v for k, v in summarise(records).items()}
     metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items()})
     return metrics
 
 
 # ----------------------------------------------------------------------------------------------
-# Plumbing: data, state, the loop
+# Plumbing: data, the loop, signals
 # ----------------------------------------------------------------------------------------------
 
 def to_device(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def select_device(name: str) -> torch.device:
-    return torch.device("cuda" if name == "cuda" or (name == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def seed_everything(seed: int) -> None:
@@ -285,7 +273,7 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_loaders(cfg: TrainConfig, device: torch.device):
+def build_loaders(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()):
     splits = load_splits(cfg.data, cfg.eval_data, cfg.allow_overlap, cfg.synthetic())
     train_eps = training_episodes(splits.training)
     if not train_eps:
@@ -295,89 +283,22 @@ def build_loaders(cfg: TrainConfig, device: torch.device):
     task_index = {t.task_id: i for i, t in enumerate(splits.training)}
     sampler = CurriculumBatches(np.array([scale.is_easy(s) for s in train_set.scores]), cfg.batch_size, cfg.seed,
                                 cfg.augment, cfg.easy_warmup, cfg.easy_later, cfg.augment_pool,
-                                np.array([task_index[e.task.task_id] for e in train_eps]))
+                                np.array([task_index[e.task.task_id] for e in train_eps]), dist.rank, dist.world_size)
     pin = device.type == "cuda"
     train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
                               pin_memory=pin)
     eval_tasks = splits.evaluation[:cfg.eval_tasks] if cfg.eval_tasks else splits.evaluation
     eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)
+    mine = [(i, 0) for i in range(dist.rank, len(eval_set), dist.world_size)]
     eval_loader = DataLoader(eval_set, batch_size=cfg.eval_batch_size, collate_fn=collate, pin_memory=pin,
-                             sampler=[(i, 0) for i in range(len(eval_set))], num_workers=cfg.num_workers)
+                             sampler=mine, num_workers=cfg.num_workers)
     return splits, sampler, train_loader, eval_loader
-
-
-def trainable_weights(parts: Parts) -> dict[str, torch.Tensor]:
-    """Everything that training changes; a frozen Qwen trunk is reloaded from its source instead."""
-    weights = {}
-    for name, module in parts.modules().items():
-        frozen = {n for n, p in module.named_parameters() if n.startswith("qwen.") and not p.requires_grad}
-        weights.update({f"{name}.{k}": v for k, v in module.state_dict().items() if k not in frozen})
-    return weights
-
-
-def load_weights(parts: Parts, weights: dict[str, torch.Tensor]) -> None:
-    for name, module in parts.modules().items():
-        mine = {k[len(name) + 1:]: v for k, v in weights.items() if k.startswith(name + ".")}
-        missing, unexpected = module.load_state_dict(mine, strict=False)
-        frozen = {n for n, p in module.named_parameters() if not p.requires_grad}
-        if unexpected or set(missing) - frozen:
-            raise ConfigError(f"--resume: checkpoint does not fit the model ({name}: missing "
-                              f"{sorted(set(missing) - frozen)[:3]}, unexpected {unexpected[:3]})")
-
-
-@dataclass
-class Counters:
-    step: int = 0  # optimizer steps taken
-    batch: int = 0  # micro-batches consumed (drives the prompt refresh)
-    epoch: int = 0
-    batch_in_epoch: int = 0
-
-
-def plan_run_dir(cfg: TrainConfig, resumed_from: Path | None) -> Path:
-    """The run folder (not created yet: nothing is written before every input has been checked)."""
-    if cfg.run_dir:
-        run_dir = Path(cfg.run_dir)
-        if resumed_from is None and (run_dir / "checkpoints").exists():
-            raise ConfigError(f"--run_dir {run_dir} already holds a run: pass --resume {run_dir} to continue it, "
-                              f"or choose another --run_dir")
-    elif resumed_from is not None:
-        run_dir = resumed_from.parent.parent
-    else:
-        run_dir = Path("runs") / f"{cfg.run_name}__{cfg.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-    return run_dir
 
 
 def prompt_cache_dir(cfg: TrainConfig, run_dir: Path) -> Path | None:
     if cfg.prompt_cache_dir == "none":
         return None
     return Path(cfg.prompt_cache_dir) if cfg.prompt_cache_dir else run_dir.parent / "prompt_cache"
-
-
-def save(parts: Parts, counters: Counters, cfg: TrainConfig, run_dir: Path) -> Path:
-    if parts.prompt.cache is not None:
-        parts.prompt.cache.flush()
-    state = {"counters": dataclasses.asdict(counters), "config": dataclasses.asdict(cfg),
-             "optimizer": parts.optimizer.state_dict(), "amp": parts.amp.state_dict(),
-             "policy": parts.policy.state_dict(), "rng": rng_state(),
-             "prompt_cache": parts.prompt.cache.state_dict() if parts.prompt.cache is not None else None}
-    return save_checkpoint(run_dir, counters.step, trainable_weights(parts), state, cfg.keep_checkpoints)
-
-
-def restore(parts: Parts, folder: Path, cfg: TrainConfig) -> Counters:
-    weights, state = load_checkpoint(folder)
-    load_weights(parts, weights)
-    parts.optimizer.load_state_dict(state["optimizer"])
-    parts.amp.load_state_dict(state["amp"])
-    parts.policy.load_state_dict(state["policy"])
-    if parts.prompt.cache is not None and state["prompt_cache"] is not None:
-        parts.prompt.cache.load_state_dict(state["prompt_cache"])
-    set_rng_state(state["rng"])
-    ignored = {"resume", "epochs", "max_batches", "run_dir", "num_workers", "log_every", "save_every",
-               "eval_tasks", "eval_batch_size", "keep_checkpoints"}
-    changed = [k for k, v in dataclasses.asdict(cfg).items() if k not in ignored and state["config"].get(k) != v]
-    if changed:
-        print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
-    return Counters(**state["counters"])
 
 
 def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: torch.device):
@@ -390,58 +311,104 @@ def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: t
             window = []
 
 
-def train(cfg: TrainConfig, device: torch.device) -> dict:
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next window boundary and stops."""
+
+    def __init__(self):
+        self.signum = 0
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def handle(self, signum, frame):
+        self.signum = signum
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+class TrainingStopped(Exception):
+    """The run stopped early with a checkpoint; the message says why and how to go on."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
     seed_everything(cfg.seed)
-    splits, sampler, train_loader, eval_loader = build_loaders(cfg, device)  # validates all data first
+    splits, sampler, train_loader, eval_loader = build_loaders(cfg, device, dist)  # validates all data first
     resumed_from = resolve_checkpoint(cfg.resume) if cfg.resume else None
-    run_dir = plan_run_dir(cfg, resumed_from)
-    parts = build_parts(cfg, device, prompt_cache_dir(cfg, run_dir))
-    counters = restore(parts, resumed_from, cfg) if resumed_from else Counters()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = plan_run_dir(cfg.run_dir, cfg.run_name, cfg.seed, resumed_from)
+    parts = build_parts(cfg, device, prompt_cache_dir(cfg, run_dir), dist)
+    config = dataclasses.asdict(cfg)
+    counters = restore_run_state(parts, resumed_from, config, dist) if resumed_from else Counters()
     qwen_desc = parts.prompt.qwen.description if parts.prompt.qwen is not None else "off"
     n_params = sum(p.numel() for p in parts.agent.parameters())
-    print(f"run {run_dir} | device={device} amp={cfg.amp} world_size=1 | data {splits.name}: "
-          f"{len(splits.training)} training, {len(splits.evaluation)} evaluation tasks | qwen: {qwen_desc} "
-          f"[{cfg.qwen_train}] | agent {cfg.agent}: {n_params / 1e6:.2f}M params", file=sys.stderr)
-    logger = RunLogger(run_dir, dataclasses.asdict(cfg), f"qwen: {qwen_desc}; agent {cfg.agent} {n_params} params")
+    logger = None
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"run {run_dir} | device={device} amp={cfg.amp} world_size={dist.world_size} | data {splits.name}: "
+              f"{len(splits.training)} training, {len(splits.evaluation)} evaluation tasks | qwen: {qwen_desc} "
+              f"[{cfg.qwen_train}] | agent {cfg.agent}: {n_params / 1e6:.2f}M params", file=sys.stderr)
+        logger = RunLogger(run_dir, config, f"qwen: {qwen_desc}; agent {cfg.agent} {n_params} params")
     start, eval_metrics, last_qwen_norm = time.time(), {}, 0.0
+
+    def checkpoint() -> None:
+        save_run_state(parts, counters, config, run_dir, cfg.keep_checkpoints, dist)
+
     parts.train(True)
-    for epoch in range(counters.epoch, cfg.epochs):
-        full = sampler.batches_per_epoch
-        n_batches = min(full, cfg.max_batches) if cfg.max_batches else full
-        sampler.set_epoch(epoch, counters.batch_in_epoch)
-        remaining = n_batches - counters.batch_in_epoch
-        bar = tqdm(total=n_batches, initial=counters.batch_in_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
-                   unit="batch", dynamic_ncols=True, mininterval=1.0)
-        for window in epoch_windows(train_loader, remaining, cfg.grad_accum, device):
-            stats = train_window(parts, window, counters.batch, cfg)
-            counters.batch += len(window)
-            counters.batch_in_epoch += len(window)
-            counters.step += 1
-            last_qwen_norm = stats.get("grad/qwen_norm") or last_qwen_norm
-            logger.accumulate({k: v for k, v in stats.items() if k != "grad/qwen_norm"})
-            bar.update(len(window))
-            if counters.batch // cfg.log_every != (counters.batch - len(window)) // cfg.log_every:
-                values = logger.flush(counters.batch, cache_and_amp_scalars(parts, last_qwen_norm, epoch, cfg))
-                bar.set_postfix(loss=f"{values['loss/combined']:.3f}", mask=f"{values['train/mask_ratio']:.2f}")
-            if cfg.save_every and counters.step % cfg.save_every == 0:
-                save(parts, counters, cfg, run_dir)
-        bar.close()
-        if logger.sums:
-            logger.flush(counters.batch, cache_and_amp_scalars(parts, last_qwen_norm, epoch, cfg))
-        eval_metrics = evaluate(parts, eval_loader, counters.batch, device)
-        logger.flush(counters.batch, eval_metrics)
-        counters.epoch, counters.batch_in_epoch = epoch + 1, 0
-        save(parts, counters, cfg, run_dir)
-    logger.close()
+    with StopRequest() as stop:
+        for epoch in range(counters.epoch, cfg.epochs):
+            full = sampler.batches_per_epoch
+            n_batches = min(full, cfg.max_batches) if cfg.max_batches else full
+            sampler.set_epoch(epoch, counters.batch_in_epoch)
+            bar = tqdm(total=n_batches, initial=counters.batch_in_epoch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                       unit="batch", dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main)
+            for window in epoch_windows(train_loader, n_batches - counters.batch_in_epoch, cfg.grad_accum, device):
+                stats = train_window(parts, window, counters.batch, cfg, dist)
+                counters.batch += len(window)
+                counters.batch_in_epoch += len(window)
+                counters.step += 1
+                counters.consecutive_skips = 0 if stats["amp/stepped"] else counters.consecutive_skips + 1
+                last_qwen_norm = stats.get("grad/qwen_norm") or last_qwen_norm
+                bar.update(len(window))
+                if logger is not None:
+                    logger.accumulate({k: v for k, v in stats.items() if k != "grad/qwen_norm"})
+                    if counters.batch // cfg.log_every != (counters.batch - len(window)) // cfg.log_every:
+                        values = logger.flush(counters.batch, run_scalars(parts, last_qwen_norm, epoch, cfg))
+                        bar.set_postfix(loss=f"{values.get('loss/combined', float('nan')):.3f}")
+                if counters.consecutive_skips >= cfg.max_consecutive_skips:
+                    checkpoint()
+                    raise TrainingStopped(f"stopped: {counters.consecutive_skips} steps in a row skipped for non-finite "
+                                          f"loss or gradients (step {counters.step}); checkpoint in {run_dir}; lower "
+                                          f"--agent_lr/--qwen_lr or use --amp bf16", 1)
+                if dist.any(bool(stop.signum)):
+                    checkpoint()
+                    name = signal.Signals(stop.signum or signal.SIGTERM).name
+                    raise TrainingStopped(f"stopped by {name} at step {counters.step}; checkpoint saved, continue "
+                                          f"with --resume {run_dir}", 128 + (stop.signum or signal.SIGTERM))
+                if cfg.save_every and counters.step % cfg.save_every == 0:
+                    checkpoint()
+            bar.close()
+            eval_metrics = evaluate(parts, eval_loader, counters.batch, device, dist)
+            if logger is not None:
+                logger.flush(counters.batch, {**run_scalars(parts, last_qwen_norm, epoch, cfg), **eval_metrics})
+            counters.epoch, counters.batch_in_epoch = epoch + 1, 0
+            checkpoint()
     summary = {"steps": counters.step, "seconds": round(time.time() - start, 1), "run_dir": str(run_dir),
-               **{k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last},
-               **eval_metrics}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+               "world_size": dist.world_size, **eval_metrics}
+    if logger is not None:
+        logger.close()
+        summary.update({k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last})
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def cache_and_amp_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: TrainConfig) -> dict[str, float]:
+def run_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: TrainConfig) -> dict[str, float]:
+    """Counters logged as they stand (not averaged): amp, cache, curriculum."""
     values = {"amp/scale": parts.amp.scale, "amp/skipped_steps": parts.amp.skipped_steps, "grad/qwen_norm": qwen_norm,
               "train/easy_fraction": easy_fraction(epoch, cfg.easy_warmup, cfg.easy_later)}
     if parts.prompt.cache is not None:
@@ -465,14 +432,22 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(TrainConfig, argv, "fixed.py", __doc__.splitlines()[0])
     try:
         check_config(cfg)
-        summary = train(cfg, select_device(cfg.device))
+        dist, device = init_distributed(cfg.device)
+        try:
+            summary = train(cfg, device, dist)
+        finally:
+            shutdown()
     except ConfigError as err:
         print(f"fixed.py: error: {err}", file=sys.stderr)
         return 2
     except DataError as err:
         print(f"fixed.py: data error: {err}", file=sys.stderr)
         return 1
-    print(summary_line(summary))
+    except TrainingStopped as err:
+        print(f"fixed.py: {err}", file=sys.stderr)
+        return err.exit_code
+    if dist.is_main:
+        print(summary_line(summary))
     return 0
 
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.distributed import Dist
+
 
 class RefineMLP(nn.Module):
     """Residual refinement: prompt + MLP([prompt, ctrl, feat]); starts as the identity."""
@@ -68,7 +70,7 @@ class RLInfo:
 class PolicyRefiner:
     def __init__(self, prompt_dim: int, ctrl_dim: int, feat_dim: int, *, rank: int = 8, hidden: int = 256,
                  rl_lr: float = 1e-3, baseline_momentum: float = 0.9, log_std_init: float = -1.0,
-                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0,
+                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0, noise_seed: int | None = None,
                  device: torch.device = torch.device("cpu")):
         self.refiner = RefineMLP(prompt_dim, ctrl_dim, feat_dim, hidden).to(device)
         in_dim = prompt_dim + ctrl_dim + feat_dim
@@ -78,7 +80,9 @@ class PolicyRefiner:
         self.basis = basis.to(device)  # U [P, rank], orthonormal columns, fixed
         self.optimizer = torch.optim.Adam(self.head.parameters(), lr=rl_lr)
         self.momentum = baseline_momentum
-        self.generator = torch.Generator(device=device).manual_seed(seed + 104729)
+        # The basis and the initial weights follow `seed` (identical on every process); the action
+        # noise follows `noise_seed`, so several processes explore differently.
+        self.generator = torch.Generator(device=device).manual_seed((seed if noise_seed is None else noise_seed) + 104729)
         self.device = device
 
     def apply(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
@@ -116,10 +120,12 @@ class PolicyRefiner:
             mu, _ = self.head(self._head_input(prompt, ctrl_vec, feat_sum))
         return base + mu.detach().to(base.dtype) @ self.basis.to(base.dtype).T
 
-    def update(self, info: RLInfo, reward: torch.Tensor) -> dict[str, float]:
+    def update(self, info: RLInfo, reward: torch.Tensor, dist: Dist = Dist()) -> dict[str, float]:
         """One REINFORCE step on the signed reward [B] float32 (never clipped to positive).
 
         Builds its own small graph from the detached `info`, so it is independent of the main one.
+        With several processes the head's gradients and the baseline are averaged over them, so
+        the head stays identical everywhere.
         """
         with torch.autocast(self.device.type, enabled=False):
             mu, std = self.head(info.head_input)
@@ -128,9 +134,10 @@ class PolicyRefiner:
             loss = -(advantage * log_prob).mean()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        dist.average_gradients(list(self.head.parameters()), denominator=dist.world_size)
         self.optimizer.step()
         with torch.no_grad():
-            self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * reward.mean())
+            self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))
         return {"rl/loss": loss.detach(), "rl/advantage": advantage.mean().detach(),
                 "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}
 

@@ -29,25 +29,31 @@ class CurriculumBatches:
 
     def __init__(self, is_easy: np.ndarray, batch_size: int, seed: int, augment: bool,
                  warmup_fraction: float, later_fraction: float, augment_pool: int = 0,
-                 task_of: np.ndarray | None = None):
+                 task_of: np.ndarray | None = None, rank: int = 0, world_size: int = 1):
         self.easy = np.flatnonzero(is_easy)
         self.hard = np.flatnonzero(~is_easy)
-        self.batch_size, self.seed, self.augment = batch_size, seed, augment
+        # With several processes each draws its slice of one global batch of batch_size x world_size,
+        # so the run sees what one process with the larger batch would see.
+        self.local_batch, self.rank = batch_size, rank
+        self.batch_size, self.seed, self.augment = batch_size * world_size, seed, augment
         self.fractions = (warmup_fraction, later_fraction)
         self.epoch, self.start_batch = 0, 0
         self.augment_pool = augment_pool
         self.task_of = task_of if task_of is not None else np.arange(len(is_easy))
 
-    def augmentation_id(self, episode: int, rng: np.random.Generator) -> int:
-        """A fresh id >= 8, or with a pool, one of the `augment_pool` ids fixed for this episode's
-        task: then all episodes of a task share augmented demos, and a frozen encoder's cache
-        covers every augmentation the run will ever draw."""
+    def augmentation_ids(self, rng: np.random.Generator) -> np.ndarray:
+        """This epoch's augmentation id per episode: 0 without augmentation; a fresh id >= 8 per
+        episode without a pool; with a pool, one of the task's `augment_pool` fixed ids, the same for
+        every episode of the task this epoch, so leave-one-out episodes share augmented demos (and
+        their cached encodings) and a frozen encoder's cache covers every id the run will draw."""
+        n = len(self.task_of)
         if not self.augment:
-            return 0
+            return np.zeros(n, dtype=np.int64)
         if self.augment_pool <= 0:
-            return int(rng.integers(8, 2**31 - 1))
-        slot = int(rng.integers(self.augment_pool))
-        return int(np.random.default_rng([self.seed, int(self.task_of[episode]), slot]).integers(8, 2**31 - 1))
+            return rng.integers(8, 2**31 - 1, size=n)
+        slots = rng.integers(self.augment_pool, size=int(self.task_of.max()) + 1)
+        return np.array([np.random.default_rng([self.seed, int(t), int(slots[t])]).integers(8, 2**31 - 1)
+                         for t in self.task_of])
 
     @property
     def batches_per_epoch(self) -> int:
@@ -64,6 +70,7 @@ class CurriculumBatches:
         pools = [rng.permutation(self.easy), rng.permutation(self.hard)]
         cursors = [0, 0]
         frac = easy_fraction(self.epoch, *self.fractions)
+        aug_ids = self.augmentation_ids(rng)
         batches = []
         for _ in range(self.batches_per_epoch):
             n_easy = int(rng.binomial(self.batch_size, frac))
@@ -73,8 +80,10 @@ class CurriculumBatches:
                 for _ in range(count):
                     picks.append(int(pool[cursors[pool_id] % len(pool)]))
                     cursors[pool_id] += 1
-            batches.append([(i, self.augmentation_id(i, rng)) for i in picks])
+            batches.append([(i, int(aug_ids[i])) for i in picks])
         return batches
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        yield from self.epoch_batches()[self.start_batch:]
+        lo = self.rank * self.local_batch
+        for batch in self.epoch_batches()[self.start_batch:]:
+            yield batch[lo:lo + self.local_batch]

@@ -1,6 +1,7 @@
 """The prompt cache: per-demo sharing, the disk cache across runs, corrupt shards, the token
 budget, pooling, and the LoRA adapters through a checkpoint."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -12,6 +13,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import fixed
 from agents import QwenCfg, QwenTextEncoder
 from agents.prompt_cache import PromptCache
+from engine.distributed import Dist
+from engine.run_state import restore_run_state
 from tests.conftest import ROOT
 
 DEMOS = ("input\n12\noutput\n21\n", "input\n3\noutput\n33\n", "input\n45\n45\noutput\n5\n")
@@ -143,7 +146,7 @@ def test_lora_adapters_are_saved_and_resumed(small_cfg, tmp_path):
     assert lora and not any(k.startswith("prompt.qwen.") and "lora_" not in k for k in weights), \
         "only the adapters of the trunk are saved"
     parts = fixed.build_parts(cfg, torch.device("cpu"))
-    fixed.restore(parts, ckpt, cfg)
+    restore_run_state(parts, ckpt, dataclasses.asdict(cfg), Dist())
     state = parts.prompt.state_dict()
     for k, v in lora.items():
         assert torch.equal(state[k[len("prompt."):]], v), k

