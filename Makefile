@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-data clean
+.PHONY: setup run test bench-data bench-cache clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,9 @@ test: $(STAMP)
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput
+
+bench-cache: $(STAMP)
+	$(PY) -m bench.prompt_cache
 
 clean:
 	rm -rf $(VENV)

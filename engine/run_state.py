@@ -82,17 +82,27 @@ def load_weights(parts: Parts, weights: dict[str, torch.Tensor]) -> None:
                               f"{sorted(set(missing) - frozen)[:3]}, unexpected {unexpected[:3]})")
 
 
+def weights_checksum(parts: Parts) -> float:
+    """A cheap fingerprint of every trainable weight (float64 sums), to compare processes."""
+    with torch.no_grad():
+        return float(sum(v.double().sum() * (i + 1) for i, v in enumerate(trainable_weights(parts).values())
+                         if v.is_floating_point()))
+
+
 def _rank_state(parts: Parts) -> dict:
     cache = parts.prompt.cache
     if cache is not None:
         cache.flush()
-    return {"rng": rng_state(), "policy": parts.policy.state_dict(),
+    return {"rng": rng_state(), "policy": parts.policy.state_dict(), "checksum": weights_checksum(parts),
             "prompt_cache": cache.state_dict() if cache is not None else None}
 
 
 def save_run_state(parts: Parts, counters: Counters, config: dict, run_dir: Path, keep: int, dist: Dist) -> None:
     """Collective: every rank calls it; the main one writes."""
     ranks = dist.gather(_rank_state(parts))
+    checksums = [r["checksum"] for r in ranks]
+    if len(set(checksums)) > 1:  # a bug, never a user error: the processes must hold one model
+        raise RuntimeError(f"processes hold different weights at step {counters.step}: checksums {checksums}")
     if dist.is_main:
         state = {"counters": dataclasses.asdict(counters), "config": config, "world_size": dist.world_size,
                  "optimizer": parts.optimizer.state_dict(), "amp": parts.amp.state_dict(), "ranks": ranks}

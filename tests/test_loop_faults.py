@@ -1,0 +1,115 @@
+"""The loop under every precision and fault: no scaler assertion anywhere, NaN storms stop with a
+checkpoint, signals checkpoint and exit, a killed run resumes to the same weights."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fixed
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+@pytest.mark.parametrize("qwen_train", ["frozen", "full"])
+def test_no_scaler_assertion_in_any_combination(amp, qwen_train, small_cfg, tmp_path):
+    """Invariant 1: amp x frozen/trainable Qwen with caching x grad_accum 2 over 3 batches (a partial
+    last window, and --max_batches ending mid-window)."""
+    cfg = small_cfg(amp=amp, qwen_train=qwen_train, grad_accum=2, max_batches=3, prompt_refresh=2,
+                    run_dir=str(tmp_path / "run"), fp16_init_scale=256.0)
+    summary = fixed.train(cfg, torch.device("cpu"))
+    assert summary["steps"] == 2
+
+
+def test_bf16_has_no_scaler():
+    amp = fixed.MixedPrecision("bf16", torch.device("cpu"))
+    assert amp.scaler is None and amp.scale == 1.0
+
+
+def cli(*args, **kwargs):
+    return subprocess.Popen([sys.executable, "fixed.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def small_args(arc_folder, run_dir, *extra):
+    return ["--data", str(arc_folder), "--batch_size", "4", "--agent_channels", "16", "--prompt_dim", "32",
+            "--eval_tasks", "1", "--run_dir", str(run_dir), *extra]
+
+
+def test_nan_storm_stops_with_a_message_and_a_checkpoint(arc_folder, tmp_path):
+    # A learning rate of 1e30 turns the weights to inf after the first step; every later loss is NaN.
+    proc = cli(*small_args(arc_folder, tmp_path / "run", "--agent_lr", "1e30", "--max_consecutive_skips", "3",
+                           "--max_batches", "8"))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err[-1500:]
+    assert "3 steps in a row skipped" in err and "Traceback" not in err
+    assert (tmp_path / "run" / "checkpoints" / "latest").exists()
+    assert not (tmp_path / "run" / "summary.json").exists(), "a stopped run must not look finished"
+
+
+def wait_for_checkpoint(run_dir, proc, timeout=120):
+    latest = run_dir / "checkpoints" / "latest"
+    deadline = time.time() + timeout
+    while not latest.exists():
+        assert proc.poll() is None, proc.communicate()[1][-1500:]
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_saves_at_the_window_boundary_and_exits_cleanly(signum, arc_folder, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = cli(*small_args(arc_folder, run_dir, "--max_batches", "400", "--epochs", "1", "--save_every", "2"))
+    wait_for_checkpoint(run_dir, proc)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signum, err[-1500:]
+    assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err
+    step = int((run_dir / "checkpoints" / "latest").read_text().split("_")[1])
+    assert step >= 2
+    resumed = cli(*small_args(arc_folder, run_dir, "--max_batches", str(step + 2), "--resume", str(run_dir)))
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-1500:]
+    assert out.startswith(f"done: {step + 2} steps")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_path):
+    straight = cli(*small_args(arc_folder, tmp_path / "straight", "--max_batches", "8"))
+    assert straight.wait(timeout=300) == 0
+    run_dir = tmp_path / "killed"
+    proc = cli(*small_args(arc_folder, run_dir, "--max_batches", "8", "--save_every", "1"))
+    wait_for_checkpoint(run_dir, proc)
+    assert proc.poll() is None, "the run must still be going when it is killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "checkpoints" / "step_00000008").exists()
+    resumed = cli(*small_args(arc_folder, run_dir, "--max_batches", "8", "--save_every", "1", "--resume",
+                              str(run_dir)))
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-1500:]
+    a = load_file(str(tmp_path / "straight" / "checkpoints" / "step_00000008" / "model.safetensors"))
+    b = load_file(str(run_dir / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp_path, capsys):
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    capsys.readouterr()
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=1e-3, clip=0.5,
+                          resume=str(tmp_path / "a")), torch.device("cpu"))
+    err = capsys.readouterr().err
+    assert "resuming with a different config: agent_lr, clip" in err
+
+
+def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
+    run = tmp_path / "a"
+    fixed.train(small_cfg(run_dir=str(run), max_batches=2), torch.device("cpu"))
+    (run / "checkpoints" / ".tmp-step_00000009").mkdir()  # what a kill during a save leaves behind
+    assert fixed.resolve_checkpoint(str(run)).name == "step_00000002"
