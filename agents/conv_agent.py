@@ -30,6 +30,24 @@ class FiLMBlock(nn.Module):
         return x + h * (1 + gamma) + beta
 
 
+class PromptedOutput(nn.Module):
+    """Cell states [B, H, W, C] -> logits [B, H, W, 12] through a fixed output layer plus one
+    generated from the prompt (zero at start), so a per-task colour map can be applied."""
+
+    def __init__(self, prompt_dim: int, channels: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.out = nn.Linear(channels, NUM_CLASSES)
+        self.generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
+        nn.init.zeros_(self.generated.weight)
+        nn.init.zeros_(self.generated.bias)
+
+    def forward(self, h: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES)
+        return self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight.to(h.dtype))
+
+
 class FiLMConvAgent(nn.Module):
     """agent(input_canvas [B, 30, 30] int64, prompt [B, P] float) -> logits [B, 30, 30, 12]."""
 
@@ -39,20 +57,11 @@ class FiLMConvAgent(nn.Module):
         self.position = nn.Parameter(0.02 * torch.randn(1, channels, MAX_SIDE, MAX_SIDE))
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.blocks = nn.ModuleList(FiLMBlock(channels, prompt_dim, d) for d in dilations)
-        self.out_norm = nn.GroupNorm(8, channels)
-        self.out = nn.Linear(channels, NUM_CLASSES)
-        self.out_generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
-        nn.init.zeros_(self.out_generated.weight)
-        nn.init.zeros_(self.out_generated.bias)
+        self.head = PromptedOutput(prompt_dim, channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_canvas).permute(0, 3, 1, 2) + self.position
         x = x + self.prompt_in(prompt)[:, :, None, None]
         for block in self.blocks:
             x = block(x, prompt)
-        h = self.out_norm(x).permute(0, 2, 3, 1)  # [B, 30, 30, channels]
-        generated = self.out_generated(prompt).view(-1, h.shape[-1], NUM_CLASSES)
-        return self.out(h) + torch.einsum("bhwc,bck->bhwk", h, generated.to(h.dtype))
-
-
-AGENTS = {"conv": FiLMConvAgent}
+        return self.head(x.permute(0, 2, 3, 1), prompt)  # cells [B, 30, 30, channels]

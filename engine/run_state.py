@@ -20,7 +20,7 @@ from engine.distributed import Dist
 from engine.precision import MixedPrecision
 
 # Flags that may change on resume without a warning: they do not change what is learned.
-RESUME_FREE = {"resume", "epochs", "max_batches", "run_dir", "num_workers", "log_every", "save_every", "eval_tasks",
+RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "num_workers", "log_every", "save_every", "eval_tasks",
                "eval_batch_size", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir"}
 
 

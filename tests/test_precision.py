@@ -122,7 +122,7 @@ def test_all_nan_window_makes_no_scaler_call(small_cfg, parts_and_batches):
     parts, batches = parts_and_batches(cfg, 2)
     assert parts.amp.scaler.is_enabled()
     with torch.no_grad():
-        parts.agent.out.bias.fill_(float("nan"))
+        parts.agent.head.out.bias.fill_(float("nan"))
     stats = fixed.train_window(parts, batches, 0, cfg)
     assert stats["amp/nonfinite_losses"] == 2
     assert stats["amp/stepped"] == 0.0 and "grad/norm" not in stats
