@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import signal
 import sys
 import time
@@ -25,7 +24,6 @@ from tqdm import tqdm
 
 from agents import AGENTS, QwenCfg, QwenHybridPrompt
 from data.arc import DataError
-from data.canvas import decode, decode_logits
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import CTRL_DIM, DifficultyScale, EpisodeDataset, collate, episode_difficulty, \
     evaluation_episodes, training_episodes
@@ -35,10 +33,11 @@ from data.synthetic import FAMILIES
 from engine.checkpoint import resolve_checkpoint
 from engine.config import ConfigError, flag, parse
 from engine.distributed import Dist, init_distributed, shutdown
+from engine.evaluation import TTT_PARAMS, EvalCfg, evaluate
+from engine.loop import StopRequest, TrainingStopped, epoch_windows, seed_everything, summary_line, to_device
 from engine.precision import AMP_MODES, MixedPrecision, check_master_weights
 from engine.run_logger import RunLogger
 from engine.run_state import Counters, Parts, plan_run_dir, restore_run_state, save_run_state
-from engine.scoring import pair_metrics, summarise
 from loss_function import EFECoefs, combined_loss, efe_loss, target_log_likelihood
 from policy_refined import PolicyRefiner, RLInfo
 
@@ -66,6 +65,13 @@ class TrainConfig:
     easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
     eval_tasks: int = flag(0, "evaluation tasks scored at each validation (0: all)")
     eval_batch_size: int = flag(32, "episodes per validation batch")
+    eval_augments: int = flag(1, "validation: views (identity + dihedral x colour augmentations) voted over for "
+                                 "the two attempts")
+    eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones), then exit")
+    submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+    ttt_steps: int = flag(0, "test-time training steps on each evaluation task's demos (0: off)")
+    ttt_lr: float = flag(1e-3, "test-time training learning rate")
+    ttt_params: str = flag("adapter", "what test-time training adapts", TTT_PARAMS)
     num_workers: int = flag(0, "DataLoader worker processes")
     # optimisation
     agent_lr: float = flag(3e-4, "learning rate of the agent, prompt heads and refinement")
@@ -136,6 +142,10 @@ class TrainConfig:
                               f"known: {', '.join(FAMILIES)}")
         return SyntheticOptions(self.seed, rules, eval_rules, (int(lo), int(hi)))
 
+    def eval_cfg(self) -> EvalCfg:
+        return EvalCfg(self.eval_augments, self.eval_batch_size, self.ttt_steps, self.ttt_lr, self.ttt_params,
+                       self.batch_size, self.amp, self.clip, self.seed)
+
     def coefs(self) -> EFECoefs:
         return EFECoefs(self.label_smoothing, self.kl_eps, self.lambda_r, self.lambda_a, self.lambda_c,
                         self.hard_weight)
@@ -143,11 +153,11 @@ class TrainConfig:
 
 def check_config(cfg: TrainConfig) -> None:
     """Reject impossible settings at start-up, saying what to change."""
-    for name in ("epochs", "batch_size", "grad_accum", "log_every", "prompt_refresh", "eval_batch_size",
+    for name in ("epochs", "batch_size", "grad_accum", "log_every", "prompt_refresh", "eval_batch_size", "eval_augments",
                  "prompt_dim", "rl_rank", "max_consecutive_skips", "agent_layers", "agent_cycles"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("max_batches", "max_minutes", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
+    for name in ("max_batches", "max_minutes", "ttt_steps", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
                  "augment_pool", "max_prompt_tokens"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
@@ -238,46 +248,9 @@ def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainCo
     return stats
 
 
-@torch.no_grad()
-def evaluate(parts: Parts, loader: DataLoader, step: int, device: torch.device, dist: Dist = Dist()) -> dict[str, float]:
-    """Score the mean-refinement prediction of every evaluation test input, beside the copy baseline.
-
-    Targets are read here only, to score; nothing computed from them reaches the model. With
-    several processes each scores its share and the records are gathered.
-    """
-    parts.train(False)
-    records, copy_records = [], []
-    for batch in loader:
-        batch = to_device(batch, device)
-        with parts.amp.autocast():
-            prompt = parts.prompt(batch["demo_texts"], batch["numeric"], batch["relation"], step)
-            logits = parts.agent(batch["input"], parts.policy.refine_mean(prompt, batch["ctrl"], batch["numeric"]))
-        for b, aug in enumerate(batch["augmentation"]):
-            target = aug.invert_grid(decode(batch["target"][b].cpu().numpy()))
-            query = aug.invert_grid(decode(batch["input"][b].cpu().numpy()))
-            records.append((batch["task_id"][b], pair_metrics(aug.invert_grid(decode_logits(logits[b])), target)))
-            copy_records.append((batch["task_id"][b], pair_metrics(query, target)))
-    parts.train(True)
-    records = [r for rank in dist.gather(records) for r in rank]
-    copy_records = [r for rank in dist.gather(copy_records) for r in rank]
-    metrics = {f"eval/{k}": v for k, v in summarise(records).items()}
-    metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items()})
-    return metrics
-
-
 # ----------------------------------------------------------------------------------------------
 # Plumbing: data, the loop, signals
 # ----------------------------------------------------------------------------------------------
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
 
 def build_loaders(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()):
     splits = load_splits(cfg.data, cfg.eval_data, cfg.allow_overlap, cfg.synthetic())
@@ -294,11 +267,8 @@ def build_loaders(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()):
     train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
                               pin_memory=pin)
     eval_tasks = splits.evaluation[:cfg.eval_tasks] if cfg.eval_tasks else splits.evaluation
-    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)
-    mine = [(i, 0) for i in range(dist.rank, len(eval_set), dist.world_size)]
-    eval_loader = DataLoader(eval_set, batch_size=cfg.eval_batch_size, collate_fn=collate, pin_memory=pin,
-                             sampler=mine, num_workers=cfg.num_workers)
-    return splits, sampler, train_loader, eval_loader
+    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)  # scored through engine.evaluation
+    return splits, sampler, train_loader, eval_set
 
 
 def prompt_cache_dir(cfg: TrainConfig, run_dir: Path) -> Path | None:
@@ -307,45 +277,9 @@ def prompt_cache_dir(cfg: TrainConfig, run_dir: Path) -> Path | None:
     return Path(cfg.prompt_cache_dir) if cfg.prompt_cache_dir else run_dir.parent / "prompt_cache"
 
 
-def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: torch.device):
-    """Yield lists of up to `grad_accum` micro-batches, `n_batches` micro-batches in all."""
-    window = []
-    for i, batch in zip(range(n_batches), loader):
-        window.append(to_device(batch, device))
-        if len(window) == grad_accum or i == n_batches - 1:
-            yield window
-            window = []
-
-
-class StopRequest:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next window boundary and stops."""
-
-    def __init__(self):
-        self.signum = 0
-
-    def __enter__(self):
-        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def handle(self, signum, frame):
-        self.signum = signum
-
-    def __exit__(self, *exc):
-        for s, handler in self.previous.items():
-            signal.signal(s, handler)
-
-
-class TrainingStopped(Exception):
-    """The run stopped early with a checkpoint; the message says why and how to go on."""
-
-    def __init__(self, message: str, exit_code: int):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
 def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
     seed_everything(cfg.seed)
-    splits, sampler, train_loader, eval_loader = build_loaders(cfg, device, dist)  # validates all data first
+    splits, sampler, train_loader, eval_set = build_loaders(cfg, device, dist)  # validates all data first
     resumed_from = resolve_checkpoint(cfg.resume) if cfg.resume else None
     run_dir = plan_run_dir(cfg.run_dir, cfg.run_name, cfg.seed, resumed_from)
     parts = build_parts(cfg, device, prompt_cache_dir(cfg, run_dir), dist)
@@ -367,8 +301,10 @@ def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
 
     parts.train(True)
     deadline = start + 60 * cfg.max_minutes if cfg.max_minutes else float("inf")
+    if cfg.eval_only:
+        eval_metrics = validate(parts, eval_set, counters.batch, cfg, device, dist, logger)
     with StopRequest() as stop:
-        for epoch in range(counters.epoch, cfg.epochs):
+        for epoch in range(counters.epoch, 0 if cfg.eval_only else cfg.epochs):
             full = sampler.batches_per_epoch
             n_batches = min(full, cfg.max_batches) if cfg.max_batches else full
             sampler.set_epoch(epoch, counters.batch_in_epoch)
@@ -402,9 +338,9 @@ def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
                 if dist.any(time.time() > deadline):
                     break
             bar.close()
-            eval_metrics = evaluate(parts, eval_loader, counters.batch, device, dist)
             if logger is not None:
-                logger.flush(counters.batch, {**run_scalars(parts, last_qwen_norm, epoch, cfg), **eval_metrics})
+                logger.flush(counters.batch, run_scalars(parts, last_qwen_norm, epoch, cfg))
+            eval_metrics = validate(parts, eval_set, counters.batch, cfg, device, dist, logger)
             finished = counters.batch_in_epoch >= n_batches  # else --max_minutes ran out mid-epoch
             if finished:
                 counters.epoch, counters.batch_in_epoch = epoch + 1, 0
@@ -420,6 +356,23 @@ def train(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()) -> dict:
     return summary
 
 
+def validate(parts: Parts, eval_set: EpisodeDataset, step: int, cfg: TrainConfig, device: torch.device, dist: Dist,
+             logger: RunLogger | None) -> dict[str, float]:
+    """Score the evaluation tasks; log scalars and task images; write the submission file."""
+    metrics, submission, images = evaluate(parts, eval_set, cfg.eval_cfg(), cfg.coefs(), step, device, dist)
+    if logger is not None:
+        logger.flush(step, metrics)
+        for task_id, image in images:
+            logger.writer.add_image(f"eval_tasks/{task_id}", image, step, dataformats="HWC")
+    if cfg.submission and dist.is_main:
+        path = Path(cfg.submission)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(submission))
+        tmp.replace(path)
+    return metrics
+
+
 def run_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: TrainConfig) -> dict[str, float]:
     """Counters logged as they stand (not averaged): amp, cache, curriculum."""
     values = {"amp/scale": parts.amp.scale, "amp/skipped_steps": parts.amp.skipped_steps, "grad/qwen_norm": qwen_norm,
@@ -428,17 +381,6 @@ def run_scalars(parts: Parts, qwen_norm: float, epoch: int, cfg: TrainConfig) ->
         values.update({f"cache/{k}": v for k, v in vars(parts.prompt.cache.stats).items()})
         values["cache/qwen_tokens_encoded"] = parts.prompt.qwen.tokens_encoded
     return values
-
-
-def summary_line(s: dict) -> str:
-    parts = [f"done: {s['steps']} steps in {s['seconds']:.1f}s"]
-    if "loss/combined" in s:
-        parts.append(f"loss {s['loss/combined']:.4f} (efe {s['loss/efe']:.4f}, reward {s['rl/reward']:+.4f})")
-    if "eval/cell_acc" in s:
-        parts.append(f"eval cell_acc {s['eval/cell_acc']:.3f} exact {s['eval/exact']:.3f} "
-                     f"(copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
-    parts.append(f"run {s['run_dir']}")
-    return " | ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,6 +26,7 @@ import fixed
 from data.synthetic import FAMILIES
 from engine.checkpoint import resolve_checkpoint
 from engine.distributed import Dist
+from engine.evaluation import evaluate
 from engine.run_state import restore_run_state
 
 CPU = torch.device("cpu")
@@ -40,14 +41,14 @@ def run(minutes: float, run_dir: Path, **overrides) -> tuple[fixed.TrainConfig, 
 def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str) -> dict:
     """Re-evaluate the run's final checkpoint with the prompt zeroed, or with the sampled RL delta."""
     fixed.seed_everything(cfg.seed)
-    _, _, _, eval_loader = fixed.build_loaders(cfg, CPU)
+    _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
     parts = fixed.build_parts(cfg, CPU, run_dir.parent / "cache")
     restore_run_state(parts, resolve_checkpoint(str(run_dir)), dataclasses.asdict(cfg), Dist())
     if variant == "zero prompt":
         parts.policy.refine_mean = lambda prompt, ctrl, feat: torch.zeros_like(prompt)
     elif variant == "sampled delta":
         parts.policy.refine_mean = lambda prompt, ctrl, feat: parts.policy.refine_prompt(prompt, ctrl, feat)[0]
-    return fixed.evaluate(parts, eval_loader, 10**9, CPU)
+    return evaluate(parts, eval_set, cfg.eval_cfg(), cfg.coefs(), 10**9, CPU)[0]
 
 
 def fmt(x: float) -> str:

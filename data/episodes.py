@@ -99,6 +99,7 @@ class EpisodeDataset(Dataset):
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
             "demo_texts": tuple(demo_text(p) for p in context),
             "task_id": ep.task.task_id,
+            "episode": index,
             "where": ep.where,
             "augmentation": aug,
         }
@@ -108,9 +109,9 @@ def collate(samples: list[dict]) -> dict:
     """Stack a list of samples into a batch.
 
     Returns: input, target [B, 30, 30] int64; numeric [B, 15], relation [B, 126], ctrl [B, 3]
-    float32; demo_texts list of B tuples of str; task_id, where, augmentation lists of length B.
+    float32; demo_texts list of B tuples of str; task_id, episode, where, augmentation lists of length B.
     """
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("input", "target", "numeric", "relation", "ctrl")}
-    for k in ("demo_texts", "task_id", "where", "augmentation"):
+    for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
     return batch

