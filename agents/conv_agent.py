@@ -11,7 +11,40 @@ import torch
 from torch import nn
 
 from data.arc import MAX_SIDE
-from data.canvas import NUM_CLASSES
+from data.canvas import EOG, NUM_CLASSES
+
+
+def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """canvas [B, 30, 30] int64 -> (h, w) [B] int64, read from the end-of-grid markers."""
+    def first(line: torch.Tensor) -> torch.Tensor:
+        hit = line == EOG
+        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], MAX_SIDE, dtype=torch.long))
+    return first(canvas[:, :, 0]), first(canvas[:, 0, :])
+
+
+class CellPosition(nn.Module):
+    """Position of every cell, absolute (row, column) and relative to the input grid's far edges
+    (h - 1 - row, w - 1 - column; one shared "outside" index beyond the grid). The relative part
+    makes flips, rotations and transposes a matter of matching two embeddings, whatever the size.
+    -> [B, 30, 30, C]."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.row, self.col = nn.Embedding(MAX_SIDE, channels), nn.Embedding(MAX_SIDE, channels)
+        self.row_from_end, self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels), nn.Embedding(MAX_SIDE + 1, channels)
+        for e in (self.row, self.col, self.row_from_end, self.col_from_end):
+            nn.init.normal_(e.weight, std=0.02)
+
+    def forward(self, canvas: torch.Tensor) -> torch.Tensor:
+        h, w = grid_extent(canvas)
+        idx = torch.arange(MAX_SIDE, device=canvas.device)
+        from_bottom = h[:, None] - 1 - idx[None, :]  # [B, 30]
+        from_right = w[:, None] - 1 - idx[None, :]
+        outside = torch.full_like(from_bottom, MAX_SIDE)
+        from_bottom = torch.where(from_bottom >= 0, from_bottom, outside)
+        from_right = torch.where(from_right >= 0, from_right, outside)
+        return (self.row(idx)[None, :, None] + self.col(idx)[None, None, :]
+                + self.row_from_end(from_bottom)[:, :, None] + self.col_from_end(from_right)[:, None, :])
 
 
 class FiLMBlock(nn.Module):
@@ -54,13 +87,13 @@ class FiLMConvAgent(nn.Module):
     def __init__(self, prompt_dim: int, channels: int = 64, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8)):
         super().__init__()
         self.embed = nn.Embedding(NUM_CLASSES, channels)
-        self.position = nn.Parameter(0.02 * torch.randn(1, channels, MAX_SIDE, MAX_SIDE))
+        self.position = CellPosition(channels)
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.blocks = nn.ModuleList(FiLMBlock(channels, prompt_dim, d) for d in dilations)
         self.head = PromptedOutput(prompt_dim, channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        x = self.embed(input_canvas).permute(0, 3, 1, 2) + self.position
+        x = (self.embed(input_canvas) + self.position(input_canvas)).permute(0, 3, 1, 2)
         x = x + self.prompt_in(prompt)[:, :, None, None]
         for block in self.blocks:
             x = block(x, prompt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agents.conv_agent import PromptedOutput
+from agents.conv_agent import CellPosition, PromptedOutput
 from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES
 
@@ -24,8 +24,7 @@ class TransformerAgent(nn.Module):
         super().__init__()
         self.prefix, self.cycles = prefix, cycles
         self.embed = nn.Embedding(NUM_CLASSES, channels)
-        self.row = nn.Parameter(0.02 * torch.randn(MAX_SIDE, 1, channels))
-        self.col = nn.Parameter(0.02 * torch.randn(1, MAX_SIDE, channels))
+        self.position = CellPosition(channels)
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         block = nn.TransformerEncoderLayer(channels, heads, 4 * channels, dropout=0.0, activation="gelu",
@@ -35,7 +34,7 @@ class TransformerAgent(nn.Module):
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         b = input_canvas.shape[0]
-        cells = self.embed(input_canvas) + self.row + self.col + self.prompt_in(prompt)[:, None, None, :]
+        cells = self.embed(input_canvas) + self.position(input_canvas) + self.prompt_in(prompt)[:, None, None, :]
         cells = cells.reshape(b, MAX_SIDE * MAX_SIDE, -1)
         prefix = self.prompt_tokens(prompt).reshape(b, self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)

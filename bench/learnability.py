@@ -9,6 +9,8 @@ Sections (each run is the real training loop of fixed.py, evaluated by its valid
           prompt carries)
   arc     ARC-AGI-1 evaluation after a run of `--arc_minutes`, next to the copy-the-input baseline
   rl      the reward curve of the mixed run, and validation with the sampled RL delta on and off
+  eval    the mixed run and the ARC run re-validated with no TTT / TTT and 1 / 8 eval augments, with
+          the time per task
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ def run(minutes: float, run_dir: Path, **overrides) -> tuple[fixed.TrainConfig, 
     return cfg, fixed.train(cfg, CPU), run_dir
 
 
-def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str) -> dict:
-    """Re-evaluate the run's final checkpoint with the prompt zeroed, or with the sampled RL delta."""
+def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str = "") -> dict:
+    """Re-evaluate the run's final checkpoint with the prompt zeroed, or with the sampled RL delta
+    (or as configured by `cfg`: eval augments, test-time training)."""
     fixed.seed_everything(cfg.seed)
     _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
     parts = fixed.build_parts(cfg, CPU, run_dir.parent / "cache")
@@ -53,6 +56,20 @@ def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str) -> dic
 
 def fmt(x: float) -> str:
     return f"{100 * x:5.1f}%"
+
+
+def section_eval(args, runs: list[tuple[str, str, fixed.TrainConfig, Path]]) -> None:
+    print(f"\n## validation variants on the first {args.eval_sample} evaluation tasks "
+          f"(TTT: {args.ttt_steps} steps, adapter parameters)")
+    print(f"{'run':<28}{'TTT':>5}{'views':>7}{'exact':>8}{'pass@2':>8}{'oracle':>8}{'task score':>12}{'s/task':>8}")
+    for name, agent, cfg, run_dir in runs:
+        for ttt in (0, args.ttt_steps):
+            for views in (1, 8):
+                m = evaluate_variant(dataclasses.replace(cfg, ttt_steps=ttt, eval_augments=views,
+                                                         eval_tasks=args.eval_sample), run_dir)
+                print(f"{name + ' ' + agent:<28}{ttt:>5}{views:>7}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2']):>8}"
+                      f"{fmt(m['eval/oracle']):>8}{m['eval/task_score']:>12.3f}{m['eval/seconds_per_task']:>8.2f}",
+                      flush=True)
 
 
 def section_single(args, root: Path) -> None:
@@ -82,13 +99,18 @@ def section_mixed(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]
     return runs
 
 
-def section_arc(args, root: Path) -> None:
+def section_arc(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]:
     print(f"\n## ARC-AGI-1 evaluation after {args.arc_minutes} min (400 tasks, 419 test pairs)")
-    print(f"{'agent':<14}{'cell acc':>10}{'exact':>8}{'task score':>12}   copy baseline cell acc / exact")
+    print(f"{'agent':<14}{'cell acc':>10}{'exact':>8}{'pass@2':>8}{'task score':>12}{'steps':>8}"
+          f"   copy baseline cell acc / exact")
+    runs = []
     for agent in args.agents:
-        _, s, _ = run(args.arc_minutes, root / f"arc-{agent}", agent=agent)
-        print(f"{agent:<14}{s['eval/cell_acc']:>10.3f}{s['eval/exact']:>8.3f}{s['eval/task_score']:>12.3f}"
-              f"   {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f}", flush=True)
+        cfg, s, run_dir = run(args.arc_minutes, root / f"arc-{agent}", agent=agent)
+        print(f"{agent:<14}{s['eval/cell_acc']:>10.3f}{s['eval/exact']:>8.3f}{s['eval/pass2']:>8.3f}"
+              f"{s['eval/task_score']:>12.3f}{s['steps']:>8}   {s['eval/copy_cell_acc']:.3f} / "
+              f"{s['eval/copy_exact']:.3f}", flush=True)
+        runs.append((agent, cfg, run_dir))
+    return runs
 
 
 def section_rl(runs) -> None:
@@ -108,7 +130,9 @@ def section_rl(runs) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="single,mixed,arc,rl")
+    ap.add_argument("--sections", default="single,mixed,arc,rl,eval")
+    ap.add_argument("--ttt_steps", type=int, default=20)
+    ap.add_argument("--eval_sample", type=int, default=60, help="evaluation tasks of the eval section")
     ap.add_argument("--agents", default="conv,transformer")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--tasks", type=int, default=2000, help="synthetic training tasks (n/4 held out)")
@@ -123,11 +147,12 @@ def main() -> None:
         root = Path(args.out or tmp)
         if "single" in sections:
             section_single(args, root)
-        runs = section_mixed(args, root) if "mixed" in sections or "rl" in sections else []
-        if "arc" in sections:
-            section_arc(args, root)
+        mixed = section_mixed(args, root) if {"mixed", "rl", "eval"} & set(sections) else []
+        arc = section_arc(args, root) if {"arc", "eval"} & set(sections) else []
         if "rl" in sections:
-            section_rl(runs)
+            section_rl(mixed)
+        if "eval" in sections:
+            section_eval(args, [("mixed", *r) for r in mixed] + [("arc", *r) for r in arc])
 
 
 if __name__ == "__main__":
