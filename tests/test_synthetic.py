@@ -40,7 +40,7 @@ def test_family_obeys_its_rule(family):
 
 def test_rule_is_shared_by_all_pairs_of_a_task():
     rng = np.random.default_rng(1)
-    for n in range(20):
+    for _ in range(20):
         task = make_task("recolour", rng, "t")
         mapping = {}
         for pair in task.train + task.test:
