@@ -232,8 +232,8 @@ def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainCo
             stats["amp/nonfinite_losses"] += 1
             continue
         parts.amp.backward(window_loss)
-        for k, v in mb_stats.items():
-            stats[k] = stats.get(k, 0.0) + float(v) / len(window)
+        for k, v in mb_stats.items():  # tensors: no device sync until the logger writes them
+            stats[k] = stats.get(k, 0.0) + v / len(window)
         infos.append(info)
         rewards.append(reward)
     dist.average_gradients([p for g in parts.optimizer.param_groups for p in g["params"]])
@@ -244,7 +244,7 @@ def train_window(parts: Parts, window: list[dict], first_step: int, cfg: TrainCo
     # The RL head learns after the main step, from detached tensors, with its own optimizer.
     if dist.sum_int(bool(infos)) == dist.world_size:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
-        stats.update({k: float(v) for k, v in parts.policy.update(info, torch.cat(rewards), dist).items()})
+        stats.update(parts.policy.update(info, torch.cat(rewards), dist))
     return stats
 
 

@@ -120,7 +120,7 @@ class PolicyRefiner:
             mu, _ = self.head(self._head_input(prompt, ctrl_vec, feat_sum))
         return base + mu.detach().to(base.dtype) @ self.basis.to(base.dtype).T
 
-    def update(self, info: RLInfo, reward: torch.Tensor, dist: Dist = Dist()) -> dict[str, float]:
+    def update(self, info: RLInfo, reward: torch.Tensor, dist: Dist = Dist()) -> dict[str, torch.Tensor]:
         """One REINFORCE step on the signed reward [B] float32 (never clipped to positive).
 
         Builds its own small graph from the detached `info`, so it is independent of the main one.

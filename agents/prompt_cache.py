@@ -156,13 +156,14 @@ class PromptCache:
                     for k, f in zip(todo, self.encoder.encode(list(todo.values()))):
                         self._store(k, f, step)
                 fresh |= set(todo)
-            by_key = {k: self.entries[k][0].to(device, non_blocking=True) for k in fresh}
+            by_key = {k: self.entries[k][0] for k in fresh}  # on the CPU: moved once, below
         present = [bool(task) and all(k in by_key for k, _ in task) for task in tasks]
         self.stats.absent += sum(bool(task) and not p for task, p in zip(tasks, present))
-        zeros = torch.zeros(self.encoder.hidden_size, device=device)
+        where = next(iter(by_key.values())).device if by_key else device
+        zeros = torch.zeros(self.encoder.hidden_size, device=where)
         feats = torch.stack([torch.stack([by_key[k] for k, _ in task]).mean(0) if ok else zeros
                              for task, ok in zip(tasks, present)])
-        return feats, torch.tensor(present, device=device)
+        return feats.to(device, non_blocking=True), torch.tensor(present, device=device)
 
     def flush(self) -> None:
         """Write the entries made since the last flush to the cache folder (frozen encoder only)."""

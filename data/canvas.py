@@ -51,13 +51,16 @@ def decode(canvas: np.ndarray) -> Grid:
     return canvas[: max(h, 1), : max(w, 1)].copy()
 
 
-def decode_logits(logits: torch.Tensor) -> Grid:
-    """Logits [30, 30, C] (any float dtype) -> predicted grid [h, w] int64.
+def decode_prediction(full: np.ndarray, colours: np.ndarray) -> Grid:
+    """Argmax over all classes [30, 30] and over the 10 colours only [30, 30] -> grid [h, w] int64.
 
-    The size comes from the argmax over all classes (EOG markers); the cells from the argmax over
-    the 10 colours only, so every cell of a decoded prediction is a valid colour.
+    The size comes from the end-of-grid markers of `full`; the cells from `colours`, so every cell
+    of a decoded prediction is a valid colour.
     """
-    full = logits.argmax(-1).cpu().numpy()
     h, w = _first(full[:, 0], EOG), _first(full[0, :], EOG)
-    colours = logits[..., :NUM_COLOURS].argmax(-1).cpu().numpy()
     return colours[: max(h, 1), : max(w, 1)].astype(np.int64)
+
+
+def decode_logits(logits: torch.Tensor) -> Grid:
+    """Logits [30, 30, C] (any float dtype) -> predicted grid [h, w] int64 (see decode_prediction)."""
+    return decode_prediction(logits.argmax(-1).cpu().numpy(), logits[..., :NUM_COLOURS].argmax(-1).cpu().numpy())

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from data.arc import ArcTask
-from data.canvas import NUM_COLOURS, decode_logits
+from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate, training_episodes
 from engine.distributed import Dist
 from engine.loop import to_device
@@ -71,9 +71,11 @@ def candidates(parts: Parts, dataset: EpisodeDataset, episodes: list[int], cfg: 
         for batch in loader:
             batch = to_device(batch, device)
             logits = predict(parts, batch, step).float()
-            colour_logp = F.log_softmax(logits[..., :NUM_COLOURS], -1).max(-1).values
+            colour_logp, colour = F.log_softmax(logits[..., :NUM_COLOURS], -1).max(-1)
+            # one transfer per batch, then decoding on the CPU
+            full, colour, colour_logp = (t.cpu().numpy() for t in (logits.argmax(-1), colour, colour_logp))
             for b, aug in enumerate(batch["augmentation"]):
-                grid = decode_logits(logits[b])
+                grid = decode_prediction(full[b], colour[b])
                 logp = float(colour_logp[b, :grid.shape[0], :grid.shape[1]].mean())
                 out[batch["episode"][b]].add(aug.invert_grid(grid), logp)
     return out

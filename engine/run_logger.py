@@ -15,19 +15,20 @@ class RunLogger:
         self.writer = SummaryWriter(log_dir=str(run_dir))
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
         self.writer.add_text("models", description, 0)
-        self.sums: dict[str, float] = defaultdict(float)
+        self.sums: dict[str, torch.Tensor | float] = defaultdict(float)
         self.counts: dict[str, int] = defaultdict(int)
         self.last: dict[str, float] = {}
 
     def accumulate(self, values: dict[str, torch.Tensor | float]) -> None:
-        """Add values to the running means of the current interval."""
+        """Add values to the running means of the current interval. Tensors stay tensors (on their
+        device) until `flush`, so logging costs one device sync per interval, not one per step."""
         for k, v in values.items():
-            self.sums[k] += float(v)
+            self.sums[k] = self.sums[k] + (v.detach() if torch.is_tensor(v) else v)
             self.counts[k] += 1
 
     def flush(self, step: int, extra: dict[str, float] | None = None) -> dict[str, float]:
         """Write the interval's means (and `extra` as they are) at `step`; start a new interval."""
-        values = {k: self.sums[k] / self.counts[k] for k in self.sums}
+        values = {k: float(self.sums[k]) / self.counts[k] for k in self.sums}
         values.update(extra or {})
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
