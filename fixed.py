@@ -257,8 +257,9 @@ def build_loaders(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()):
     train_eps = training_episodes(splits.training)
     if not train_eps:
         raise DataError(f"--data {cfg.data}: the training tasks give no training episodes")
-    scale = DifficultyScale(np.array([episode_difficulty(e) for e in train_eps]))
-    train_set = EpisodeDataset(train_eps, scale, cfg.permute_background)
+    scores = np.array([episode_difficulty(e) for e in train_eps])
+    scale = DifficultyScale(scores)
+    train_set = EpisodeDataset(train_eps, scale, cfg.permute_background, scores)
     task_index = {t.task_id: i for i, t in enumerate(splits.training)}
     sampler = CurriculumBatches(np.array([scale.is_easy(s) for s in train_set.scores]), cfg.batch_size, cfg.seed,
                                 cfg.augment, cfg.easy_warmup, cfg.easy_later, cfg.augment_pool,

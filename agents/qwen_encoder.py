@@ -150,9 +150,13 @@ class QwenTextEncoder(nn.Module):
         self.hidden_size = self.trunk.config.hidden_size
         self.fingerprint = _fingerprint(cfg, self.trunk)
         self.tokens_encoded = 0  # cumulative non-padding tokens read by the trunk
+        self._token_counts: dict[str, int] = {}
 
     def token_count(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Tokens of one demo text, counted once per text (the budget check runs every step)."""
+        if text not in self._token_counts:
+            self._token_counts[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._token_counts[text]
 
     def fit_budget(self, demos: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
         """Drop whole demos from the end until the task fits `max_prompt_tokens` (a grid is never

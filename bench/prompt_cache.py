@@ -27,7 +27,7 @@ import torch
 
 import fixed
 from agents import QwenCfg, QwenTextEncoder
-from agents.prompt_cache import PromptCache
+from agents.prompt_cache import CacheStats
 
 
 class TimedEncoder:
@@ -52,7 +52,7 @@ class EveryNBatches:
 
     def __init__(self, encoder: QwenTextEncoder, n: int):
         self.encoder, self.n, self.last = encoder, n, None
-        self.stats = PromptCache(encoder, 1).stats
+        self.stats = CacheStats()
 
     def features(self, demo_texts, step, device, training=True):
         if self.last is None or step % self.n == 0 or len(demo_texts) != self.last[0].shape[0]:

@@ -74,11 +74,13 @@ def episode_difficulty(ep: Episode) -> float:
 class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
-    def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False):
+    def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False,
+                 scores: np.ndarray | None = None):
+        """`scores`: the episodes' difficulty scores when already computed (they are not cheap)."""
         self.episodes = episodes
         self.scale = scale
         self.permute_background = permute_background
-        self.scores = np.array([episode_difficulty(e) for e in episodes])
+        self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
 
     def __len__(self) -> int:
         return len(self.episodes)

@@ -59,7 +59,7 @@ def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:
 
 def pair_metrics(attempts: tuple[Grid, Grid], target: Grid, query: Grid, oracle: bool | None = None) -> dict[str, float]:
     """Metrics of one test pair from its two ranked attempts (see the module docstring)."""
-    first, second = attempts
+    first = attempts[0]
     changed = (query != target) if query.shape == target.shape else None
     solved = [a.shape == target.shape and bool((a == target).all()) for a in attempts]
     out = {"shape_acc": float(first.shape == target.shape), "cell_acc": _cells(first, target),
