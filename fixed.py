@@ -25,7 +25,7 @@ from tqdm import tqdm
 from agents import AGENTS, QwenCfg, QwenHybridPrompt
 from data.arc import DataError
 from data.curriculum import CurriculumBatches, easy_fraction
-from data.episodes import CTRL_DIM, DifficultyScale, EpisodeDataset, collate, episode_difficulty, \
+from data.episodes import CANVAS_MODES, CTRL_DIM, DifficultyScale, EpisodeDataset, collate, episode_difficulty, \
     evaluation_episodes, training_episodes
 from data.features import NUMERIC_DIM
 from data.sources import SyntheticOptions, load_splits
@@ -61,6 +61,10 @@ class TrainConfig:
     augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
                                  "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
     permute_background: bool = flag(False, "let augmentation permute colour 0 too")
+    canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
+                              "from the demos) or full (always 30x30)", CANVAS_MODES)
+    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
+                                 "size (0: off)")
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
     easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
     eval_tasks: int = flag(0, "evaluation tasks scored at each validation (0: all)")
@@ -158,7 +162,7 @@ def check_config(cfg: TrainConfig) -> None:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
     for name in ("max_batches", "max_minutes", "ttt_steps", "eval_tasks", "num_workers", "save_every", "keep_checkpoints", "clip",
-                 "augment_pool", "max_prompt_tokens"):
+                 "augment_pool", "max_prompt_tokens", "size_buckets"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
     if cfg.agent != "transformer" and (cfg.agent_cycles != 1 or cfg.agent_layers != 3):
@@ -259,16 +263,18 @@ def build_loaders(cfg: TrainConfig, device: torch.device, dist: Dist = Dist()):
         raise DataError(f"--data {cfg.data}: the training tasks give no training episodes")
     scores = np.array([episode_difficulty(e) for e in train_eps])
     scale = DifficultyScale(scores)
-    train_set = EpisodeDataset(train_eps, scale, cfg.permute_background, scores)
+    train_set = EpisodeDataset(train_eps, scale, cfg.permute_background, scores, cfg.canvas)
     task_index = {t.task_id: i for i, t in enumerate(splits.training)}
     sampler = CurriculumBatches(np.array([scale.is_easy(s) for s in train_set.scores]), cfg.batch_size, cfg.seed,
                                 cfg.augment, cfg.easy_warmup, cfg.easy_later, cfg.augment_pool,
-                                np.array([task_index[e.task.task_id] for e in train_eps]), dist.rank, dist.world_size)
+                                np.array([task_index[e.task.task_id] for e in train_eps]), dist.rank, dist.world_size,
+                                train_set.sides, cfg.size_buckets)
     pin = device.type == "cuda"
     train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=cfg.num_workers,
                               pin_memory=pin)
     eval_tasks = splits.evaluation[:cfg.eval_tasks] if cfg.eval_tasks else splits.evaluation
-    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale)  # scored through engine.evaluation
+    # scored through engine.evaluation; the canvas side of a test input is predicted without its output
+    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale, canvas=cfg.canvas, fit_target=False)
     return splits, sampler, train_loader, eval_set
 
 

@@ -54,10 +54,10 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
     """EFE loss per sample.
 
     Args:
-        logits: [B, 30, 30, C] float (any float dtype; the loss is computed in float32).
-        target: [B, 30, 30] int64 class indices. A float target is an error: it used to be passed
+        logits: [B, S, S, C] float (any float dtype; the loss is computed in float32).
+        target: [B, S, S] int64 class indices. A float target is an error: it used to be passed
             as `out.float()` and silently broadcast inside the KL term.
-        input_canvas: [B, 30, 30] int64, the query input (for the valid mask and hard cells).
+        input_canvas: [B, S, S] int64, the query input (for the valid mask and hard cells).
         refined_prompt, prompt: [B, P] float32, after and before refinement.
     Returns:
         EFEResult with per_sample [B] float32 (with gradients), mask_ratio [B] and parts (detached).
@@ -104,7 +104,7 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
 def target_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor) -> torch.Tensor:
     """Mean per-cell log-likelihood of the target over valid cells: [B] float32, no gradient.
 
-    logits [B, 30, 30, C] float; target, input_canvas [B, 30, 30] int64. The RL reward compares it
+    logits [B, S, S, C] float; target, input_canvas [B, S, S] int64. The RL reward compares it
     between the sampled and the mean refinement.
     """
     log_q = F.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)

@@ -1,6 +1,7 @@
 """Grid agents and the Qwen hybrid prompt encoder.
 
-Every agent: agent(input_canvas [B, 30, 30] int64, prompt [B, P] float) -> logits [B, 30, 30, 12].
+Every agent: agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], where
+S <= 30 is the canvas side of the batch (see data/canvas.py).
 """
 
 from agents.conv_agent import FiLMConvAgent

@@ -15,10 +15,10 @@ from data.canvas import EOG, NUM_CLASSES
 
 
 def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """canvas [B, 30, 30] int64 -> (h, w) [B] int64, read from the end-of-grid markers."""
+    """canvas [B, S, S] int64 -> (h, w) [B] int64, read from the end-of-grid markers (S if none)."""
     def first(line: torch.Tensor) -> torch.Tensor:
         hit = line == EOG
-        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], MAX_SIDE, dtype=torch.long))
+        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], line.shape[1], dtype=torch.long))
     return first(canvas[:, :, 0]), first(canvas[:, 0, :])
 
 
@@ -26,7 +26,7 @@ class CellPosition(nn.Module):
     """Position of every cell, absolute (row, column) and relative to the input grid's far edges
     (h - 1 - row, w - 1 - column; one shared "outside" index beyond the grid). The relative part
     makes flips, rotations and transposes a matter of matching two embeddings, whatever the size.
-    -> [B, 30, 30, C]."""
+    canvas [B, S, S] int64 (S <= 30) -> [B, S, S, C]."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -37,7 +37,7 @@ class CellPosition(nn.Module):
 
     def forward(self, canvas: torch.Tensor) -> torch.Tensor:
         h, w = grid_extent(canvas)
-        idx = torch.arange(MAX_SIDE, device=canvas.device)
+        idx = torch.arange(canvas.shape[1], device=canvas.device)
         from_bottom = h[:, None] - 1 - idx[None, :]  # [B, 30]
         from_right = w[:, None] - 1 - idx[None, :]
         outside = torch.full_like(from_bottom, MAX_SIDE)
@@ -82,7 +82,7 @@ class PromptedOutput(nn.Module):
 
 
 class FiLMConvAgent(nn.Module):
-    """agent(input_canvas [B, 30, 30] int64, prompt [B, P] float) -> logits [B, 30, 30, 12]."""
+    """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
 
     def __init__(self, prompt_dim: int, channels: int = 64, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8)):
         super().__init__()
@@ -97,4 +97,4 @@ class FiLMConvAgent(nn.Module):
         x = x + self.prompt_in(prompt)[:, :, None, None]
         for block in self.blocks:
             x = block(x, prompt)
-        return self.head(x.permute(0, 2, 3, 1), prompt)  # cells [B, 30, 30, channels]
+        return self.head(x.permute(0, 2, 3, 1), prompt)  # cells [B, S, S, channels]

@@ -1,4 +1,4 @@
-"""A transformer over the 900 canvas cells with the prompt as prefix tokens.
+"""A transformer over the canvas cells with the prompt as prefix tokens.
 
 The prompt enters as `prefix` extra tokens, added to every cell's embedding, and as a generated
 correction of the output layer (see conv_agent.py for why). `cycles` > 1 runs the same block stack
@@ -12,12 +12,11 @@ import torch
 from torch import nn
 
 from agents.conv_agent import CellPosition, PromptedOutput
-from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES
 
 
 class TransformerAgent(nn.Module):
-    """agent(input_canvas [B, 30, 30] int64, prompt [B, P] float) -> logits [B, 30, 30, 12]."""
+    """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
 
     def __init__(self, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = 4, prefix: int = 4,
                  cycles: int = 1):
@@ -35,11 +34,11 @@ class TransformerAgent(nn.Module):
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         b = input_canvas.shape[0]
         cells = self.embed(input_canvas) + self.position(input_canvas) + self.prompt_in(prompt)[:, None, None, :]
-        cells = cells.reshape(b, MAX_SIDE * MAX_SIDE, -1)
+        cells = cells.flatten(1, 2)
         prefix = self.prompt_tokens(prompt).reshape(b, self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)
         start = x
         for cycle in range(self.cycles):
             x = self.blocks(x if cycle == 0 else x + start)
-        h = x[:, self.prefix:].reshape(b, MAX_SIDE, MAX_SIDE, -1)
+        h = x[:, self.prefix:].reshape(input_canvas.shape + (-1,))
         return self.head(h, prompt)

@@ -1,5 +1,10 @@
 """Curriculum batches: a fixed share of easy episodes per batch, higher in the first epoch.
 
+With `sides` and `bucket` > 1, each run of `bucket` batches is re-dealt so that a batch holds
+episodes of similar canvas side (each batch keeps its count of easy and hard episodes; the batches
+then come in a random order). Batches are cut to their largest side, so this is what makes
+cutting pay off when a few large grids are mixed in.
+
 Batches are a pure function of (seed, epoch), so a run resumed mid-epoch draws exactly the batches
 it would have drawn, and each entry carries the id of its own augmentation so results do not
 depend on the number of loader workers.
@@ -29,7 +34,8 @@ class CurriculumBatches:
 
     def __init__(self, is_easy: np.ndarray, batch_size: int, seed: int, augment: bool,
                  warmup_fraction: float, later_fraction: float, augment_pool: int = 0,
-                 task_of: np.ndarray | None = None, rank: int = 0, world_size: int = 1):
+                 task_of: np.ndarray | None = None, rank: int = 0, world_size: int = 1,
+                 sides: np.ndarray | None = None, bucket: int = 0):
         self.easy = np.flatnonzero(is_easy)
         self.hard = np.flatnonzero(~is_easy)
         # With several processes each draws its slice of one global batch of batch_size x world_size,
@@ -40,6 +46,7 @@ class CurriculumBatches:
         self.epoch, self.start_batch = 0, 0
         self.augment_pool = augment_pool
         self.task_of = task_of if task_of is not None else np.arange(len(is_easy))
+        self.sides, self.bucket = sides, bucket
 
     def augmentation_ids(self, rng: np.random.Generator) -> np.ndarray:
         """This epoch's augmentation id per episode: 0 without augmentation; a fresh id >= 8 per
@@ -71,17 +78,34 @@ class CurriculumBatches:
         cursors = [0, 0]
         frac = easy_fraction(self.epoch, *self.fractions)
         aug_ids = self.augmentation_ids(rng)
-        batches = []
+        picks = []  # per batch: (easy episodes, hard episodes)
         for _ in range(self.batches_per_epoch):
             n_easy = int(rng.binomial(self.batch_size, frac))
-            picks = []
+            batch = ([], [])
             for pool_id, count in ((0, n_easy), (1, self.batch_size - n_easy)):
                 pool = pools[pool_id] if len(pools[pool_id]) else pools[1 - pool_id]
                 for _ in range(count):
-                    picks.append(int(pool[cursors[pool_id] % len(pool)]))
+                    batch[pool_id].append(int(pool[cursors[pool_id] % len(pool)]))
                     cursors[pool_id] += 1
-            batches.append([(i, int(aug_ids[i])) for i in picks])
-        return batches
+            picks.append(batch)
+        if self.sides is not None and self.bucket > 1:
+            picks = self.bucketed(picks, np.random.default_rng([self.seed, self.epoch, 1]))
+        return [[(i, int(aug_ids[i])) for i in easy + hard] for easy, hard in picks]
+
+    def bucketed(self, picks: list[tuple[list[int], list[int]]], rng: np.random.Generator):
+        """Re-deal each run of `bucket` batches by canvas side, keeping every batch's easy/hard counts."""
+        out = []
+        for lo in range(0, len(picks), self.bucket):
+            run = picks[lo:lo + self.bucket]
+            dealt: list[tuple[list[int], list[int]]] = [([], []) for _ in run]
+            for pool_id in (0, 1):
+                by_side = sorted((i for batch in run for i in batch[pool_id]), key=lambda i: self.sides[i])
+                at = 0
+                for batch, new in zip(run, dealt):
+                    new[pool_id].extend(by_side[at:at + len(batch[pool_id])])
+                    at += len(batch[pool_id])
+            out.extend(dealt[j] for j in rng.permutation(len(dealt)))
+        return out
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
         lo = self.rank * self.local_batch

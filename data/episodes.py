@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data.arc import ArcPair, ArcTask
+from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import encode
+from data.canvas import encode, expected_side, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.features import difficulty, numeric_features, relation_features
 from data.text import demo_text
@@ -71,16 +71,31 @@ def episode_difficulty(ep: Episode) -> float:
     return difficulty(ep.context, ep.query.input)
 
 
+CANVAS_MODES = ("fit", "full")
+
+
+def episode_side(ep: Episode, fit_target: bool) -> int:
+    """Canvas side of an episode (see data/canvas.py): predicted from the context and the query
+    input; with `fit_target` (training episodes, whose target is the loss) widened to hold the target."""
+    side = expected_side(ep.context, ep.query.input)
+    return max(side, fit_side(ep.query.output.shape)) if fit_target else side
+
+
 class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False,
-                 scores: np.ndarray | None = None):
-        """`scores`: the episodes' difficulty scores when already computed (they are not cheap)."""
-        self.episodes = episodes
-        self.scale = scale
+                 scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True):
+        """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
+        `canvas`: "fit" cuts each batch to the side its episodes need, "full" keeps 30x30.
+        `fit_target`: False for evaluation episodes, whose side must not depend on their output."""
+        if canvas not in CANVAS_MODES:
+            raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
+        self.episodes, self.scale, self.canvas = episodes, scale, canvas
         self.permute_background = permute_background
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
+        self.sides = np.array([episode_side(e, fit_target) if canvas == "fit" else MAX_SIDE for e in episodes],
+                              dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -99,6 +114,7 @@ class EpisodeDataset(Dataset):
             "numeric": torch.from_numpy(numeric_features(context, query_in)),
             "relation": torch.from_numpy(relation_features(context)),
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
+            "side": int(self.sides[index]),
             "demo_texts": tuple(demo_text(p) for p in context),
             "task_id": ep.task.task_id,
             "episode": index,
@@ -108,12 +124,16 @@ class EpisodeDataset(Dataset):
 
 
 def collate(samples: list[dict]) -> dict:
-    """Stack a list of samples into a batch.
+    """Stack a list of samples into a batch, its canvases cut to the largest side S among them.
 
-    Returns: input, target [B, 30, 30] int64; numeric [B, 15], relation [B, 126], ctrl [B, 3]
+    Returns: input, target [B, S, S] int64; numeric [B, 15], relation [B, 126], ctrl [B, 3]
     float32; demo_texts list of B tuples of str; task_id, episode, where, augmentation lists of length B.
+    An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.
     """
-    batch = {k: torch.stack([s[k] for s in samples]) for k in ("input", "target", "numeric", "relation", "ctrl")}
+    side = max(s["side"] for s in samples)
+    batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
+    for k in ("input", "target"):
+        batch[k] = torch.stack([s[k][:side, :side] for s in samples])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
     return batch

@@ -56,7 +56,7 @@ def view_ids(k: int) -> list[int]:
 
 
 def predict(parts: Parts, batch: dict, step: int) -> torch.Tensor:
-    """Logits [B, 30, 30, 12] with the mean (deterministic) refinement."""
+    """Logits [B, S, S, 12] with the mean (deterministic) refinement."""
     prompt = parts.prompt(batch["demo_texts"], batch["numeric"], batch["relation"], step)
     return parts.agent(batch["input"], parts.policy.refine_mean(prompt, batch["ctrl"], batch["numeric"]))
 
@@ -93,7 +93,8 @@ def ttt_parameters(parts: Parts, which: str) -> list[torch.nn.Parameter]:
 
 
 @contextmanager
-def adapted_to(parts: Parts, task: ArcTask, cfg: EvalCfg, scale, coefs: EFECoefs, device: torch.device):
+def adapted_to(parts: Parts, task: ArcTask, cfg: EvalCfg, eval_set: EpisodeDataset, coefs: EFECoefs,
+               device: torch.device):
     """Train the chosen parameters on the task's demos; restore them exactly on exit."""
     episodes = training_episodes((ArcTask(task.task_id, task.train, ()),))  # demos only: no test pair
     if cfg.ttt_steps <= 0 or not episodes:
@@ -108,7 +109,7 @@ def adapted_to(parts: Parts, task: ArcTask, cfg: EvalCfg, scale, coefs: EFECoefs
         p.requires_grad_(id(p) in chosen)
     optimizer = torch.optim.AdamW(params, lr=cfg.ttt_lr, weight_decay=0.0)
     amp = MixedPrecision(cfg.amp, device)
-    dataset = EpisodeDataset(episodes, scale)
+    dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas)  # demos: their outputs are known
     rng = np.random.default_rng([cfg.seed, zlib.crc32(task.task_id.encode())])
     try:
         for step in range(cfg.ttt_steps):
@@ -147,7 +148,7 @@ def evaluate(parts: Parts, dataset: EpisodeDataset, cfg: EvalCfg, coefs: EFECoef
     for task_id in tasks:
         episodes = by_task[task_id]
         start = time.perf_counter()
-        with adapted_to(parts, dataset.episodes[episodes[0]].task, cfg, dataset.scale, coefs, device):
+        with adapted_to(parts, dataset.episodes[episodes[0]].task, cfg, dataset, coefs, device):
             cands = candidates(parts, dataset, episodes, cfg, step, device)
         seconds.append(time.perf_counter() - start)
         for i in episodes:

