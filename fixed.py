@@ -109,6 +109,8 @@ class TrainConfig:
     agent_channels: int = flag(64, "channels (model width) of the agent")
     agent_layers: int = flag(3, "transformer agent: layers")
     agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
+    input_views: bool = flag(True, "agents see the input's 8 dihedral transforms and 2x/3x scalings, gated by the "
+                                   "prompt (a routing prior; see agents/views.py)")
     efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)")
     rl_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)")
     reward_scale: float = flag(5.0, "reward = scale * (target log-lik sampled - mean)")
@@ -183,7 +185,7 @@ def build_parts(cfg: TrainConfig, device: torch.device, prompt_cache_dir: Path |
                               cfg.use_relation, prompt_refresh=cfg.prompt_refresh,
                               cache_dir=prompt_cache_dir).to(device)
     shape = {"layers": cfg.agent_layers, "cycles": cfg.agent_cycles} if cfg.agent == "transformer" else {}
-    agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels, **shape).to(device)
+    agent = AGENTS[cfg.agent](cfg.prompt_dim, channels=cfg.agent_channels, views=cfg.input_views, **shape).to(device)
     policy = PolicyRefiner(cfg.prompt_dim, CTRL_DIM, NUMERIC_DIM, rank=cfg.rl_rank, rl_lr=cfg.rl_lr, seed=cfg.seed,
                            noise_seed=cfg.seed + 1000 * dist.rank, device=device)
     main_params = [*prompt.head_parameters(), *agent.parameters(), *policy.refiner.parameters()]

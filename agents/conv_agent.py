@@ -1,8 +1,7 @@
 """A convolutional grid agent conditioned on the prompt.
 
-The prompt enters three ways: added to every cell's embedding, as FiLM (scale and shift) in every
-residual block, and as a generated correction of the output layer, so a per-task colour map can be
-applied at all (a fixed output layer cannot recolour by a rule read from the prompt).
+The prompt enters the cells' input embedding (agents/cells.py), as FiLM (scale and shift) in every
+residual block, and through the generated output layer.
 """
 
 from __future__ import annotations
@@ -10,41 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from data.arc import MAX_SIDE
-from data.canvas import EOG, NUM_CLASSES
-
-
-def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """canvas [B, S, S] int64 -> (h, w) [B] int64, read from the end-of-grid markers (S if none)."""
-    def first(line: torch.Tensor) -> torch.Tensor:
-        hit = line == EOG
-        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], line.shape[1], dtype=torch.long))
-    return first(canvas[:, :, 0]), first(canvas[:, 0, :])
-
-
-class CellPosition(nn.Module):
-    """Position of every cell, absolute (row, column) and relative to the input grid's far edges
-    (h - 1 - row, w - 1 - column; one shared "outside" index beyond the grid). The relative part
-    makes flips, rotations and transposes a matter of matching two embeddings, whatever the size.
-    canvas [B, S, S] int64 (S <= 30) -> [B, S, S, C]."""
-
-    def __init__(self, channels: int):
-        super().__init__()
-        self.row, self.col = nn.Embedding(MAX_SIDE, channels), nn.Embedding(MAX_SIDE, channels)
-        self.row_from_end, self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels), nn.Embedding(MAX_SIDE + 1, channels)
-        for e in (self.row, self.col, self.row_from_end, self.col_from_end):
-            nn.init.normal_(e.weight, std=0.02)
-
-    def forward(self, canvas: torch.Tensor) -> torch.Tensor:
-        h, w = grid_extent(canvas)
-        idx = torch.arange(canvas.shape[1], device=canvas.device)
-        from_bottom = h[:, None] - 1 - idx[None, :]  # [B, 30]
-        from_right = w[:, None] - 1 - idx[None, :]
-        outside = torch.full_like(from_bottom, MAX_SIDE)
-        from_bottom = torch.where(from_bottom >= 0, from_bottom, outside)
-        from_right = torch.where(from_right >= 0, from_right, outside)
-        return (self.row(idx)[None, :, None] + self.col(idx)[None, None, :]
-                + self.row_from_end(from_bottom)[:, :, None] + self.col_from_end(from_right)[:, None, :])
+from agents.cells import CellEmbedding, PromptedOutput
 
 
 class FiLMBlock(nn.Module):
@@ -63,38 +28,22 @@ class FiLMBlock(nn.Module):
         return x + h * (1 + gamma) + beta
 
 
-class PromptedOutput(nn.Module):
-    """Cell states [B, H, W, C] -> logits [B, H, W, 12] through a fixed output layer plus one
-    generated from the prompt (zero at start), so a per-task colour map can be applied."""
-
-    def __init__(self, prompt_dim: int, channels: int):
-        super().__init__()
-        self.norm = nn.LayerNorm(channels)
-        self.out = nn.Linear(channels, NUM_CLASSES)
-        self.generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
-        nn.init.zeros_(self.generated.weight)
-        nn.init.zeros_(self.generated.bias)
-
-    def forward(self, h: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        h = self.norm(h)
-        weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES)
-        return self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight.to(h.dtype))
-
-
 class FiLMConvAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
 
-    def __init__(self, prompt_dim: int, channels: int = 64, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8)):
+    def __init__(self, prompt_dim: int, channels: int = 64, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8),
+                 views: bool = True):
         super().__init__()
-        self.embed = nn.Embedding(NUM_CLASSES, channels)
-        self.position = CellPosition(channels)
-        self.prompt_in = nn.Linear(prompt_dim, channels)
+        self.cells = CellEmbedding(prompt_dim, channels, views)
         self.blocks = nn.ModuleList(FiLMBlock(channels, prompt_dim, d) for d in dilations)
         self.head = PromptedOutput(prompt_dim, channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        x = (self.embed(input_canvas) + self.position(input_canvas)).permute(0, 3, 1, 2)
-        x = x + self.prompt_in(prompt)[:, :, None, None]
+        x = self.cells(input_canvas, prompt).permute(0, 3, 1, 2)
         for block in self.blocks:
             x = block(x, prompt)
         return self.head(x.permute(0, 2, 3, 1), prompt)  # cells [B, S, S, channels]
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """What reads the prompt outside the blocks: the cells' prompt input and view gate, the output layer."""
+        return [*self.cells.adapter_parameters(), *self.head.parameters()]

@@ -54,7 +54,7 @@ class QwenHybridPrompt(nn.Module):
 
     def forward(self, demo_texts: list[tuple[str, ...]], numeric: torch.Tensor, relation: torch.Tensor,
                 step: int) -> torch.Tensor:
-        """demo_texts: B tuples of demo strings; numeric [B, 15], relation [B, 126] float32.
+        """demo_texts: B tuples of demo strings; numeric [B, 15], relation [B, 129] float32.
 
         -> prompt [B, P] (float32, or the autocast dtype). `step` drives the cache's refresh; a
         sample without a Qwen feature on this step (see PromptCache) fuses its other streams.

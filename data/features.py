@@ -4,7 +4,8 @@ Two streams feed the hybrid prompt beside Qwen:
 
 - `numeric_features`: 15 basic statistics of the task, each scaled to about [0, 1].
 - `relation_features`: how each demo's output relates to its input (dihedral agreement, scalings,
-  colour co-occurrence, histogram change, size relations), averaged over demos. These carry the rule
+  colour co-occurrence, histogram change, size relations, crop to content, content shift),
+  averaged over demos. These carry the rule
   far better than a learned encoder does in a CPU budget (see DESIGN.md); they are priors, and the
   prompt can run without them.
 """
@@ -37,8 +38,8 @@ NUMERIC_DIM = len(NUMERIC_FEATURES)  # 15
 
 SCALES = (2, 3)
 # 8 dihedral agreements + 2 up-scalings + 2 down-scalings + 100 colour co-occurrence
-# + 10 histogram changes + 4 size relations
-RELATION_DIM = 8 + 2 * len(SCALES) + NUM_COLOURS * NUM_COLOURS + NUM_COLOURS + 4  # 126
+# + 10 histogram changes + 4 size relations + crop-to-content agreement + 2 content shifts
+RELATION_DIM = 8 + 2 * len(SCALES) + NUM_COLOURS * NUM_COLOURS + NUM_COLOURS + 4 + 1 + 2  # 129
 
 
 def _colours(grid: Grid) -> int:
@@ -69,6 +70,22 @@ def numeric_features(demos: tuple[ArcPair, ...], query_input: Grid) -> np.ndarra
     return f.astype(np.float32)
 
 
+def crop_to_content(grid: Grid) -> Grid:
+    """The grid cut to the bounding box of its non-background (non-0) cells; all of it if none."""
+    rows, cols = np.flatnonzero(grid.any(1)), np.flatnonzero(grid.any(0))
+    if rows.size == 0:
+        return grid.copy()
+    return grid[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].copy()
+
+
+def _content_centre(grid: Grid) -> np.ndarray:
+    """Mean (row, column) of the non-background cells, as fractions of the height and width."""
+    rows, cols = np.nonzero(grid)
+    if rows.size == 0:
+        return np.array([0.5, 0.5])
+    return np.array([(rows.mean() + 0.5) / grid.shape[0], (cols.mean() + 0.5) / grid.shape[1]])
+
+
 def _agreement(candidate: Grid, target: Grid) -> float:
     """Share of cells equal; 0 when the shapes differ."""
     return float(np.mean(candidate == target)) if candidate.shape == target.shape else 0.0
@@ -91,11 +108,14 @@ def _pair_relations(pair: ArcPair) -> np.ndarray:
     (hi, wi), (ho, wo) = x.shape, y.shape
     parts.append(np.array([np.log2(ho / hi) / 5, np.log2(wo / wi) / 5, float((hi, wi) == (ho, wo)),
                            float((hi, wi) == (wo, ho))]))
+    parts.append(np.array([_agreement(crop_to_content(x), y)]))
+    # where the content moves (objects falling, sliding): output centre - input centre, same shape only
+    parts.append(_content_centre(y) - _content_centre(x) if x.shape == y.shape else np.zeros(2))
     return np.concatenate(parts)
 
 
 def relation_features(demos: tuple[ArcPair, ...]) -> np.ndarray:
-    """-> [126] float32: per-demo relation features averaged over demos (zeros if none)."""
+    """-> [129] float32: per-demo relation features averaged over demos (zeros if none)."""
     if not demos:
         return np.zeros(RELATION_DIM, dtype=np.float32)
     return np.mean([_pair_relations(d) for d in demos], axis=0).astype(np.float32)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from data.arc import MAX_SIDE, NUM_COLOURS, ArcPair, ArcTask, Grid
+from data.features import crop_to_content
 
 Rule = Callable[[Grid], Grid]
 
@@ -34,11 +35,6 @@ def _gravity(grid: Grid, k: int) -> Grid:
         column = g[:, c][g[:, c] != 0]
         out[g.shape[0] - len(column):, c] = column
     return np.ascontiguousarray(np.rot90(out, -k))
-
-
-def _crop(grid: Grid) -> Grid:
-    rows, cols = np.flatnonzero(grid.any(1)), np.flatnonzero(grid.any(0))
-    return grid[rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1].copy()
 
 
 def _border(grid: Grid, colour: int) -> Grid:
@@ -107,7 +103,7 @@ FAMILIES: dict[str, Family] = {
                                   _scatter, MAX_SIDE)),
     "transpose": Family(lambda rng: ((lambda g: np.ascontiguousarray(g.T)), _scatter, MAX_SIDE)),
     "gravity": Family(lambda rng: ((lambda g, k=int(rng.integers(4)): _gravity(g, k)), _scatter, MAX_SIDE)),
-    "crop": Family(lambda rng: (_crop, _patch, MAX_SIDE)),
+    "crop": Family(lambda rng: (crop_to_content, _patch, MAX_SIDE)),
     "scale": Family(_scale),
     "border": Family(lambda rng: ((lambda g, c=int(rng.integers(1, NUM_COLOURS)): _border(g, c)), _scatter, MAX_SIDE)),
     "fill": Family(lambda rng: ((lambda g, c=int(rng.integers(1, NUM_COLOURS)): _fill_enclosed(g, c)), _outlines,

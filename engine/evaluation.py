@@ -82,13 +82,14 @@ def candidates(parts: Parts, dataset: EpisodeDataset, episodes: list[int], cfg: 
 
 
 def ttt_parameters(parts: Parts, which: str) -> list[torch.nn.Parameter]:
-    """all: prompt heads, refinement and agent; adapter: the agent's prompt input and prompted
-    output layer, and the refinement; prompt: prompt heads and refinement. Never the Qwen trunk."""
+    """all: prompt heads, refinement and agent; adapter: the agent's parameters that read the prompt
+    outside its blocks (agent.adapter_parameters) and the refinement; prompt: prompt heads and
+    refinement. Never the Qwen trunk."""
     refiner = list(parts.policy.refiner.parameters())
     if which == "prompt":
         return [*parts.prompt.head_parameters(), *refiner]
     if which == "adapter":
-        return [*parts.agent.prompt_in.parameters(), *parts.agent.head.parameters(), *refiner]
+        return [*parts.agent.adapter_parameters(), *refiner]
     return [*parts.prompt.head_parameters(), *parts.agent.parameters(), *refiner]
 
 

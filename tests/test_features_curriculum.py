@@ -49,7 +49,10 @@ def test_relation_features_hand_worked():
     np.testing.assert_allclose(rel[:8], expected, atol=1e-6)
     # Size relations: demo 1: log2 ratios 0, 0, same 1, transposed 1; demo 2: log2(3)/5, -log2(3)/5, 0, 1.
     l3 = np.log2(3) / 5
-    np.testing.assert_allclose(rel[-4:], [l3 / 2, -l3 / 2, 0.5, 1.0], atol=1e-6)
+    np.testing.assert_allclose(rel[122:126], [l3 / 2, -l3 / 2, 0.5, 1.0], atol=1e-6)
+    # Crop to content: [[1]] (1x1) and [[2,2]] (1x2) fit neither output: 0. Content shift (same-shape
+    # demo 1 only): centre of the cell (0, 0) is (0.25, 0.25) of the grid, of all four cells (0.5, 0.5).
+    np.testing.assert_allclose(rel[126:], [0.0, 0.25 / 2, 0.25 / 2], atol=1e-6)
     # Colour co-occurrence (same-shape demo 1 only, halved by the mean): colour 0 -> 1 always, 1 -> 1.
     cooc = rel[12:112].reshape(10, 10)
     assert cooc[0, 1] == pytest.approx(0.5) and cooc[1, 1] == pytest.approx(0.5)

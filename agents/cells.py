@@ -1,0 +1,91 @@
+"""What both grid agents share: each cell's input embedding and the prompted output layer.
+
+A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
+input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input
+(agents/views.py). The output layer is a fixed linear map plus one generated from the prompt, so a
+per-task colour map can be applied (a fixed output layer cannot recolour by a rule read from the
+prompt: recolour stayed at 0% without it).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agents.views import PromptedViews
+from data.arc import MAX_SIDE
+from data.canvas import EOG, NUM_CLASSES
+
+
+def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """canvas [B, S, S] int64 -> (h, w) [B] int64, read from the end-of-grid markers (S if none)."""
+    def first(line: torch.Tensor) -> torch.Tensor:
+        hit = line == EOG
+        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], line.shape[1], dtype=torch.long))
+    return first(canvas[:, :, 0]), first(canvas[:, 0, :])
+
+
+class CellPosition(nn.Module):
+    """Position of every cell, absolute (row, column) and relative to the input grid's far edges
+    (h - 1 - row, w - 1 - column; one shared "outside" index beyond the grid). The relative part
+    makes flips, rotations and transposes a matter of matching two embeddings, whatever the size.
+    canvas [B, S, S] int64 (S <= 30) -> [B, S, S, C]."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.row, self.col = nn.Embedding(MAX_SIDE, channels), nn.Embedding(MAX_SIDE, channels)
+        self.row_from_end, self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels), nn.Embedding(MAX_SIDE + 1, channels)
+        for e in (self.row, self.col, self.row_from_end, self.col_from_end):
+            nn.init.normal_(e.weight, std=0.02)
+
+    def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """canvas [B, S, S] int64, its grid extent h, w [B] int64 -> [B, S, S, C]."""
+        idx = torch.arange(canvas.shape[1], device=canvas.device)
+        from_bottom = h[:, None] - 1 - idx[None, :]  # [B, 30]
+        from_right = w[:, None] - 1 - idx[None, :]
+        outside = torch.full_like(from_bottom, MAX_SIDE)
+        from_bottom = torch.where(from_bottom >= 0, from_bottom, outside)
+        from_right = torch.where(from_right >= 0, from_right, outside)
+        return (self.row(idx)[None, :, None] + self.col(idx)[None, None, :]
+                + self.row_from_end(from_bottom)[:, :, None] + self.col_from_end(from_right)[:, None, :])
+
+
+class CellEmbedding(nn.Module):
+    """input_canvas [B, S, S] int64, prompt [B, P] -> cell states [B, S, S, C]."""
+
+    def __init__(self, prompt_dim: int, channels: int, views: bool = True):
+        super().__init__()
+        self.embed = nn.Embedding(NUM_CLASSES, channels)
+        self.position = CellPosition(channels)
+        self.prompt_in = nn.Linear(prompt_dim, channels)
+        self.views = PromptedViews(prompt_dim, channels) if views else None
+
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        h, w = grid_extent(input_canvas)
+        x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
+        if self.views is not None:
+            x = x + self.views(input_canvas, h, w, prompt)
+        return x
+
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """The parameters that read the prompt here (test-time training adapts them)."""
+        gate = list(self.views.gate.parameters()) if self.views is not None else []
+        return [*self.prompt_in.parameters(), *gate]
+
+
+class PromptedOutput(nn.Module):
+    """Cell states [B, H, W, C] -> logits [B, H, W, 12] through a fixed output layer plus one
+    generated from the prompt (zero at start), so a per-task colour map can be applied."""
+
+    def __init__(self, prompt_dim: int, channels: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(channels)
+        self.out = nn.Linear(channels, NUM_CLASSES)
+        self.generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
+        nn.init.zeros_(self.generated.weight)
+        nn.init.zeros_(self.generated.bias)
+
+    def forward(self, h: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+        h = self.norm(h)
+        weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES)
+        return self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight.to(h.dtype))

@@ -1,0 +1,47 @@
+"""The geometric views the agents see equal the numpy transforms they name, canvas-encoded."""
+
+import numpy as np
+import pytest
+import torch
+
+from agents.cells import grid_extent
+from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases
+from data.augment import dihedral
+from data.canvas import encode
+from data.features import crop_to_content
+
+
+def expected_views(grid: np.ndarray) -> list[np.ndarray]:
+    return ([dihedral(grid, k) for k in range(8)]
+            + [np.kron(grid, np.ones((s, s), dtype=grid.dtype)) for s in SCALES]
+            + [grid[::s, ::s] for s in SCALES] + [crop_to_content(grid)])
+
+
+@pytest.mark.parametrize("side", [30, 21])
+def test_views_match_the_numpy_transforms(side):
+    rng = np.random.default_rng(0)
+    grids = [rng.integers(0, 10, size=(int(rng.integers(1, 7)), int(rng.integers(1, 7)))) for _ in range(40)]
+    grids += [rng.integers(0, 10, size=(20, 9)), np.zeros((1, 1), dtype=np.int64), np.zeros((3, 4), dtype=np.int64)]
+    patch = np.zeros((9, 7), dtype=np.int64)
+    patch[2:5, 3:6] = rng.integers(1, 10, size=(3, 3))
+    grids.append(patch)
+    canvas = torch.from_numpy(np.stack([encode(g) for g in grids]))[:, :side, :side]
+    views = view_canvases(canvas, *grid_extent(canvas)).numpy()
+    assert views.shape == (len(grids), NUM_VIEWS, side, side)
+    for b, grid in enumerate(grids):
+        for v, want in enumerate(expected_views(grid)):
+            if max(want.shape) < side:  # else the view is cut by the canvas, like any grid
+                assert np.array_equal(views[b, v], encode(want)[:side, :side]), (grid.shape, v)
+
+
+def test_a_one_hot_gate_shows_that_view_alone():
+    torch.manual_seed(0)
+    module = PromptedViews(prompt_dim=NUM_VIEWS, channels=8)
+    with torch.no_grad():
+        module.gate.weight.copy_(100 * torch.eye(NUM_VIEWS))
+    grid = np.arange(6).reshape(2, 3)
+    canvas = torch.from_numpy(encode(grid))[None, :8, :8]
+    h, w = grid_extent(canvas)
+    out = module(canvas, h, w, torch.eye(NUM_VIEWS)[[4]])  # view 4: the transpose
+    want = module.embed(torch.from_numpy(encode(grid.T))[None, :8, :8])
+    assert torch.allclose(out, want, atol=1e-5)
