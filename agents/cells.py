@@ -51,21 +51,24 @@ class CellPosition(nn.Module):
 
 
 class CellEmbedding(nn.Module):
-    """input_canvas [B, S, S] int64, prompt [B, P] -> cell states [B, S, S, C]."""
+    """input_canvas [B, S, S] int64, prompt [B, P] -> (cell states [B, S, S, C], viewed classes
+    [B, S, S, 12] float32: the prompt-gated views' classes, or the input's own one-hot without views)."""
 
     def __init__(self, prompt_dim: int, channels: int, views: bool = True):
         super().__init__()
         self.embed = nn.Embedding(NUM_CLASSES, channels)
         self.position = CellPosition(channels)
         self.prompt_in = nn.Linear(prompt_dim, channels)
-        self.views = PromptedViews(prompt_dim, channels) if views else None
+        self.views = PromptedViews(prompt_dim) if views else None
+        self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h, w = grid_extent(input_canvas)
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
-        if self.views is not None:
-            x = x + self.views(input_canvas, h, w, prompt)
-        return x
+        if self.views is None:
+            return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
+        viewed = self.views(input_canvas, h, w, prompt)
+        return x + self.view_embed(viewed), viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The parameters that read the prompt here (test-time training adapts them)."""
@@ -74,18 +77,26 @@ class CellEmbedding(nn.Module):
 
 
 class PromptedOutput(nn.Module):
-    """Cell states [B, H, W, C] -> logits [B, H, W, 12] through a fixed output layer plus one
-    generated from the prompt (zero at start), so a per-task colour map can be applied."""
+    """Cell states h [B, S, S, C], prompt [B, P], viewed classes [B, S, S, 12] -> logits [B, S, S, 12].
+
+    Three terms: a fixed output layer; one generated from the prompt (zero at start), so the
+    prompt can change what any cell state means; and a 12x12 class map generated from the prompt
+    (zero at start) applied to each cell's viewed class, the direct path for a per-task colour
+    map (a recolour read from the demos' colour co-occurrence features)."""
 
     def __init__(self, prompt_dim: int, channels: int):
         super().__init__()
         self.norm = nn.LayerNorm(channels)
         self.out = nn.Linear(channels, NUM_CLASSES)
         self.generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
-        nn.init.zeros_(self.generated.weight)
-        nn.init.zeros_(self.generated.bias)
+        self.class_map = nn.Linear(prompt_dim, NUM_CLASSES * NUM_CLASSES)
+        for layer in (self.generated, self.class_map):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
-    def forward(self, h: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, prompt: torch.Tensor, viewed: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)
-        weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES)
-        return self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight.to(h.dtype))
+        weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES).to(h.dtype)
+        class_map = self.class_map(prompt).view(-1, NUM_CLASSES, NUM_CLASSES).to(h.dtype)
+        return (self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight)
+                + torch.einsum("bhwj,bjk->bhwk", viewed.to(h.dtype), class_map))

@@ -39,10 +39,11 @@ class FiLMConvAgent(nn.Module):
         self.head = PromptedOutput(prompt_dim, channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        x = self.cells(input_canvas, prompt).permute(0, 3, 1, 2)
+        x, viewed = self.cells(input_canvas, prompt)
+        x = x.permute(0, 3, 1, 2)
         for block in self.blocks:
             x = block(x, prompt)
-        return self.head(x.permute(0, 2, 3, 1), prompt)  # cells [B, S, S, channels]
+        return self.head(x.permute(0, 2, 3, 1), prompt, viewed)  # cells [B, S, S, channels]
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: the cells' prompt input and view gate, the output layer."""

@@ -29,14 +29,15 @@ class TransformerAgent(nn.Module):
         self.head = PromptedOutput(prompt_dim, channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        cells = self.cells(input_canvas, prompt).flatten(1, 2)  # [B, S*S, C]
+        cells, viewed = self.cells(input_canvas, prompt)
+        cells = cells.flatten(1, 2)  # [B, S*S, C]
         prefix = self.prompt_tokens(prompt).reshape(input_canvas.shape[0], self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)
         start = x
         for cycle in range(self.cycles):
             x = self.blocks(x if cycle == 0 else x + start)
         h = x[:, self.prefix:].reshape(input_canvas.shape + (-1,))
-        return self.head(h, prompt)
+        return self.head(h, prompt, viewed)
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: prefix tokens, the cells' prompt input and view

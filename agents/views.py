@@ -10,10 +10,12 @@ each view:
     views 8-9   the input scaled up 2x and 3x (np.kron)
     views 10-11 the input scaled down 2x and 3x (every 2nd / 3rd cell)
     view 12     the input cut to the bounding box of its non-background cells (crop to content)
+    views 13-16 the non-background cells fallen down, up, right, left, in order (gravity)
 
 each as a canvas of its own with its own end-of-grid markers (so a view also proposes an output
-size). The prompt picks among them with a softmax gate; the relation features score exactly these
-13 transforms on the demos (data/features.py), so the gate has what it needs to choose. This is a
+size). The prompt picks among them with a softmax gate, and the cell's viewed class goes both into
+its embedding and through the prompted colour map of the output layer (agents/cells.py); the relation features score exactly these
+transforms on the demos (data/features.py), so the gate has what it needs to choose. This is a
 prior, like the relation stream, and `views=False` turns it off.
 """
 
@@ -26,7 +28,7 @@ from data.arc import NUM_COLOURS
 from data.canvas import EOG, NUM_CLASSES, PAD
 
 SCALES = (2, 3)  # the up- and down-scalings, as in data.features
-NUM_VIEWS = 8 + 2 * len(SCALES) + 1
+NUM_VIEWS = 8 + 2 * len(SCALES) + 1 + 4
 
 
 def content_box(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -43,9 +45,22 @@ def content_box(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tuple
     return top, bottom, left, right
 
 
+def fallen(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, dim: int, towards_end: bool):
+    """Source (row, column) [B, S, S] int64 of each cell once the grid's non-background cells have
+    fallen along `dim` (1: rows, 2: columns) to its end or start, keeping their order (gravity)."""
+    side = canvas.shape[-1]
+    idx = torch.arange(side, device=canvas.device)
+    in_grid = (idx[None, :, None] < h[:, None, None]) & (idx[None, None, :] < w[:, None, None])
+    falls = (canvas != 0) if towards_end else (canvas == 0)  # these go after the others
+    key = torch.where(in_grid, falls.long(), 2)  # cells outside the grid keep their place
+    order = torch.sort(key, dim=dim, stable=True).indices
+    rows, cols = idx[None, :, None].expand_as(order), idx[None, None, :].expand_as(order)
+    return (order, cols) if dim == 1 else (rows, order)
+
+
 def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """canvas [B, S, S] int64 holding grids of heights h and widths w ([B] int64)
-    -> views [B, 13, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
+    -> views [B, 17, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
     side = canvas.shape[-1]
     i = torch.arange(side, device=canvas.device)[None, :, None]  # output row
     j = torch.arange(side, device=canvas.device)[None, None, :]  # output column
@@ -58,6 +73,7 @@ def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tor
         *((i // s, j // s, H * s, W * s) for s in SCALES),
         *((i * s, j * s, (H + s - 1) // s, (W + s - 1) // s) for s in SCALES),
         (i + top, j + left, bottom - top + 1, right - left + 1),
+        *((*fallen(canvas, h, w, dim, towards_end), H, W) for dim in (1, 2) for towards_end in (True, False)),
     ]
     flat = canvas.flatten(1)
     views = []
@@ -71,17 +87,17 @@ def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tor
 
 
 class PromptedViews(nn.Module):
-    """Input canvas [B, S, S] int64, grid extent (h, w) [B], prompt [B, P] -> [B, S, S, C]: the
-    embedding of each cell's content under every view, mixed by the prompt's gate over views."""
+    """Input canvas [B, S, S] int64, grid extent (h, w) [B], prompt [B, P] -> viewed classes
+    [B, S, S, 12] float: each cell's class under every view (one-hot), mixed by the prompt's softmax
+    gate over views. One-hot in, so embedding the mix equals mixing the views' embeddings."""
 
-    def __init__(self, prompt_dim: int, channels: int):
+    def __init__(self, prompt_dim: int):
         super().__init__()
-        self.embed = nn.Embedding(NUM_CLASSES, channels)
         self.gate = nn.Linear(prompt_dim, NUM_VIEWS)
         nn.init.zeros_(self.gate.weight)  # start from an even mix
         nn.init.zeros_(self.gate.bias)
 
     def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        gate = self.gate(prompt).softmax(-1)  # [B, V]
-        views = self.embed(view_canvases(canvas, h, w))  # [B, V, S, S, C]
-        return torch.einsum("bv,bvijc->bijc", gate.to(views.dtype), views)
+        gate = self.gate(prompt).float().softmax(-1)  # [B, V]
+        views = nn.functional.one_hot(view_canvases(canvas, h, w), NUM_CLASSES).float()  # [B, V, S, S, 12]
+        return torch.einsum("bv,bvijk->bijk", gate, views)

@@ -34,9 +34,25 @@ from engine.run_state import restore_run_state
 CPU = torch.device("cpu")
 
 
+SETTINGS: dict = {}  # --set overrides, applied to every run
+
+
+def parse_settings(pairs: list[str]) -> dict:
+    """["agent_lr=1e-3", "input_views=false"] -> typed TrainConfig overrides."""
+    fields = {f.name: f for f in dataclasses.fields(fixed.TrainConfig)}
+    out = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--set {pair}: no such setting of fixed.py")
+        kind = type(fields[name].default)
+        out[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
+    return out
+
+
 def run(minutes: float, run_dir: Path, **overrides) -> tuple[fixed.TrainConfig, dict, Path]:
     cfg = fixed.TrainConfig(epochs=1000, max_minutes=minutes, run_dir=str(run_dir), log_every=20,
-                            prompt_cache_dir=str(run_dir.parent / "cache"), **overrides)
+                            prompt_cache_dir=str(run_dir.parent / "cache"), **{**SETTINGS, **overrides})
     return cfg, fixed.train(cfg, CPU), run_dir
 
 
@@ -140,7 +156,10 @@ def main() -> None:
     ap.add_argument("--mixed_minutes", type=float, default=7.0)
     ap.add_argument("--arc_minutes", type=float, default=10.0)
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a fixed.py setting for every run, e.g. --set agent_lr=1e-3 --set input_views=false")
     args = ap.parse_args()
+    SETTINGS.update(parse_settings(args.set))
     args.agents, args.families = args.agents.split(","), args.families.split(",")
     sections = args.sections.split(",")
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,7 +27,7 @@ def _scatter(rng: np.random.Generator, h: int, w: int, density: float = 0.3) -> 
     return grid.astype(np.int64)
 
 
-def _gravity(grid: Grid, k: int) -> Grid:
+def gravity(grid: Grid, k: int) -> Grid:
     """Coloured cells fall to the bottom after k quarter turns (k picks the direction)."""
     g = np.rot90(grid, k)
     out = np.zeros_like(g)
@@ -102,7 +102,7 @@ FAMILIES: dict[str, Family] = {
     "rotate": Family(lambda rng: ((lambda g, k=int(rng.integers(1, 4)): np.ascontiguousarray(np.rot90(g, k))),
                                   _scatter, MAX_SIDE)),
     "transpose": Family(lambda rng: ((lambda g: np.ascontiguousarray(g.T)), _scatter, MAX_SIDE)),
-    "gravity": Family(lambda rng: ((lambda g, k=int(rng.integers(4)): _gravity(g, k)), _scatter, MAX_SIDE)),
+    "gravity": Family(lambda rng: ((lambda g, k=int(rng.integers(4)): gravity(g, k)), _scatter, MAX_SIDE)),
     "crop": Family(lambda rng: (crop_to_content, _patch, MAX_SIDE)),
     "scale": Family(_scale),
     "border": Family(lambda rng: ((lambda g, c=int(rng.integers(1, NUM_COLOURS)): _border(g, c)), _scatter, MAX_SIDE)),

@@ -6,6 +6,7 @@ import torch
 
 import fixed
 from agents import AGENTS
+from agents.cells import PromptedOutput
 from data.canvas import NUM_CLASSES
 
 
@@ -30,9 +31,25 @@ def test_generated_output_layer_lets_the_prompt_remap_colours(name):
     agent = AGENTS[name](8, channels=16)
     torch.nn.init.normal_(agent.head.generated.weight)
     h = torch.randn(1, 2, 2, 16)
-    a = agent.head(h, torch.zeros(1, 8))
-    b = agent.head(h, torch.ones(1, 8))
+    viewed = torch.nn.functional.one_hot(torch.zeros(1, 2, 2, dtype=torch.long), NUM_CLASSES).float()
+    a = agent.head(h, torch.zeros(1, 8), viewed)
+    b = agent.head(h, torch.ones(1, 8), viewed)
     assert not torch.allclose(a, b)
+
+
+def test_prompted_class_map_applies_a_colour_permutation():
+    """The class-map path alone (fixed and generated layers silenced) recolours every cell by the
+    map the prompt generates: here a permutation of colours 1-9."""
+    head = PromptedOutput(4, channels=8)
+    perm = torch.arange(NUM_CLASSES)
+    perm[1:10] = torch.randperm(9, generator=torch.Generator().manual_seed(0)) + 1
+    with torch.no_grad():
+        head.out.weight.zero_()
+        head.out.bias.zero_()
+        head.class_map.bias.copy_(10 * torch.nn.functional.one_hot(perm, NUM_CLASSES).float().flatten())
+    grid = torch.randint(0, 10, (2, 5, 5))
+    logits = head(torch.randn(2, 5, 5, 8), torch.randn(2, 4), torch.nn.functional.one_hot(grid, NUM_CLASSES).float())
+    assert torch.equal(logits.argmax(-1), perm[grid])
 
 
 def test_transformer_cycles_reuse_weights():

@@ -9,12 +9,14 @@ from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases
 from data.augment import dihedral
 from data.canvas import encode
 from data.features import crop_to_content
+from data.synthetic import gravity
 
 
 def expected_views(grid: np.ndarray) -> list[np.ndarray]:
     return ([dihedral(grid, k) for k in range(8)]
             + [np.kron(grid, np.ones((s, s), dtype=grid.dtype)) for s in SCALES]
-            + [grid[::s, ::s] for s in SCALES] + [crop_to_content(grid)])
+            + [grid[::s, ::s] for s in SCALES] + [crop_to_content(grid)]
+            + [gravity(grid, k) for k in (0, 2, 3, 1)])  # down, up, right, left
 
 
 @pytest.mark.parametrize("side", [30, 21])
@@ -35,13 +37,14 @@ def test_views_match_the_numpy_transforms(side):
 
 
 def test_a_one_hot_gate_shows_that_view_alone():
+    """The gate's mix is of one-hot classes, so a decided gate gives exactly one view's classes."""
     torch.manual_seed(0)
-    module = PromptedViews(prompt_dim=NUM_VIEWS, channels=8)
+    module = PromptedViews(prompt_dim=NUM_VIEWS)
     with torch.no_grad():
         module.gate.weight.copy_(100 * torch.eye(NUM_VIEWS))
     grid = np.arange(6).reshape(2, 3)
     canvas = torch.from_numpy(encode(grid))[None, :8, :8]
     h, w = grid_extent(canvas)
     out = module(canvas, h, w, torch.eye(NUM_VIEWS)[[4]])  # view 4: the transpose
-    want = module.embed(torch.from_numpy(encode(grid.T))[None, :8, :8])
+    want = torch.nn.functional.one_hot(torch.from_numpy(encode(grid.T))[None, :8, :8], 12).float()
     assert torch.allclose(out, want, atol=1e-5)
