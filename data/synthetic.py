@@ -19,11 +19,16 @@ from data.features import crop_to_content
 Rule = Callable[[Grid], Grid]
 
 
-def _scatter(rng: np.random.Generator, h: int, w: int, density: float = 0.3) -> Grid:
-    """Background 0 with cells of 2-3 colours scattered at `density`; at least one coloured cell."""
-    colours = rng.choice(np.arange(1, NUM_COLOURS), size=int(rng.integers(2, 4)), replace=False)
+def _scatter(rng: np.random.Generator, h: int, w: int, density: float = 0.3,
+             palette: np.ndarray | None = None) -> Grid:
+    """Background 0 with cells of 2-3 random colours (or every colour of `palette`) scattered at
+    `density`; the first colour (every palette colour) planted at least once."""
+    colours = palette if palette is not None else \
+        rng.choice(np.arange(1, NUM_COLOURS), size=int(rng.integers(2, 4)), replace=False)
     grid = np.where(rng.random((h, w)) < density, rng.choice(colours, size=(h, w)), 0)
-    grid[rng.integers(h), rng.integers(w)] = colours[0]
+    planted = colours if palette is not None else colours[:1]
+    cells = rng.choice(h * w, size=min(len(planted), h * w), replace=False)
+    grid.flat[cells] = planted[:len(cells)]
     return grid.astype(np.int64)
 
 
@@ -85,9 +90,14 @@ class Family:
 
 
 def _recolour(rng):
+    """Every pair of the task uses one palette of 3-4 colours, each in every grid, so the demos
+    show where each colour of the test input goes (with colours drawn per grid, a test colour was
+    often in no demo and the task could not be solved)."""
+    palette = rng.choice(np.arange(1, NUM_COLOURS), size=int(rng.integers(3, 5)), replace=False)
     mapping = np.arange(NUM_COLOURS)
-    mapping[1:] = rng.permutation(np.arange(1, NUM_COLOURS))
-    return (lambda g: mapping[g]), _scatter, MAX_SIDE
+    while (mapping[palette] == palette).all():  # a map that changes no palette colour shows nothing
+        mapping[1:] = rng.permutation(np.arange(1, NUM_COLOURS))
+    return (lambda g: mapping[g]), (lambda rng, h, w: _scatter(rng, h, w, palette=palette)), MAX_SIDE
 
 
 def _scale(rng):

@@ -48,6 +48,15 @@ def test_rule_is_shared_by_all_pairs_of_a_task():
                 assert mapping.setdefault(int(a), int(b)) == b, "one colour map per task"
 
 
+def test_recolour_demos_show_every_test_colour():
+    """A recolour task is solvable from its demos: each colour of the test input is in a demo."""
+    rng = np.random.default_rng(2)
+    for _ in range(50):
+        task = make_task("recolour", rng, "t")
+        shown = set(np.unique(np.concatenate([p.input.ravel() for p in task.train])))
+        assert set(np.unique(task.test[0].input)) <= shown
+
+
 def test_generator_is_seeded_and_sizes_respected():
     a, b = generate_tasks(30, seed=5, size=(4, 6)), generate_tasks(30, seed=5, size=(4, 6))
     for x, y in zip(a, b):
