@@ -78,7 +78,7 @@ class TrainConfig:
     ttt_params: str = flag("adapter", "what test-time training adapts", TTT_PARAMS)
     num_workers: int = flag(0, "DataLoader worker processes")
     # optimisation
-    agent_lr: float = flag(3e-4, "learning rate of the agent, prompt heads and refinement")
+    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement")
     qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
     weight_decay: float = flag(0.01, "AdamW weight decay")
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")

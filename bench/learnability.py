@@ -21,6 +21,7 @@ import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -56,9 +57,10 @@ def run(minutes: float, run_dir: Path, **overrides) -> tuple[fixed.TrainConfig, 
     return cfg, fixed.train(cfg, CPU), run_dir
 
 
-def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str = "") -> dict:
+def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str = "", by_family: dict | None = None) -> dict:
     """Re-evaluate the run's final checkpoint with the prompt zeroed, or with the sampled RL delta
-    (or as configured by `cfg`: eval augments, test-time training)."""
+    (or as configured by `cfg`: eval augments, test-time training). With `by_family`, fill it with
+    {synthetic family: first-attempt exact match}."""
     fixed.seed_everything(cfg.seed)
     _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
     parts = fixed.build_parts(cfg, CPU, run_dir.parent / "cache")
@@ -67,7 +69,15 @@ def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str = "") -
         parts.policy.refine_mean = lambda prompt, ctrl, feat: torch.zeros_like(prompt)
     elif variant == "sampled delta":
         parts.policy.refine_mean = lambda prompt, ctrl, feat: parts.policy.refine_prompt(prompt, ctrl, feat)[0]
-    return evaluate(parts, eval_set, cfg.eval_cfg(), cfg.coefs(), 10**9, CPU)[0]
+    metrics, submission, _ = evaluate(parts, eval_set, cfg.eval_cfg(), cfg.coefs(), 10**9, CPU)
+    if by_family is not None:
+        hits: dict[str, list[bool]] = {}
+        for task in {ep.task.task_id: ep.task for ep in eval_set.episodes}.values():
+            family = task.task_id.rsplit("-", 1)[-1]
+            for pair, attempts in zip(task.test, submission[task.task_id]):
+                hits.setdefault(family, []).append(np.array_equal(np.array(attempts["attempt_1"]), pair.output))
+        by_family.update({f: float(np.mean(h)) for f, h in sorted(hits.items())})
+    return metrics
 
 
 def fmt(x: float) -> str:
@@ -104,14 +114,19 @@ def section_single(args, root: Path) -> None:
 def section_mixed(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]:
     print(f"\n## all families mixed, {args.mixed_minutes} min, held-out tasks (exact match)")
     print(f"{'agent':<14}{'with prompt':>14}{'prompt zeroed':>15}{'copy input':>12}{'steps':>8}")
-    runs = []
+    runs, families = [], {}
     for agent in args.agents:
         cfg, s, run_dir = run(args.mixed_minutes, root / f"mixed-{agent}", data=f"synthetic:{args.tasks}",
                               agent=agent)
         zeroed = evaluate_variant(cfg, run_dir, "zero prompt")
         print(f"{agent:<14}{fmt(s['eval/exact']):>14}{fmt(zeroed['eval/exact']):>15}"
               f"{fmt(s['eval/copy_exact']):>12}{s['steps']:>8}", flush=True)
+        evaluate_variant(cfg, run_dir, by_family=families.setdefault(agent, {}))
         runs.append((agent, cfg, run_dir))
+    print("\nmixed runs by family (first attempt exact, held-out tasks)")
+    print(f"{'family':<10}" + "".join(f"{a:>14}" for a in families))
+    for family in next(iter(families.values()), {}):
+        print(f"{family:<10}" + "".join(f"{fmt(f[family]):>14}" for f in families.values()))
     return runs
 
 

@@ -102,7 +102,7 @@ def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_pa
 def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp_path, capsys):
     fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     capsys.readouterr()
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=1e-3, clip=0.5,
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=3e-4, clip=0.5,
                           resume=str(tmp_path / "a")), torch.device("cpu"))
     err = capsys.readouterr().err
     assert "resuming with a different config: agent_lr, clip" in err

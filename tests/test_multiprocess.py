@@ -41,8 +41,10 @@ def test_two_processes_equal_one_with_twice_the_batch(launcher, arc_folder, tmp_
     assert two.stdout.count("done:") == 1
     a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
     agent = [k for k in a if k.startswith("agent.")]
+    # Adam's first step moves a weight by about lr wherever its gradient is not zero, so a rounding
+    # difference in a near-zero gradient (summed in another order) can show as a fraction of lr.
     for k in agent:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
     s1 = json.loads((tmp_path / "one" / "summary.json").read_text())
     s2 = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert s2["world_size"] == 2
