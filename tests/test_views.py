@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from agents.cells import grid_extent
+from agents.conv_agent import FiLMConvAgent
 from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases
 from data.augment import dihedral
 from data.canvas import encode
@@ -48,3 +49,37 @@ def test_a_one_hot_gate_shows_that_view_alone():
     out = module(canvas, h, w, torch.eye(NUM_VIEWS)[[4]])  # view 4: the transpose
     want = torch.nn.functional.one_hot(torch.from_numpy(encode(grid.T))[None, :8, :8], 12).float()
     assert torch.allclose(out, want, atol=1e-5)
+
+
+def flip_batches(rng: np.random.Generator, n: int, side: int = 9):
+    grids = [rng.integers(0, 10, size=(int(rng.integers(3, 8)), int(rng.integers(3, 8)))) for _ in range(n)]
+    x = torch.from_numpy(np.stack([encode(g) for g in grids]))[:, :side, :side]
+    y = torch.from_numpy(np.stack([encode(np.flipud(g)) for g in grids]))[:, :side, :side]
+    return x, y
+
+
+def flip_exact_after_training(views: bool, steps: int = 120) -> float:
+    """Train a small conv agent on up-down flips of random 3-7 grids; exact match on new grids."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    agent = FiLMConvAgent(prompt_dim=4, channels=16, dilations=(1, 2, 4, 1), views=views)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3)
+    prompt = torch.ones(16, 4)
+    for _ in range(steps):
+        x, y = flip_batches(rng, 16)
+        loss = torch.nn.functional.cross_entropy(agent(x, prompt).flatten(0, 2), y.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    x, y = flip_batches(rng, 64)
+    with torch.no_grad():
+        pred = agent(x, torch.ones(64, 4)).argmax(-1)
+    return float((pred == y).flatten(1).all(1).float().mean())
+
+
+@pytest.mark.slow
+def test_views_make_a_flip_learnable_where_convolutions_alone_do_not():
+    """The reason the views exist: with them a small conv agent learns flips in a hundred steps;
+    without them the same budget gets (almost) no grid exactly right."""
+    with_views, without = flip_exact_after_training(True), flip_exact_after_training(False)
+    assert with_views >= 0.9 and without <= 0.1, (with_views, without)
