@@ -100,15 +100,14 @@ def section_eval(args, runs: list[tuple[str, str, fixed.TrainConfig, Path]]) -> 
 
 def section_single(args, root: Path) -> None:
     print(f"\n## single rule family, {args.minutes} min each, held-out instances (exact match)")
-    print(f"{'family':<10}" + "".join(f"{a:>14}" for a in args.agents) + f"{'steps':>8}")
+    print(f"{'family':<10}" + "".join(f"{a + ' (steps)':>22}" for a in args.agents))
     for family in args.families:
-        row, steps = [], 0
+        row = []
         for agent in args.agents:
             _, s, _ = run(args.minutes, root / f"single-{family}-{agent}", data=f"synthetic:{args.tasks}",
                           synthetic_rules=family, synthetic_eval_rules=family, agent=agent)
-            row.append(fmt(s["eval/exact"]))
-            steps = s["steps"]
-        print(f"{family:<10}" + "".join(f"{r:>14}" for r in row) + f"{steps:>8}", flush=True)
+            row.append(f"{fmt(s['eval/exact'])} ({s['steps']})")
+        print(f"{family:<10}" + "".join(f"{r:>22}" for r in row), flush=True)
 
 
 def section_mixed(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]:
