@@ -166,7 +166,7 @@ def main() -> None:
     ap.add_argument("--agents", default="conv,transformer")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--tasks", type=int, default=2000, help="synthetic training tasks (n/4 held out)")
-    ap.add_argument("--minutes", type=float, default=3.0, help="budget of each single-family run")
+    ap.add_argument("--minutes", type=float, default=1.5, help="budget of each single-family run")
     ap.add_argument("--mixed_minutes", type=float, default=7.0)
     ap.add_argument("--arc_minutes", type=float, default=10.0)
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
