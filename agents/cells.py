@@ -2,9 +2,9 @@
 
 A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
 input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input
-(agents/views.py). The output layer is a fixed linear map plus one generated from the prompt, so a
-per-task colour map can be applied (a fixed output layer cannot recolour by a rule read from the
-prompt: recolour stayed at 0% without it).
+(agents/views.py). The output layer adds to a fixed linear map one generated from the prompt and a
+prompted class map of each cell's viewed class, so a per-task colour map can be applied (a fixed
+output layer cannot recolour by a rule read from the prompt: recolour stayed at 0% without it).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class CellPosition(nn.Module):
     def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """canvas [B, S, S] int64, its grid extent h, w [B] int64 -> [B, S, S, C]."""
         idx = torch.arange(canvas.shape[1], device=canvas.device)
-        from_bottom = h[:, None] - 1 - idx[None, :]  # [B, 30]
+        from_bottom = h[:, None] - 1 - idx[None, :]  # [B, S]
         from_right = w[:, None] - 1 - idx[None, :]
         outside = torch.full_like(from_bottom, MAX_SIDE)
         from_bottom = torch.where(from_bottom >= 0, from_bottom, outside)

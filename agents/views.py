@@ -13,10 +13,10 @@ each view:
     views 13-16 the non-background cells fallen down, up, right, left, in order (gravity)
 
 each as a canvas of its own with its own end-of-grid markers (so a view also proposes an output
-size). The prompt picks among them with a softmax gate, and the cell's viewed class goes both into
-its embedding and through the prompted colour map of the output layer (agents/cells.py); the relation features score exactly these
-transforms on the demos (data/features.py), so the gate has what it needs to choose. This is a
-prior, like the relation stream, and `views=False` turns it off.
+size). The prompt picks among them with a softmax gate; the cell's viewed class goes into its
+embedding and through the prompted class map of the output layer (agents/cells.py). The relation
+features score the same transforms on the demos (data/features.py), so the gate has what it needs
+to choose. This is a prior, like the relation stream, and `views=False` turns it off.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from torch import nn
 
 from data.arc import NUM_COLOURS
 from data.canvas import EOG, NUM_CLASSES, PAD
-
-SCALES = (2, 3)  # the up- and down-scalings, as in data.features
+from data.features import SCALES  # the up- and down-scalings the relation features score
 NUM_VIEWS = 8 + 2 * len(SCALES) + 1 + 4
 
 
