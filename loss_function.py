@@ -2,9 +2,9 @@
 
 Pure functions. Per valid cell, with q = softmax(logits) and C classes:
 
-    risk       = -sum_c pref(c) log q(c)        pref = (1 - smoothing) onehot + smoothing / C
+    risk       = -sum_c pref(c) log q(c)        pref = (1 - label_smoothing) onehot + label_smoothing / C
     divergence = KL(q || p_eps) = sum_c q(c) (log q(c) - log p_eps(c))
-                                                p_eps = (1 - eps) onehot + eps / C  (finite for one-hot)
+                                                p_eps = (1 - kl_eps) onehot + kl_eps / C  (finite for one-hot)
     ambiguity  = H[q] = -sum_c q(c) log q(c)
     cell_loss  = risk + lambda_r * divergence + lambda_a * ambiguity
 
@@ -13,7 +13,8 @@ Hard cells (predicted wrong, or output differs from input) weigh `hard_weight`, 
     efe = (0.5 + 0.5 * mask_ratio) * sum(weight * cell_loss) / n_valid + lambda_c * ||refined - prompt||^2
 
 where mask_ratio is the share of valid cells still predicted wrong (no gradient). Everything is per
-sample, so a batch split into micro-batches gives the same gradient as the whole batch.
+sample, so a batch split into micro-batches gives the same gradient as the whole batch. Every
+coefficient is a flag of the same name (engine.config.LossCfg).
 """
 
 from __future__ import annotations
@@ -24,16 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from data.canvas import PAD
-
-
-@dataclass(frozen=True)
-class EFECoefs:
-    smoothing: float = 0.1  # label smoothing of the preference distribution
-    eps: float = 0.01  # smoothing of p_eps inside the KL term
-    lambda_r: float = 0.1  # weight of KL(q || p_eps)
-    lambda_a: float = 0.01  # weight of the ambiguity H[q]
-    lambda_c: float = 1e-3  # weight of the complexity ||refined - prompt||^2
-    hard_weight: float = 2.0  # weight of a hard cell (an easy one weighs 1)
+from engine.config import LossCfg
 
 
 @dataclass(frozen=True)
@@ -50,7 +42,7 @@ def valid_cells(input_canvas: torch.Tensor, target: torch.Tensor) -> torch.Tenso
 
 
 def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor,
-             refined_prompt: torch.Tensor, prompt: torch.Tensor, coefs: EFECoefs = EFECoefs()) -> EFEResult:
+             refined_prompt: torch.Tensor, prompt: torch.Tensor, *, cfg: LossCfg = LossCfg()) -> EFEResult:
     """EFE loss per sample.
 
     Args:
@@ -59,6 +51,7 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
             as `out.float()` and silently broadcast inside the KL term.
         input_canvas: [B, S, S] int64, the query input (for the valid mask and hard cells).
         refined_prompt, prompt: [B, P] float32, after and before refinement.
+        cfg: the coefficients (label_smoothing, kl_eps, lambda_r, lambda_a, lambda_c, hard_weight).
     Returns:
         EFEResult with per_sample [B] float32 (with gradients), mask_ratio [B] and parts (detached).
     """
@@ -72,12 +65,12 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
     q = log_q.exp()
     onehot = F.one_hot(target, num_classes).float()
 
-    pref = (1 - coefs.smoothing) * onehot + coefs.smoothing / num_classes
+    pref = (1 - cfg.label_smoothing) * onehot + cfg.label_smoothing / num_classes
     risk = -(pref * log_q).sum(-1)
-    log_p_eps = torch.log((1 - coefs.eps) * onehot + coefs.eps / num_classes)
+    log_p_eps = torch.log((1 - cfg.kl_eps) * onehot + cfg.kl_eps / num_classes)
     divergence = (q * (log_q - log_p_eps)).sum(-1)
     ambiguity = -(q * log_q).sum(-1)
-    cell_loss = risk + coefs.lambda_r * divergence + coefs.lambda_a * ambiguity
+    cell_loss = risk + cfg.lambda_r * divergence + cfg.lambda_a * ambiguity
 
     valid = valid_cells(input_canvas, target)
     validf = valid.float()
@@ -85,12 +78,12 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
     with torch.no_grad():
         wrong = (log_q.argmax(-1) != target) & valid
         hard = wrong | (target != input_canvas)
-        weight = torch.where(hard, coefs.hard_weight, 1.0) * validf
+        weight = torch.where(hard, cfg.hard_weight, 1.0) * validf
         mask_ratio = wrong.float().sum((1, 2)) / n_valid
 
     data_term = (weight * cell_loss).sum((1, 2)) / n_valid
     complexity = (refined_prompt.float() - prompt.float()).pow(2).sum(-1)
-    per_sample = (0.5 + 0.5 * mask_ratio) * data_term + coefs.lambda_c * complexity
+    per_sample = (0.5 + 0.5 * mask_ratio) * data_term + cfg.lambda_c * complexity
 
     def cell_mean(x: torch.Tensor) -> torch.Tensor:
         return ((x * validf).sum((1, 2)) / n_valid).mean().detach()
@@ -112,8 +105,38 @@ def target_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canv
     return (log_q * validf).sum((1, 2)) / validf.sum((1, 2)).clamp_min(1.0)
 
 
-def combined_loss(efe_sampled: torch.Tensor, efe_mean: torch.Tensor, efe_weight: float,
-                  rl_weight: float) -> torch.Tensor:
-    """Per-sample training loss [B]: `efe_weight * EFE(sampled refinement) + rl_weight * EFE(mean
+def combined_loss(efe_sampled: torch.Tensor, efe_mean: torch.Tensor, *, efe_weight: float,
+                  mean_weight: float) -> torch.Tensor:
+    """Per-sample training loss [B]: `efe_weight * EFE(sampled refinement) + mean_weight * EFE(mean
     refinement)`. Both terms carry gradients."""
-    return efe_weight * efe_sampled + rl_weight * efe_mean
+    return efe_weight * efe_sampled + mean_weight * efe_mean
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    per_sample: torch.Tensor  # [B] float32, carries gradients: the combined loss
+    reward: torch.Tensor  # [B] float32, no gradient: the RL head's reward
+    stats: dict[str, torch.Tensor]  # batch means, detached, for logging
+
+
+def training_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
+                  input_canvas: torch.Tensor, *, cfg: LossCfg) -> TrainingLoss:
+    """The loss of one training micro-batch and the RL reward, from the predictions made with the
+    sampled and with the mean refinement.
+
+    Args:
+        logits: [2, B, S, S, C] float, sampled first, then mean. refined: [2, B, P] in that order.
+        prompt: [B, P], before refinement. target, input_canvas: [B, S, S] int64.
+    The reward is `reward_scale * (loglik(sampled) - loglik(mean))` of the target, signed: positive
+    where the sampled delta explained the target better than the mean one.
+    """
+    efe_sampled = efe_loss(logits[0], target, input_canvas, refined[0], prompt, cfg=cfg)
+    efe_mean = efe_loss(logits[1], target, input_canvas, refined[1], prompt, cfg=cfg)
+    loss = combined_loss(efe_sampled.per_sample, efe_mean.per_sample, efe_weight=cfg.efe_weight,
+                         mean_weight=cfg.mean_weight)
+    reward = cfg.reward_scale * (target_log_likelihood(logits[0], target, input_canvas)
+                                 - target_log_likelihood(logits[1], target, input_canvas))
+    stats = {"loss/combined": loss.detach().mean(), "loss/efe": efe_sampled.per_sample.detach().mean(),
+             "loss/efe_mean": efe_mean.per_sample.detach().mean(), "train/mask_ratio": efe_sampled.mask_ratio.mean(),
+             "rl/reward": reward.mean(), **{f"loss/{k}": v for k, v in efe_sampled.parts.items()}}
+    return TrainingLoss(loss, reward, stats)

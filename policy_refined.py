@@ -1,22 +1,20 @@
 """Prompt refinement with an RL head.
 
-    refined = apply(prompt, ctrl_vec, feat_sum) + U @ a,    a ~ N(mu(x), diag(sigma^2)),  x detached
+    refined = refine(prompt, ctrl_vec, feat_sum) + U @ a,    a ~ N(mu(x), diag(sigma^2)),  x detached
 
-- `apply()` is a residual MLP trained by the main loss; it has no `no_grad`, so gradients reach the
+- `refine()` is a residual MLP trained by the main loss; it has no `no_grad`, so gradients reach the
   prompt encoder (and Qwen, when it trains) through it.
 - The RL head is a Gaussian policy over a low-rank delta: `U` [P, rank] is a fixed random orthonormal
   basis, `mu` a small MLP of the detached inputs, the log-std a learned vector clamped to a range.
-  It has its own optimizer and is trained only by `update()`, REINFORCE with a moving-average
-  baseline, which runs after the main optimizer step on detached tensors: it never touches the main
-  graph, so it can never backward through it a second time.
+  It is trained only by `update()`, REINFORCE with a moving-average baseline and its own optimizer,
+  which runs after the main optimizer step on detached tensors: it never touches the main graph,
+  so it can never backward through it a second time. The main optimizer never holds its
+  parameters (ArcModel.parameter_groups keeps them apart).
 
 Inputs:
 - ctrl_vec [B, 3] float32: the episode's curriculum controls (data.episodes.CTRL_FEATURES:
   difficulty percentile, is_easy, is_augmented).
 - feat_sum [B, 15] float32: the numeric task summary (data.features.NUMERIC_FEATURES).
-
-`PolicyRefiner` is a plain object holding two modules (`refiner` for the main optimizer, `head` for
-its own) so that no parameter can ever sit in both optimizers.
 """
 
 from __future__ import annotations
@@ -28,11 +26,14 @@ from torch import nn
 
 from engine.distributed import Dist
 
+# What the agent may be given as the refined prompt, by name (ArcModel.forward).
+REFINEMENTS = ("mean", "sampled", "zero", "sampled+mean")
+
 
 class RefineMLP(nn.Module):
     """Residual refinement: prompt + MLP([prompt, ctrl, feat]); starts as the identity."""
 
-    def __init__(self, prompt_dim: int, ctrl_dim: int, feat_dim: int, hidden: int):
+    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int, hidden: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(prompt_dim + ctrl_dim + feat_dim, hidden), nn.GELU(),
                                  nn.Linear(hidden, prompt_dim))
@@ -44,9 +45,10 @@ class RefineMLP(nn.Module):
 
 
 class GaussianHead(nn.Module):
-    """mu(x) [B, rank] and a clamped, learned log-std [rank]."""
+    """mu(x) [B, rank] and a clamped, learned log-std [rank]; `baseline` is REINFORCE's moving average."""
 
-    def __init__(self, in_dim: int, rank: int, hidden: int, log_std_init: float, log_std_bounds: tuple[float, float]):
+    def __init__(self, *, in_dim: int, rank: int, hidden: int, log_std_init: float,
+                 log_std_bounds: tuple[float, float]):
         super().__init__()
         self.mu = nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, rank))
         nn.init.zeros_(self.mu[-1].weight)
@@ -67,25 +69,23 @@ class RLInfo:
     action: torch.Tensor
 
 
-class PolicyRefiner:
-    def __init__(self, prompt_dim: int, ctrl_dim: int, feat_dim: int, *, rank: int = 8, hidden: int = 256,
-                 rl_lr: float = 1e-3, baseline_momentum: float = 0.9, log_std_init: float = -1.0,
-                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0, noise_seed: int | None = None,
-                 device: torch.device = torch.device("cpu")):
-        self.refiner = RefineMLP(prompt_dim, ctrl_dim, feat_dim, hidden).to(device)
-        in_dim = prompt_dim + ctrl_dim + feat_dim
-        self.head = GaussianHead(in_dim, rank, hidden // 2, log_std_init, log_std_bounds).to(device)
-        basis_gen = torch.Generator().manual_seed(seed + 7919)
-        basis = torch.linalg.qr(torch.randn(prompt_dim, rank, generator=basis_gen))[0]
-        self.basis = basis.to(device)  # U [P, rank], orthonormal columns, fixed
-        self.optimizer = torch.optim.Adam(self.head.parameters(), lr=rl_lr)
+class PolicyRefiner(nn.Module):
+    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int, rank: int = 8, hidden: int = 256,
+                 baseline_momentum: float = 0.9, log_std_init: float = -1.0,
+                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0, noise_seed: int | None = None):
+        """The basis and the initial weights follow `seed` (identical on every process); the action
+        noise follows `noise_seed` (default `seed`), so several processes explore differently."""
+        super().__init__()
+        self.refiner = RefineMLP(prompt_dim=prompt_dim, ctrl_dim=ctrl_dim, feat_dim=feat_dim, hidden=hidden)
+        self.head = GaussianHead(in_dim=prompt_dim + ctrl_dim + feat_dim, rank=rank, hidden=hidden // 2,
+                                 log_std_init=log_std_init, log_std_bounds=log_std_bounds)
+        basis = torch.linalg.qr(torch.randn(prompt_dim, rank, generator=torch.Generator().manual_seed(seed + 7919)))[0]
+        self.register_buffer("basis", basis)  # U [P, rank], orthonormal columns, fixed
         self.momentum = baseline_momentum
-        # The basis and the initial weights follow `seed` (identical on every process); the action
-        # noise follows `noise_seed`, so several processes explore differently.
-        self.generator = torch.Generator(device=device).manual_seed((seed if noise_seed is None else noise_seed) + 104729)
-        self.device = device
+        # On the CPU whatever the device: the draws are tiny, and a run draws the same noise anywhere.
+        self.noise = torch.Generator().manual_seed((seed if noise_seed is None else noise_seed) + 104729)
 
-    def apply(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
+    def refine(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
         """Deterministic refinement [B, P] (dtype of prompt), with gradients to the prompt."""
         return self.refiner(prompt, ctrl_vec, feat_sum)
 
@@ -94,56 +94,52 @@ class PolicyRefiner:
         """[B, P + 3 + 15] float32, detached: the RL head never sends gradients into the main graph."""
         return torch.cat([prompt.detach().float(), ctrl_vec.float(), feat_sum.float()], -1)
 
-    def refine_prompt(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor,
-                      feat_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, RLInfo]:
-        """-> (refined with the sampled delta [B, P], refined with the mean delta [B, P], RLInfo).
+    def refinements(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor,
+                    which: str) -> tuple[torch.Tensor, RLInfo | None]:
+        """-> (refined prompts [K, B, P], one per name in `which`; RLInfo when a delta was sampled).
 
+        which: "mean" (the head's mean delta; draws no random number, so validating never shifts
+        the training noise), "sampled" (a delta drawn from the head), "zero" (an all-zero prompt:
+        the ablation without task information), or "sampled+mean" (K = 2, what training uses).
         prompt [B, P] float, ctrl_vec [B, 3] float32, feat_sum [B, 15] float32. The head runs in
         float32 outside autocast: it is tiny, and its log-probabilities must be exact.
         """
-        base = self.apply(prompt, ctrl_vec, feat_sum)
-        with torch.no_grad(), torch.autocast(self.device.type, enabled=False):
+        if which not in REFINEMENTS:
+            raise ValueError(f"refinement {which!r}: choose one of {', '.join(REFINEMENTS)}")
+        if which == "zero":
+            return torch.zeros_like(prompt)[None], None
+        base = self.refine(prompt, ctrl_vec, feat_sum)
+        with torch.no_grad(), torch.autocast(prompt.device.type, enabled=False):
             x = self._head_input(prompt, ctrl_vec, feat_sum)
             mu, std = self.head(x)
-            noise = torch.randn(mu.shape, generator=self.generator, device=mu.device)
-            action = mu + std * noise
         basis = self.basis.to(base.dtype)
-        sampled = base + action.to(base.dtype) @ basis.T
         mean = base + mu.to(base.dtype) @ basis.T
-        return sampled, mean, RLInfo(x, action)
+        if which == "mean":
+            return mean[None], None
+        noise = torch.randn(mu.shape, generator=self.noise).to(mu.device, non_blocking=True)
+        action = mu + std * noise
+        sampled = base + action.to(base.dtype) @ basis.T
+        refined = torch.stack([sampled, mean]) if which == "sampled+mean" else sampled[None]
+        return refined, RLInfo(x, action)
 
-    def refine_mean(self, prompt: torch.Tensor, ctrl_vec: torch.Tensor, feat_sum: torch.Tensor) -> torch.Tensor:
-        """The deterministic refinement with the policy's mean delta [B, P]; draws no random numbers
-        (used for evaluation, so validating never shifts the training noise)."""
-        base = self.apply(prompt, ctrl_vec, feat_sum)
-        with torch.autocast(self.device.type, enabled=False):
-            mu, _ = self.head(self._head_input(prompt, ctrl_vec, feat_sum))
-        return base + mu.detach().to(base.dtype) @ self.basis.to(base.dtype).T
-
-    def update(self, info: RLInfo, reward: torch.Tensor, dist: Dist = Dist()) -> dict[str, torch.Tensor]:
-        """One REINFORCE step on the signed reward [B] float32 (never clipped to positive).
+    def update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
+               dist: Dist = Dist()) -> dict[str, torch.Tensor]:
+        """One REINFORCE step of the head on the signed reward [B] float32 (never clipped to positive).
 
         Builds its own small graph from the detached `info`, so it is independent of the main one.
         With several processes the head's gradients and the baseline are averaged over them, so
         the head stays identical everywhere.
         """
-        with torch.autocast(self.device.type, enabled=False):
+        with torch.autocast(reward.device.type, enabled=False):
             mu, std = self.head(info.head_input)
             log_prob = torch.distributions.Normal(mu, std).log_prob(info.action).sum(-1)
             advantage = reward.detach().float() - self.head.baseline
             loss = -(advantage * log_prob).mean()
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         dist.average_gradients(list(self.head.parameters()), denominator=dist.world_size)
-        self.optimizer.step()
+        optimizer.step()
         with torch.no_grad():
             self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))
         return {"rl/loss": loss.detach(), "rl/advantage": advantage.mean().detach(),
                 "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}
-
-    def state_dict(self) -> dict:
-        return {"head_optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["head_optimizer"])
-        self.generator.set_state(state["generator"])

@@ -1,15 +1,18 @@
-"""Grid agents and the Qwen hybrid prompt encoder.
+"""Grid agents: agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12],
+where S <= 30 is the canvas side of the batch (see data/canvas.py)."""
 
-Every agent: agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], where
-S <= 30 is the canvas side of the batch (see data/canvas.py).
-"""
+from torch import nn
 
 from agents.conv_agent import FiLMConvAgent
-from agents.qwen_encoder import ConfigError, QwenCfg, QwenTextEncoder
-from agents.qwen_prompt import QwenHybridPrompt
 from agents.transformer_agent import TransformerAgent
+from engine.config import AgentCfg
 
 AGENTS = {"conv": FiLMConvAgent, "transformer": TransformerAgent}
 
-__all__ = ["AGENTS", "ConfigError", "FiLMConvAgent", "QwenCfg", "QwenHybridPrompt", "QwenTextEncoder",
-           "TransformerAgent"]
+
+def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> nn.Module:
+    shape = {"layers": cfg.agent_layers, "cycles": cfg.agent_cycles} if cfg.agent == "transformer" else {}
+    return AGENTS[cfg.agent](prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views, **shape)
+
+
+__all__ = ["AGENTS", "FiLMConvAgent", "TransformerAgent", "build_agent"]

@@ -54,7 +54,7 @@ class CellEmbedding(nn.Module):
     """input_canvas [B, S, S] int64, prompt [B, P] -> (cell states [B, S, S, C], viewed classes
     [B, S, S, 12] float32: the prompt-gated views' classes, or the input's own one-hot without views)."""
 
-    def __init__(self, prompt_dim: int, channels: int, views: bool = True):
+    def __init__(self, *, prompt_dim: int, channels: int, views: bool = True):
         super().__init__()
         self.embed = nn.Embedding(NUM_CLASSES, channels)
         self.position = CellPosition(channels)
@@ -84,7 +84,7 @@ class PromptedOutput(nn.Module):
     (zero at start) applied to each cell's viewed class, the direct path for a per-task colour
     map (a recolour read from the demos' colour co-occurrence features)."""
 
-    def __init__(self, prompt_dim: int, channels: int):
+    def __init__(self, *, prompt_dim: int, channels: int):
         super().__init__()
         self.norm = nn.LayerNorm(channels)
         self.out = nn.Linear(channels, NUM_CLASSES)

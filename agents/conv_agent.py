@@ -13,7 +13,7 @@ from agents.cells import CellEmbedding, PromptedOutput
 
 
 class FiLMBlock(nn.Module):
-    def __init__(self, channels: int, prompt_dim: int, dilation: int):
+    def __init__(self, *, channels: int, prompt_dim: int, dilation: int):
         super().__init__()
         self.norm = nn.GroupNorm(8, channels)
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation)
@@ -31,12 +31,12 @@ class FiLMBlock(nn.Module):
 class FiLMConvAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
 
-    def __init__(self, prompt_dim: int, channels: int = 64, dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8),
-                 views: bool = True):
+    def __init__(self, *, prompt_dim: int, channels: int = 64,
+                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True):
         super().__init__()
-        self.cells = CellEmbedding(prompt_dim, channels, views)
-        self.blocks = nn.ModuleList(FiLMBlock(channels, prompt_dim, d) for d in dilations)
-        self.head = PromptedOutput(prompt_dim, channels)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
+        self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
+        self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         x, viewed = self.cells(input_canvas, prompt)

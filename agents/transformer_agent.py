@@ -17,16 +17,16 @@ from agents.cells import CellEmbedding, PromptedOutput
 class TransformerAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
 
-    def __init__(self, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = 4, prefix: int = 4,
+    def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = 4, prefix: int = 4,
                  cycles: int = 1, views: bool = True):
         super().__init__()
         self.prefix, self.cycles = prefix, cycles
-        self.cells = CellEmbedding(prompt_dim, channels, views)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         block = nn.TransformerEncoderLayer(channels, heads, 4 * channels, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
-        self.head = PromptedOutput(prompt_dim, channels)
+        self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         cells, viewed = self.cells(input_canvas, prompt)

@@ -16,7 +16,6 @@ Sections (each run is the real training loop of fixed.py, evaluated by its valid
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import tempfile
 from pathlib import Path
@@ -27,7 +26,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import fixed
 from data.synthetic import FAMILIES
-from engine.checkpoint import resolve_checkpoint
+from engine.checkpoint import find_checkpoint
+from engine.config import SECTION_OF, Config
 from engine.distributed import Dist
 from engine.evaluation import evaluate
 from engine.run_state import restore_run_state
@@ -39,37 +39,34 @@ SETTINGS: dict = {}  # --set overrides, applied to every run
 
 
 def parse_settings(pairs: list[str]) -> dict:
-    """["agent_lr=1e-3", "input_views=false"] -> typed TrainConfig overrides."""
-    fields = {f.name: f for f in dataclasses.fields(fixed.TrainConfig)}
+    """["agent_lr=1e-3", "input_views=false"] -> typed flag overrides."""
+    defaults = Config().flags()
     out = {}
     for pair in pairs:
         name, _, text = pair.partition("=")
-        if name not in fields:
+        if name not in SECTION_OF:
             raise SystemExit(f"--set {pair}: no such setting of fixed.py")
-        kind = type(fields[name].default)
+        kind = type(defaults[name])
         out[name] = text.lower() in ("1", "true", "yes") if kind is bool else kind(text)
     return out
 
 
-def run(minutes: float, run_dir: Path, **overrides) -> tuple[fixed.TrainConfig, dict, Path]:
-    cfg = fixed.TrainConfig(epochs=1000, max_minutes=minutes, run_dir=str(run_dir), log_every=20,
+def run(minutes: float, run_dir: Path, **overrides) -> tuple[Config, dict, Path]:
+    cfg = Config.from_flags(epochs=1000, max_minutes=minutes, run_dir=str(run_dir), log_every=20,
                             prompt_cache_dir=str(run_dir.parent / "cache"), **{**SETTINGS, **overrides})
     return cfg, fixed.train(cfg, CPU), run_dir
 
 
-def evaluate_variant(cfg: fixed.TrainConfig, run_dir: Path, variant: str = "", by_family: dict | None = None) -> dict:
-    """Re-evaluate the run's final checkpoint with the prompt zeroed, or with the sampled RL delta
-    (or as configured by `cfg`: eval augments, test-time training). With `by_family`, fill it with
-    {synthetic family: first-attempt exact match}."""
-    fixed.seed_everything(cfg.seed)
-    _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
-    parts = fixed.build_parts(cfg, CPU, run_dir.parent / "cache")
-    restore_run_state(parts, resolve_checkpoint(str(run_dir)), dataclasses.asdict(cfg), Dist())
-    if variant == "zero prompt":
-        parts.policy.refine_mean = lambda prompt, ctrl, feat: torch.zeros_like(prompt)
-    elif variant == "sampled delta":
-        parts.policy.refine_mean = lambda prompt, ctrl, feat: parts.policy.refine_prompt(prompt, ctrl, feat)[0]
-    metrics, submission, _ = evaluate(parts, eval_set, cfg.eval_cfg(), cfg.coefs(), 10**9, CPU)
+def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) -> dict:
+    """Re-evaluate the run's final checkpoint as `cfg` says (--eval_refinement mean/sampled/zero,
+    eval augments, test-time training). With `by_family`, fill it with {synthetic family:
+    first-attempt exact match}."""
+    fixed.seed_everything(cfg.run.seed)
+    eval_set = fixed.build_data(cfg, CPU).eval_set
+    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=run_dir.parent / "cache")
+    restore_run_state(state, find_checkpoint(str(run_dir)), cfg.flags(), Dist())
+    result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
+    metrics, submission = result.metrics, result.submission
     if by_family is not None:
         hits: dict[str, list[bool]] = {}
         for task in {ep.task.task_id: ep.task for ep in eval_set.episodes}.values():
@@ -84,15 +81,15 @@ def fmt(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def section_eval(args, runs: list[tuple[str, str, fixed.TrainConfig, Path]]) -> None:
+def section_eval(args, runs: list[tuple[str, str, Config, Path]]) -> None:
     print(f"\n## validation variants on the first {args.eval_sample} evaluation tasks "
           f"(TTT: {args.ttt_steps} steps, adapter parameters)")
     print(f"{'run':<28}{'TTT':>5}{'views':>7}{'exact':>8}{'pass@2':>8}{'oracle':>8}{'task score':>12}{'s/task':>8}")
     for name, agent, cfg, run_dir in runs:
         for ttt in (0, args.ttt_steps):
             for views in (1, 8):
-                m = evaluate_variant(dataclasses.replace(cfg, ttt_steps=ttt, eval_augments=views,
-                                                         eval_tasks=args.eval_sample), run_dir)
+                m = evaluate_variant(cfg.replace(ttt_steps=ttt, eval_augments=views, eval_tasks=args.eval_sample),
+                                     run_dir)
                 print(f"{name + ' ' + agent:<28}{ttt:>5}{views:>7}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2']):>8}"
                       f"{fmt(m['eval/oracle']):>8}{m['eval/task_score']:>12.3f}{m['eval/seconds_per_task']:>8.2f}",
                       flush=True)
@@ -110,14 +107,14 @@ def section_single(args, root: Path) -> None:
         print(f"{family:<10}" + "".join(f"{r:>22}" for r in row), flush=True)
 
 
-def section_mixed(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]:
+def section_mixed(args, root: Path) -> list[tuple[str, Config, Path]]:
     print(f"\n## all families mixed, {args.mixed_minutes} min, held-out tasks (exact match)")
     print(f"{'agent':<14}{'with prompt':>14}{'prompt zeroed':>15}{'copy input':>12}{'steps':>8}")
     runs, families = [], {}
     for agent in args.agents:
         cfg, s, run_dir = run(args.mixed_minutes, root / f"mixed-{agent}", data=f"synthetic:{args.tasks}",
                               agent=agent)
-        zeroed = evaluate_variant(cfg, run_dir, "zero prompt")
+        zeroed = evaluate_variant(cfg.replace(eval_refinement="zero"), run_dir)
         print(f"{agent:<14}{fmt(s['eval/exact']):>14}{fmt(zeroed['eval/exact']):>15}"
               f"{fmt(s['eval/copy_exact']):>12}{s['steps']:>8}", flush=True)
         evaluate_variant(cfg, run_dir, by_family=families.setdefault(agent, {}))
@@ -129,7 +126,7 @@ def section_mixed(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]
     return runs
 
 
-def section_arc(args, root: Path) -> list[tuple[str, fixed.TrainConfig, Path]]:
+def section_arc(args, root: Path) -> list[tuple[str, Config, Path]]:
     print(f"\n## ARC-AGI-1 evaluation after {args.arc_minutes} min (400 tasks, 419 test pairs)")
     print(f"{'agent':<14}{'cell acc':>10}{'exact':>8}{'pass@2':>8}{'task score':>12}{'steps':>8}"
           f"   copy baseline cell acc / exact")
@@ -152,8 +149,8 @@ def section_rl(runs) -> None:
         rewards = [e.value for e in acc.Scalars("rl/reward")]
         fifth = max(1, math.ceil(len(rewards) / 5))
         curve = [sum(rewards[i:i + fifth]) / len(rewards[i:i + fifth]) for i in range(0, len(rewards), fifth)]
-        sampled = evaluate_variant(cfg, run_dir, "sampled delta")
-        mean = evaluate_variant(cfg, run_dir, "mean delta")
+        sampled = evaluate_variant(cfg.replace(eval_refinement="sampled"), run_dir)
+        mean = evaluate_variant(cfg.replace(eval_refinement="mean"), run_dir)
         print(f"{agent:<14} reward {' '.join(f'{r:+.4f}' for r in curve)} | exact with mean delta "
               f"{fmt(mean['eval/exact'])}, with sampled delta {fmt(sampled['eval/exact'])}", flush=True)
 

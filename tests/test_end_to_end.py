@@ -37,8 +37,8 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
     assert [s for s, _ in tags["loss/combined"]] == [1, 2]
     ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     weights = load_file(str(ckpt / "model.safetensors"))
-    assert any(k.startswith("agent.") for k in weights) and any(k.startswith("rl_head.") for k in weights)
-    assert not any(k.startswith("prompt.qwen.") for k in weights), "a frozen trunk is not saved"
+    assert any(k.startswith("agent.") for k in weights) and any(k.startswith("policy.head.") for k in weights)
+    assert not any(k.startswith("qwen.") for k in weights), "a frozen trunk is not saved"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and 0 <= summary["eval/cell_acc"] <= 1
 
@@ -50,7 +50,7 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
 
 
 def test_same_seed_same_losses(small_cfg, tmp_path):
-    """Invariant 9, first half: two runs with one seed give identical losses."""
+    """docs/invariants.md #9, first half: two runs with one seed give identical losses."""
     a = fixed.train(small_cfg(run_dir=str(tmp_path / "a")), torch.device("cpu"))
     b = fixed.train(small_cfg(run_dir=str(tmp_path / "b")), torch.device("cpu"))
     assert scalars(a["run_dir"])["loss/combined"] == scalars(b["run_dir"])["loss/combined"]
@@ -58,7 +58,7 @@ def test_same_seed_same_losses(small_cfg, tmp_path):
 
 @pytest.mark.slow
 def test_resume_mid_epoch_gives_the_same_weights(small_cfg, tmp_path):
-    """Invariant 9, second half: 4 steps straight == 2 steps, resume, 2 more (bit-identical)."""
+    """docs/invariants.md #9, second half: 4 steps straight == 2 steps, resume, 2 more (bit-identical)."""
     straight = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4), torch.device("cpu"))
     half = small_cfg(run_dir=str(tmp_path / "b"), max_batches=4, save_every=2)
     fixed.train(half, torch.device("cpu"))

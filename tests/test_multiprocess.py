@@ -17,7 +17,7 @@ def args(arc_folder, run_dir, batch):
     # Only the mean-refinement term: the RL noise differs per process by design.
     return ["fixed.py", "--data", str(arc_folder), "--batch_size", str(batch), "--max_batches", "1",
             "--agent_channels", "16", "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0",
-            "--rl_weight", "1", "--run_dir", str(run_dir), "--prompt_cache_dir", "none"]
+            "--mean_weight", "1", "--run_dir", str(run_dir), "--prompt_cache_dir", "none"]
 
 
 def weights(run_dir):

@@ -32,24 +32,24 @@ def forbid_scaler(monkeypatch):
 
 
 def test_amp_off_makes_no_scaler_call(monkeypatch, small_cfg):
-    """Seeds 000/002: the leftover window used the scaler with mixed precision off."""
+    """docs/invariants.md #5: the leftover window used the scaler with mixed precision off."""
     forbid_scaler(monkeypatch)
     cfg = small_cfg(amp="off", grad_accum=2, max_batches=3)
     summary = fixed.train(cfg, torch.device("cpu"))
     assert summary["steps"] == 2  # windows of 2 + 1
 
 
-def test_fp16_grad_accum_partial_window_is_stepped(small_cfg, parts_and_batches):
-    """Seeds 000/001: `No inf checks were recorded` on the partial last window."""
+def test_fp16_grad_accum_partial_window_is_stepped(small_cfg, state_and_batches):
+    """docs/invariants.md #1: `No inf checks were recorded` on the partial last window."""
     cfg = small_cfg(amp="fp16", grad_accum=3)
-    parts, batches = parts_and_batches(cfg, 4)  # windows of 3 + 1
-    scaler = parts.amp.scaler
+    state, batches = state_and_batches(cfg, 4)  # windows of 3 + 1
+    scaler = state.amp.scaler
     assert scaler is not None and scaler.is_enabled()
     calls = []
     real_step = scaler.step
     scaler.step = lambda opt: calls.append(opt) or real_step(opt)
-    for i, window in enumerate([batches[:3], batches[3:]]):
-        stats = fixed.train_window(parts, window, 3 * i, cfg)
+    for window in [batches[:3], batches[3:]]:
+        stats = fixed.train_step(state, window, cfg)
         assert "grad/norm" in stats  # the step routine ran (whether the update applied is the scaler's call)
     assert len(calls) == 2, "both windows, the partial one included, must go through scaler.step"
 
@@ -59,32 +59,33 @@ def test_max_batches_ending_mid_window_runs_through(small_cfg):
     assert summary["steps"] == 4  # per epoch: windows of 2 + 1
 
 
-def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, parts_and_batches):
-    """Invariant 2: a window of 4 + 2 samples gives the gradient of those 6 samples as one batch."""
+def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, state_and_batches):
+    """docs/invariants.md #2: a window of 4 + 2 samples gives the gradient of those 6 samples as one batch."""
     # Only the mean-refinement term, so the RL noise draw cannot differ between the two splits.
-    cfg = small_cfg(efe_weight=0.0, rl_weight=1.0, batch_size=4)
-    parts, batches = parts_and_batches(cfg, 2)
+    cfg = small_cfg(efe_weight=0.0, mean_weight=1.0, batch_size=4)
+    state, batches = state_and_batches(cfg, 2)
     first, second = batches[0], slice_batch(batches[1], 2)
     full = concat_batches(first, second)
     grads = {}
 
     def record(name):
-        original = parts.amp.step
+        original = state.amp.step
 
         def step(optimizer, clip, watch=None):
             grads[name] = [p.grad.clone() for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
             return original(optimizer, float("inf"), watch)  # no clipping, so the step itself is comparable
         return step
 
-    params_before = [p.detach().clone() for p in parts.agent.parameters()]
-    parts.amp.step = record("window")
-    fixed.train_window(parts, [first, second], 0, cfg)
+    params_before = [p.detach().clone() for p in state.model.parameters()]
+    state.amp.step = record("window")
+    fixed.train_step(state, [first, second], cfg)
     with torch.no_grad():
-        for p, p0 in zip(parts.agent.parameters(), params_before):
+        for p, p0 in zip(state.model.parameters(), params_before):
             p.copy_(p0)
-    parts.amp.step = record("full")
-    parts.optimizer.state.clear()
-    fixed.train_window(parts, [full], 0, cfg)
+    state.amp.step = record("full")
+    state.optimizer.state.clear()
+    state.counters.micro_batches = 0
+    fixed.train_step(state, [full], cfg)
     assert len(grads["window"]) == len(grads["full"]) > 0
     for gw, gf in zip(grads["window"], grads["full"]):
         torch.testing.assert_close(gw, gf, rtol=1e-4, atol=1e-6)
@@ -92,7 +93,7 @@ def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, parts_and
 
 @pytest.mark.parametrize("mode", ["off", "fp16"])
 def test_nonfinite_gradient_skips_step_and_keeps_state(mode):
-    """Invariant 3 and seed 003: an inf gradient skips the step; nothing is re-created."""
+    """docs/invariants.md #3: an inf gradient skips the step; nothing is re-created."""
     model, opt, amp = toy(mode)
     amp.backward(toy_loss(model))
     amp.step(opt, clip=1.0)  # one good step so the optimizer has state
@@ -116,20 +117,21 @@ def test_nonfinite_gradient_skips_step_and_keeps_state(mode):
     assert amp.step(opt, clip=1.0).stepped
 
 
-def test_all_nan_window_makes_no_scaler_call(small_cfg, parts_and_batches):
-    """Invariant 1: a window whose every loss is NaN goes backward nowhere and calls no scaler."""
+def test_all_nan_window_makes_no_scaler_call(small_cfg, state_and_batches, monkeypatch):
+    """docs/invariants.md #1: a window whose every loss is NaN goes backward nowhere and calls no scaler."""
     cfg = small_cfg(amp="fp16", grad_accum=2)
-    parts, batches = parts_and_batches(cfg, 2)
-    assert parts.amp.scaler.is_enabled()
+    state, batches = state_and_batches(cfg, 2)
+    assert state.amp.scaler.is_enabled()
     with torch.no_grad():
-        parts.agent.head.out.bias.fill_(float("nan"))
-    stats = fixed.train_window(parts, batches, 0, cfg)
+        state.model.agent.head.out.bias.fill_(float("nan"))
+    forbid_scaler(monkeypatch)
+    stats = fixed.train_step(state, batches, cfg)
     assert stats["amp/nonfinite_losses"] == 2
     assert stats["amp/stepped"] == 0.0 and "grad/norm" not in stats
 
 
 def test_clip_sees_unscaled_gradients():
-    """Invariant 4 (and seed 004's regression): unscale_ before clip_grad_norm_."""
+    """docs/invariants.md #4: unscale_ before clip_grad_norm_."""
     model, opt, amp = toy("off")
     amp.backward(toy_loss(model))
     reference = amp.step(opt, clip=0.0).grad_norm
@@ -141,13 +143,14 @@ def test_clip_sees_unscaled_gradients():
 
 
 def test_step_without_gradients_makes_no_scaler_call(monkeypatch):
+    """docs/invariants.md #1: scaler.step with no gradient in the window."""
     model, opt, amp = toy("fp16")
     forbid_scaler(monkeypatch)
     assert amp.step(opt, clip=1.0) is None
 
 
 def test_fp16_master_weights_are_refused():
-    """Invariant 5 and seed 004: fp16 trainable weights fail at start-up, not in unscale_."""
+    """docs/invariants.md #5: fp16 trainable weights fail at start-up, not in unscale_."""
     with pytest.raises(ValueError, match="float32"):
         check_master_weights(list(torch.nn.Linear(2, 2).half().parameters()), "agent")
 

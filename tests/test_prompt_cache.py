@@ -1,7 +1,6 @@
 """The prompt cache: per-demo sharing, the disk cache across runs, corrupt shards, the token
 budget, pooling, and the LoRA adapters through a checkpoint."""
 
-import dataclasses
 import subprocess
 import sys
 
@@ -11,30 +10,34 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import fixed
-from agents import QwenCfg, QwenTextEncoder
-from agents.prompt_cache import PromptCache
+from engine.config import QwenCfg
 from engine.distributed import Dist
 from engine.run_state import restore_run_state
+from prompt import PromptCache, QwenTextEncoder
 from tests.conftest import ROOT
+
+
+def encoder(**flags) -> QwenTextEncoder:
+    return QwenTextEncoder.load(QwenCfg(**flags), seed=0)
 
 DEMOS = ("input\n12\noutput\n21\n", "input\n3\noutput\n33\n", "input\n45\n45\noutput\n5\n")
 
 
 def test_leave_one_out_episodes_share_demo_encodings():
-    enc = QwenTextEncoder(QwenCfg())
+    enc = encoder()
     cache = PromptCache(enc, refresh=10)
     loo = [DEMOS[1:], DEMOS[:1] + DEMOS[2:], DEMOS[:2]]  # the three leave-one-out contexts
-    cache.features(loo, step=0, device=torch.device("cpu"))
+    cache.features(loo, micro_batch=0, device=torch.device("cpu"))
     assert cache.stats.misses == 3, "three distinct demos, each encoded once"
-    assert enc.tokens_encoded == sum(enc.token_count(d) for d in DEMOS)
-    cache.features([DEMOS], step=1, device=torch.device("cpu"))
+    assert enc.stats.tokens == sum(enc.token_count(d) for d in DEMOS)
+    cache.features([DEMOS], micro_batch=1, device=torch.device("cpu"))
     assert cache.stats.hits == 3 and cache.stats.misses == 3
 
 
 def test_task_feature_is_the_mean_of_its_demos():
-    enc = QwenTextEncoder(QwenCfg())
+    enc = encoder()
     cache = PromptCache(enc, refresh=10)
-    feats, present = cache.features([DEMOS, ()], step=0, device=torch.device("cpu"))
+    feats, present = cache.features([DEMOS, ()], micro_batch=0, device=torch.device("cpu"))
     assert present.tolist() == [True, False]
     with torch.no_grad():
         per_demo = enc.encode(list(DEMOS))
@@ -43,23 +46,23 @@ def test_task_feature_is_the_mean_of_its_demos():
 
 
 def test_budget_drops_whole_demos_from_the_end():
-    enc = QwenTextEncoder(QwenCfg(max_prompt_tokens=16))
+    enc = encoder(max_prompt_tokens=16)
     counts = [enc.token_count(d) for d in DEMOS]  # 10, 9, 12 tokens
     assert counts[0] <= 16 < counts[0] + counts[1]
     kept, dropped = enc.fit_budget(DEMOS)
     assert kept == DEMOS[:1] and dropped == 2
     cache = PromptCache(enc, refresh=10)
-    cache.features([DEMOS], step=0, device=torch.device("cpu"))
-    assert cache.stats.dropped_demos == 2 and enc.tokens_encoded == counts[0]
+    cache.features([DEMOS], micro_batch=0, device=torch.device("cpu"))
+    assert cache.stats.dropped_demos == 2 and enc.stats.tokens == counts[0]
 
 
 def test_last_token_pooling_reads_the_last_real_token():
-    enc = QwenTextEncoder(QwenCfg(pooling="last"))
+    enc = encoder(qwen_pooling="last")
     with torch.no_grad():
         batched = enc.encode(list(DEMOS))  # padded to the longest
         alone = torch.cat([enc.encode([d]) for d in DEMOS])  # no padding at all
     torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
-    assert enc.fingerprint != QwenTextEncoder(QwenCfg(pooling="mean")).fingerprint
+    assert enc.fingerprint != encoder(qwen_pooling="mean").fingerprint
 
 
 def scalar(run_dir, tag):
@@ -82,9 +85,10 @@ def test_second_run_with_disk_cache_encodes_no_token(small_cfg, tmp_path):
 
 @pytest.mark.parametrize("damage", ["flip a byte", "truncate"])
 def test_corrupt_shard_is_reported_and_recomputed(damage, tmp_path, capsys):
-    enc = QwenTextEncoder(QwenCfg())
-    cache = PromptCache(enc, refresh=10, cache_dir=tmp_path)
-    reference, _ = cache.features([DEMOS], step=0, device=torch.device("cpu"))
+    enc = encoder()
+    cache = PromptCache(enc, refresh=10)
+    cache.open_disk(tmp_path)
+    reference, _ = cache.features([DEMOS], micro_batch=0, device=torch.device("cpu"))
     cache.flush()
     (shard,) = tmp_path.glob("*/*.safetensors")
     data = bytearray(shard.read_bytes())
@@ -93,36 +97,38 @@ def test_corrupt_shard_is_reported_and_recomputed(damage, tmp_path, capsys):
     else:
         data = data[: len(data) // 2]
     shard.write_bytes(bytes(data))
-    enc2 = QwenTextEncoder(QwenCfg())
-    again = PromptCache(enc2, refresh=10, cache_dir=tmp_path)
+    enc2 = encoder()
+    again = PromptCache(enc2, refresh=10)
+    again.open_disk(tmp_path)
     assert again.stats.corrupt_files == 1 and again.stats.loaded == 0
     assert "corrupt" in capsys.readouterr().err
     assert shard.with_suffix(".corrupt").exists() and not shard.exists()
-    assert torch.equal(again.features([DEMOS], step=0, device=torch.device("cpu"))[0], reference)
-    assert enc2.tokens_encoded > 0, "the damaged entries were recomputed, not used"
+    assert torch.equal(again.features([DEMOS], micro_batch=0, device=torch.device("cpu"))[0], reference)
+    assert enc2.stats.tokens > 0, "the damaged entries were recomputed, not used"
 
 
 def test_trainable_encoder_encodes_on_refresh_steps_only():
     """Qwen costs 1/refresh of encoding every step: between refreshes nothing is encoded in training;
     entries younger than `refresh` are served, other tasks go without the Qwen stream."""
-    enc = QwenTextEncoder(QwenCfg(train_mode="full"))
+    enc = encoder(qwen_train="full")
     cache = PromptCache(enc, refresh=4)
     cpu = torch.device("cpu")
-    feats, present = cache.features([DEMOS], step=0, device=cpu)
+    feats, present = cache.features([DEMOS], micro_batch=0, device=cpu)
     assert feats.requires_grad and present.all()
-    tokens = enc.tokens_encoded
-    _, present = cache.features([DEMOS, DEMOS[1:]], step=1, device=cpu)  # fresh, and a subset of fresh demos
+    tokens = enc.stats.tokens
+    _, present = cache.features([DEMOS, DEMOS[1:]], micro_batch=1, device=cpu)  # fresh, and a subset of fresh demos
     assert present.tolist() == [True, True]
-    _, present = cache.features([("input\n7\noutput\n7\n",)], step=2, device=cpu)  # never seen
-    assert present.tolist() == [False] and enc.tokens_encoded == tokens
-    _, present = cache.features([DEMOS], step=5, device=cpu)  # older than refresh: stale
-    assert present.tolist() == [False] and enc.tokens_encoded == tokens
-    feats, present = cache.features([("input\n7\noutput\n7\n",)], step=6, device=cpu, training=False)
-    assert present.all() and not feats.requires_grad and enc.tokens_encoded > tokens, "evaluation encodes"
+    _, present = cache.features([("input\n7\noutput\n7\n",)], micro_batch=2, device=cpu)  # never seen
+    assert present.tolist() == [False] and enc.stats.tokens == tokens
+    _, present = cache.features([DEMOS], micro_batch=5, device=cpu)  # older than refresh: stale
+    assert present.tolist() == [False] and enc.stats.tokens == tokens
+    feats, present = cache.features([("input\n7\noutput\n7\n",)], micro_batch=6, device=cpu, training=False)
+    assert present.all() and not feats.requires_grad and enc.stats.tokens > tokens, "evaluation encodes"
 
 
 def test_trainable_encoder_never_uses_the_disk(tmp_path):
-    cache = PromptCache(QwenTextEncoder(QwenCfg(train_mode="full")), refresh=10, cache_dir=tmp_path)
+    cache = PromptCache(encoder(qwen_train="full"), refresh=10)
+    cache.open_disk(tmp_path)
     assert cache.disk is None and not list(tmp_path.iterdir())
 
 
@@ -143,11 +149,11 @@ def test_lora_adapters_are_saved_and_resumed(small_cfg, tmp_path):
     ckpt = tmp_path / "a" / "checkpoints" / "step_00000002"
     weights = load_file(str(ckpt / "model.safetensors"))
     lora = {k: v for k, v in weights.items() if "lora_" in k}
-    assert lora and not any(k.startswith("prompt.qwen.") and "lora_" not in k for k in weights), \
+    assert lora and not any(k.startswith("qwen.") and "lora_" not in k for k in weights), \
         "only the adapters of the trunk are saved"
-    parts = fixed.build_parts(cfg, torch.device("cpu"))
-    restore_run_state(parts, ckpt, dataclasses.asdict(cfg), Dist())
-    state = parts.prompt.state_dict()
+    state = fixed.build_train_state(cfg, torch.device("cpu"))
+    restore_run_state(state, ckpt, cfg.flags(), Dist())
+    weights = state.model.state_dict()
     for k, v in lora.items():
-        assert torch.equal(state[k[len("prompt."):]], v), k
+        assert torch.equal(weights[k], v), k
     assert any(v.abs().sum() > 0 for k, v in lora.items() if "lora_B" in k), "the adapters trained"

@@ -8,84 +8,81 @@ import pytest
 import torch
 
 import fixed
-from agents import QwenCfg, QwenHybridPrompt
-from agents.qwen_encoder import tiny_qwen2, tiny_tokenizer
 from data.arc import ArcPair
-from data.sources import load_folder_split
 from data.episodes import DifficultyScale, EpisodeDataset, collate, training_episodes
-from engine.config import ConfigError
-
-
-def prompt_of(prompt: QwenHybridPrompt, dataset: EpisodeDataset, item) -> torch.Tensor:
-    batch = collate([dataset[item]])
-    with torch.no_grad():
-        return prompt(batch["demo_texts"], batch["numeric"], batch["relation"], step=1)
+from data.sources import load_folder_split
+from engine.config import Config, ConfigError, QwenCfg
+from model import build_model
+from prompt import PromptCache, QwenTextEncoder, with_qwen_features
+from prompt.qwen_encoder import tiny_qwen2, tiny_tokenizer
 
 
 def test_query_output_never_reaches_the_prompt(arc_folder):
-    """Invariant 8: changing the query output leaves the prompt bit-identical."""
+    """docs/invariants.md #8: changing the query output of any training episode, under the identity
+    and an augmentation, changes its target and nothing else: the prompt stays bit-identical."""
     episodes = training_episodes(load_folder_split(arc_folder / "training"))
-    ep = episodes[0]
-    changed_output = (ep.query.output + 1) % 10
-    other = dataclasses.replace(ep, query=ArcPair(ep.query.input, changed_output))
+    others = [dataclasses.replace(ep, query=ArcPair(ep.query.input, (ep.query.output + 1) % 10)) for ep in episodes]
     scale = DifficultyScale(np.zeros(1))
-    a, b = EpisodeDataset([ep], scale), EpisodeDataset([other], scale)
+    a, b = EpisodeDataset(episodes, scale), EpisodeDataset(others, scale)
     torch.manual_seed(0)
-    prompt = QwenHybridPrompt(prompt_dim=32, qwen=QwenCfg())
-    for item in ((0, 0), (0, 1234)):  # identity and a random augmentation
-        assert not torch.equal(a[item]["target"], b[item]["target"])
-        assert torch.equal(prompt_of(prompt, a, item), prompt_of(prompt, b, item))
-        for key in ("numeric", "relation", "ctrl"):
-            assert torch.equal(a[item][key], b[item][key])
-        assert a[item]["demo_texts"] == b[item]["demo_texts"]
+    model = build_model(Config.from_flags(prompt_dim=32, agent_channels=16)).eval()
+    cache = PromptCache(model.qwen, refresh=10)
+    for item in [(i, aug) for i in range(len(episodes)) for aug in (0, 1234)]:
+        sa, sb = a[item], b[item]
+        assert not torch.equal(sa["target"], sb["target"])
+        assert {k for k in sa if k != "target" and not (sa[k] == sb[k] if not torch.is_tensor(sa[k])
+                                                         else torch.equal(sa[k], sb[k]))} == set(), item
+        with torch.no_grad():
+            prompts = [model(with_qwen_features(collate([s]), cache, 0, training=False)).prompt for s in (sa, sb)]
+        assert torch.equal(*prompts), item
 
 
 def test_trainable_fp16_weights_refused_at_startup():
     with pytest.raises(ConfigError, match="float32"):
-        QwenCfg(dtype="float16", train_mode="full")
-    QwenCfg(dtype="float16", train_mode="frozen")  # an explicit choice for a frozen encoder
+        QwenCfg(qwen_dtype="float16", qwen_train="full")
+    QwenCfg(qwen_dtype="float16", qwen_train="frozen")  # an explicit choice for a frozen encoder
 
 
 def test_frozen_cache_serves_what_recomputing_gives(arc_folder):
     episodes = training_episodes(load_folder_split(arc_folder / "training"))
     dataset = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)))
     batch = collate([dataset[(i, 0)] for i in range(4)])
-    prompt = QwenHybridPrompt(prompt_dim=32, qwen=QwenCfg())
-    first, present = prompt.cache.features(batch["demo_texts"], 0, torch.device("cpu"))
+    encoder = QwenTextEncoder.load(QwenCfg(), seed=0)
+    cache = PromptCache(encoder, refresh=10)
+    first, present = cache.features(batch["demo_texts"], 0, torch.device("cpu"))
     assert present.all()
-    tokens = prompt.qwen.tokens_encoded
-    second, _ = prompt.cache.features(batch["demo_texts"], 1, torch.device("cpu"))
-    assert prompt.qwen.tokens_encoded == tokens, "a frozen cache must not encode a key twice"
-    assert prompt.cache.stats.misses > 0 and prompt.cache.stats.hits == prompt.cache.stats.misses
+    tokens = encoder.stats.tokens
+    second, _ = cache.features(batch["demo_texts"], 1, torch.device("cpu"))
+    assert encoder.stats.tokens == tokens, "a frozen cache must not encode a key twice"
+    assert cache.stats.misses > 0 and cache.stats.hits == cache.stats.misses
     with torch.no_grad():
-        direct = torch.stack([prompt.qwen.encode(list(texts)).mean(0) for texts in batch["demo_texts"]])
+        direct = torch.stack([encoder.encode(list(texts)).mean(0) for texts in batch["demo_texts"]])
     assert torch.equal(first, second)
     torch.testing.assert_close(first, direct, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["full", "lora"])
-def test_trainable_qwen_with_cache_and_fp16(mode, small_cfg, parts_and_batches):
-    """Invariants 1 and 7: Qwen gets gradients on refresh steps only, and the steps in between
-    (no Qwen gradient) raise nothing under fp16."""
+def test_trainable_qwen_with_cache_and_fp16(mode, small_cfg, state_and_batches):
+    """docs/invariants.md #1 and #7: Qwen gets gradients on refresh micro-batches only, and the steps
+    in between (no Qwen gradient) raise nothing under fp16."""
     cfg = small_cfg(qwen_train=mode, amp="fp16", prompt_refresh=2, qwen_lr=1e-3, fp16_init_scale=64.0)
-    parts, batches = parts_and_batches(cfg, 4)
-    assert parts.amp.scaler.is_enabled()
-    qwen_params = parts.prompt.qwen_parameters()
+    state, batches = state_and_batches(cfg, 4)
+    assert state.amp.scaler.is_enabled()
+    qwen_params = state.model.parameter_groups()["qwen"]
     assert qwen_params and all(p.dtype == torch.float32 for p in qwen_params)
-    norms = []
-    for step, batch in enumerate(batches):
-        norms.append(fixed.train_window(parts, [batch], step, cfg)["grad/qwen_norm"])
+    norms = [fixed.train_step(state, [batch], cfg)["grad/qwen_norm"] for batch in batches]
     assert 0 < norms[0] < float("inf") and 0 < norms[2] < float("inf"), f"refresh steps must reach Qwen: {norms}"
     assert norms[1] == 0 and norms[3] == 0, f"cached steps must not: {norms}"
 
 
-def test_qwen_gets_gradients_in_fp32(small_cfg, parts_and_batches):
+def test_qwen_gets_gradients_in_fp32(small_cfg, state_and_batches):
     cfg = small_cfg(qwen_train="full", prompt_refresh=1)
-    parts, (batch,) = parts_and_batches(cfg, 1)
-    before = [p.detach().clone() for p in parts.prompt.qwen_parameters()]
-    stats = fixed.train_window(parts, [batch], 0, cfg)
+    state, (batch,) = state_and_batches(cfg, 1)
+    qwen = state.model.parameter_groups()["qwen"]
+    before = [p.detach().clone() for p in qwen]
+    stats = fixed.train_step(state, [batch], cfg)
     assert stats["grad/qwen_norm"] > 0 and stats["amp/stepped"] == 1.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, parts.prompt.qwen_parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, qwen))
 
 
 @pytest.mark.slow
@@ -97,12 +94,11 @@ def test_from_pretrained_folder_trains_offline(tmp_path, small_cfg, monkeypatch)
     tiny_qwen2(seed=3).save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     cfg = small_cfg(qwen_model=str(folder), qwen_train="full", max_batches=1, eval_tasks=1)
-    parts = fixed.build_parts(cfg, torch.device("cpu"))
-    assert "pretrained" in parts.prompt.qwen.description
+    assert "pretrained" in build_model(cfg).qwen.description
     summary = fixed.train(cfg, torch.device("cpu"))
     assert summary["steps"] == 1
 
 
 def test_missing_model_is_a_one_line_config_error(tmp_path):
     with pytest.raises(ConfigError, match="--qwen_model"):
-        QwenHybridPrompt(qwen=QwenCfg(model_name=str(tmp_path / "nowhere")))
+        QwenTextEncoder.load(QwenCfg(qwen_model=str(tmp_path / "nowhere")), seed=0)

@@ -1,15 +1,15 @@
 """Cache of pooled Qwen features per demo text, so the trunk is paid for only when it has to be.
 
-Key: sha1 of (model fingerprint, text-format version, pooling, demo text after augmentation); a
+Key: sha1 of (model fingerprint (weights, dtype, pooling), text-format version, demo text after augmentation); a
 task's feature is the mean of its demos' entries, so leave-one-out episodes of one task share their
 demos' encodings. Value: pooled features [hidden] float32 on the CPU, never holding a graph.
 
 - Frozen Qwen: each key is encoded once per run (under no_grad) and, with a cache folder, once
   ever: entries are written to disk in checksummed shards and read back by later runs.
-- Trainable Qwen: every `refresh`-th step encodes the batch's demos WITH gradients (Qwen trains on
-  those steps) and stores them detached; other training steps serve entries younger than `refresh`
-  steps and encode nothing, so Qwen costs 1/refresh of encoding every step. A task whose demos are
-  not all fresh has no Qwen stream on that step (`present` is False; the prompt fuses the other
+- Trainable Qwen: every `refresh`-th training micro-batch encodes the batch's demos WITH gradients
+  (Qwen trains on those) and stores them detached; other micro-batches are served entries younger
+  than `refresh` micro-batches and encode nothing, so Qwen costs 1/refresh of encoding every one. A task whose demos are
+  not all fresh has no Qwen stream for that micro-batch (`present` is False; the prompt fuses the other
   streams). Evaluation encodes what it misses, without gradients. The projection above the cache
   gets exact gradients whenever the stream is present.
 """
@@ -23,12 +23,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from agents.qwen_encoder import QwenTextEncoder
+from prompt.qwen_encoder import EncoderStats, QwenTextEncoder
 from data.text import TEXT_FORMAT_VERSION
 
 
@@ -92,46 +93,55 @@ class DiskShards:
 
 
 class PromptCache:
-    def __init__(self, encoder: QwenTextEncoder, refresh: int, cache_dir: Path | None = None,
-                 max_entries: int = 1_000_000):
+    """Qwen features for batches of demo texts: served from memory, encoded when needed.
+
+    `micro_batch` is the index of the training micro-batch asking (it decides the refreshes of a
+    trainable encoder). The constructor does no I/O; `open_disk` attaches a cache folder.
+    """
+
+    def __init__(self, encoder: QwenTextEncoder, *, refresh: int, max_entries: int = 1_000_000):
         self.encoder = encoder
         self.refresh = refresh
         self.max_entries = max_entries
-        self.entries: OrderedDict[str, tuple[torch.Tensor, int]] = OrderedDict()
+        self.entries: OrderedDict[str, tuple[torch.Tensor, int]] = OrderedDict()  # key -> (feature, micro-batch)
         self.stats = CacheStats()
         self.unsaved: dict[str, torch.Tensor] = {}
-        # A trainable encoder's features change as it trains: they are never shared through disk.
-        self.disk = None
-        if cache_dir is not None and not encoder.cfg.trainable:
-            namespace = f"{encoder.fingerprint}-v{TEXT_FORMAT_VERSION}-{encoder.cfg.pooling}"
-            self.disk = DiskShards(Path(cache_dir) / namespace)
-            for k, v in self.disk.load(self.stats).items():
-                self.entries[k] = (v, 0)
+        self.disk: DiskShards | None = None
+
+    def open_disk(self, folder: Path) -> None:
+        """Read the entries of earlier runs from `folder` and write new ones there. A trainable
+        encoder's features change as it trains: they are never shared through disk."""
+        if self.encoder.cfg.trainable:
+            return
+        self.disk = DiskShards(Path(folder) / f"{self.encoder.fingerprint}-v{TEXT_FORMAT_VERSION}")
+        for k, v in self.disk.load(self.stats).items():
+            self.entries[k] = (v, 0)
 
     def key(self, text: str) -> str:
-        h = hashlib.sha1(f"{self.encoder.fingerprint}|v{TEXT_FORMAT_VERSION}|{self.encoder.cfg.pooling}|".encode())
+        # The fingerprint covers the weights, their dtype and the pooling.
+        h = hashlib.sha1(f"{self.encoder.fingerprint}|v{TEXT_FORMAT_VERSION}|".encode())
         h.update(text.encode())
         return h.hexdigest()
 
-    def _store(self, key: str, value: torch.Tensor, step: int) -> None:
+    def _store(self, key: str, value: torch.Tensor, micro_batch: int) -> None:
         value = value.detach().to("cpu", torch.float32)
-        self.entries[key] = (value, step)
+        self.entries[key] = (value, micro_batch)
         self.entries.move_to_end(key)
         if self.disk is not None:
             self.unsaved[key] = value
         while len(self.entries) > self.max_entries:
             self.entries.popitem(last=False)
 
-    def is_refresh_step(self, step: int) -> bool:
-        return self.encoder.cfg.trainable and step % self.refresh == 0
+    def is_refresh(self, micro_batch: int) -> bool:
+        return self.encoder.cfg.trainable and micro_batch % self.refresh == 0
 
-    def features(self, demo_texts: list[tuple[str, ...]], step: int, device: torch.device,
+    def features(self, demo_texts: list[tuple[str, ...]], micro_batch: int, device: torch.device,
                  training: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """demo_texts: B tuples of demo strings -> (features [B, hidden] float32 on `device`, the
         mean of each task's demo features; present [B] bool, False where a task has no feature:
         no demos, or a trainable encoder between refreshes with a demo not fresh in the cache).
 
-        Carries gradients to Qwen only on refresh steps of a trainable encoder in training.
+        Carries gradients to Qwen only on refresh micro-batches of a trainable encoder in training.
         """
         tasks = []
         for texts in demo_texts:
@@ -140,21 +150,22 @@ class PromptCache:
             tasks.append([(self.key(t), t) for t in kept])
         unique = dict(kd for task in tasks for kd in task)  # key -> text, in batch order
         trainable = self.encoder.cfg.trainable
-        if training and self.is_refresh_step(step):
+        if training and self.is_refresh(micro_batch):
             feats = self.encoder.encode(list(unique.values()))
             by_key = dict(zip(unique, feats))
             for k, f in by_key.items():
-                self._store(k, f, step)
+                self._store(k, f, micro_batch)
             self.stats.refreshed += len(unique)
         else:
-            fresh = {k for k in unique if k in self.entries and not (trainable and step - self.entries[k][1] >= self.refresh)}
+            fresh = {k for k in unique
+                     if k in self.entries and not (trainable and micro_batch - self.entries[k][1] >= self.refresh)}
             todo = {} if (trainable and training) else {k: t for k, t in unique.items() if k not in fresh}
             self.stats.hits += len(fresh)
             self.stats.misses += len(todo)
             if todo:
                 with torch.no_grad():
                     for k, f in zip(todo, self.encoder.encode(list(todo.values()))):
-                        self._store(k, f, step)
+                        self._store(k, f, micro_batch)
                 fresh |= set(todo)
             by_key = {k: self.entries[k][0] for k in fresh}  # on the CPU: moved once, below
         present = [bool(task) and all(k in by_key for k, _ in task) for task in tasks]
@@ -171,13 +182,36 @@ class PromptCache:
             self.disk.write(self.unsaved)
             self.unsaved = {}
 
+    def scalars(self) -> dict[str, float]:
+        """`cache/*` for TensorBoard: the counters above and the tokens the trunk has read."""
+        return {**{f"cache/{k}": v for k, v in vars(self.stats).items()},
+                "cache/qwen_tokens_encoded": self.encoder.stats.tokens}
+
     def state_dict(self) -> dict:
         """Entries and counters, so a resumed run serves exactly the features it would have served.
         With a cache folder the entries are on disk already (call `flush` first) and not repeated."""
         entries = [] if self.disk is not None else list(self.entries.items())
-        return {"entries": entries, "stats": vars(self.stats).copy(), "tokens_encoded": self.encoder.tokens_encoded}
+        return {"entries": entries, "stats": vars(self.stats).copy(), "encoder_stats": vars(self.encoder.stats).copy()}
 
     def load_state_dict(self, state: dict) -> None:
         self.entries.update(state["entries"])
         self.stats = CacheStats(**state["stats"])
-        self.encoder.tokens_encoded = state["tokens_encoded"]
+        self.encoder.stats = EncoderStats(**state["encoder_stats"])
+
+
+class QwenFeatures(Protocol):
+    """What the training step and evaluation ask of a prompt cache (benchmarks plug in other policies)."""
+
+    def features(self, demo_texts: list[tuple[str, ...]], micro_batch: int, device: torch.device,
+                 training: bool = True) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def scalars(self) -> dict[str, float]: ...
+
+
+def with_qwen_features(batch: dict, cache: QwenFeatures | None, micro_batch: int, training: bool) -> dict:
+    """The batch with `qwen` [B, hidden] float32 and `qwen_present` [B] bool added (unchanged without
+    a Qwen stream): what the model's prompt reads beside the numeric and relation features."""
+    if cache is None:
+        return batch
+    feats, present = cache.features(batch["demo_texts"], micro_batch, batch["numeric"].device, training)
+    return {**batch, "qwen": feats, "qwen_present": present}

@@ -10,51 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from engine.config import ConfigError
+from engine.config import ConfigError, QwenCfg
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TRAIN_MODES = ("frozen", "full", "lora")
-POOLINGS = ("mean", "last")
 TINY = "tiny"
-
-
-@dataclass(frozen=True)
-class QwenCfg:
-    model_name: str = TINY  # "tiny", a Hugging Face id (e.g. Qwen/Qwen2.5-1.5B) or a local folder
-    dtype: str = "float32"  # weight dtype; anything but float32 only for a frozen encoder
-    use_qwen: bool = True
-    train_mode: str = "frozen"  # frozen | full | lora
-    lora_rank: int = 8
-    lora_alpha: int = 16
-    pooling: str = "mean"  # over a demo's non-padding tokens: "mean", or the "last" token's state
-    max_prompt_tokens: int = 0  # per task; over it, whole demos are dropped from the end (0: no limit)
-    encode_batch: int = 16  # demo texts per Qwen forward
-    seed: int = 0  # initialises the tiny model's random weights
-
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"QwenCfg.dtype={self.dtype!r}: choose one of {', '.join(DTYPES)}")
-        if self.pooling not in POOLINGS:
-            raise ConfigError(f"--qwen_pooling {self.pooling}: choose one of {', '.join(POOLINGS)}")
-        if self.train_mode not in TRAIN_MODES:
-            raise ConfigError(f"QwenCfg.train_mode={self.train_mode!r}: choose one of {', '.join(TRAIN_MODES)}")
-        if self.use_qwen and self.train_mode != "frozen" and self.dtype != "float32":
-            # fp16 master weights make GradScaler fail later with "Attempting to unscale FP16 gradients".
-            raise ConfigError(f"trainable Qwen weights must be float32, got --qwen_dtype {self.dtype} with "
-                              f"--qwen_train {self.train_mode}; use --qwen_dtype float32 (autocast still "
-                              f"gives bf16/fp16 speed with --amp) or --qwen_train frozen")
-
-    @property
-    def trainable(self) -> bool:
-        return self.use_qwen and self.train_mode != "frozen"
-
-
 TINY_VOCAB = ("<pad>", "<unk>", *(str(d) for d in range(10)), "\n", "input", "output")
 
 
@@ -84,11 +50,11 @@ def _load_pretrained(cfg: QwenCfg):
     from transformers import AutoModel, AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model_name)
-        model = AutoModel.from_pretrained(cfg.model_name, dtype=DTYPES[cfg.dtype])
+        tokenizer = AutoTokenizer.from_pretrained(cfg.qwen_model)
+        model = AutoModel.from_pretrained(cfg.qwen_model, dtype=DTYPES[cfg.qwen_dtype])
     except OSError as err:
-        where = "folder" if os.path.isdir(cfg.model_name) else "model id"
-        raise ConfigError(f"--qwen_model {cfg.model_name}: cannot load this {where} ({str(err).splitlines()[0]}); "
+        where = "folder" if os.path.isdir(cfg.qwen_model) else "model id"
+        raise ConfigError(f"--qwen_model {cfg.qwen_model}: cannot load this {where} ({str(err).splitlines()[0]}); "
                           f"without network, download it on a networked machine and pass its local folder, "
                           f"or use --qwen_model tiny") from None
     if tokenizer.pad_token is None:
@@ -109,48 +75,64 @@ def _weights_signature(folder: Path) -> str:
     return h.hexdigest()
 
 
-def _fingerprint(cfg: QwenCfg, model: nn.Module) -> str:
-    """Identifies the weights the features come from (a part of every prompt-cache key)."""
-    if cfg.model_name == TINY:
-        ident = f"tiny-qwen2:h{model.config.hidden_size}:l{model.config.num_hidden_layers}:seed{cfg.seed}"
-    elif os.path.isdir(cfg.model_name):
-        ident = f"folder:{_weights_signature(Path(cfg.model_name))}"
-    else:
-        ident = f"{cfg.model_name}@{getattr(model.config, '_commit_hash', None) or 'unknown-revision'}"
-    return hashlib.sha1(f"{ident}:{cfg.dtype}:{cfg.pooling}".encode()).hexdigest()[:16]
+def _source_identity(cfg: QwenCfg, model: nn.Module, seed: int) -> str:
+    """Names the weights a trunk was loaded from: part of the prompt-cache key."""
+    if cfg.qwen_model == TINY:
+        return f"tiny-qwen2:h{model.config.hidden_size}:l{model.config.num_hidden_layers}:seed{seed}"
+    if os.path.isdir(cfg.qwen_model):
+        return f"folder:{_weights_signature(Path(cfg.qwen_model))}"
+    return f"{cfg.qwen_model}@{getattr(model.config, '_commit_hash', None) or 'unknown-revision'}"
+
+
+@dataclass
+class EncoderStats:
+    """What the trunk has read: cumulative non-padding tokens (with gradients among them) and seconds."""
+
+    tokens: int = 0
+    tokens_with_grad: int = 0
+    seconds: float = 0.0
 
 
 class QwenTextEncoder(nn.Module):
     """Qwen2 trunk + tokenizer: demo texts -> pooled features, one vector per demo.
 
     Each demo is its own sequence, so the pooled state keeps that demo's input/output relation;
-    the prompt cache averages a task's demos.
+    the prompt cache averages a task's demos. `QwenTextEncoder.load(cfg, seed=...)` builds one from
+    the flags; the constructor takes a tokenizer and trunk already made.
     """
 
-    def __init__(self, cfg: QwenCfg):
+    def __init__(self, cfg: QwenCfg, *, tokenizer, trunk: nn.Module, description: str, source: str):
         super().__init__()
-        self.cfg = cfg
-        if cfg.model_name == TINY:
-            self.tokenizer, self.trunk = tiny_tokenizer(), tiny_qwen2(cfg.seed)
-            self.description = (f"tiny Qwen2 (built-in, UNTRAINED random weights, hidden "
-                                f"{self.trunk.config.hidden_size}, {self.trunk.config.num_hidden_layers} layers)")
-        else:
-            self.tokenizer, self.trunk = _load_pretrained(cfg)
-            self.description = f"{cfg.model_name} (pretrained, {cfg.dtype} weights)"
+        self.cfg, self.tokenizer, self.description = cfg, tokenizer, description
         self.tokenizer.padding_side = "right"  # pooling reads real tokens from the left
-        self.trunk.to(DTYPES[cfg.dtype])
-        self.trunk.requires_grad_(cfg.train_mode == "full")
-        if cfg.train_mode == "lora":
+        trunk.to(DTYPES[cfg.qwen_dtype])
+        trunk.requires_grad_(cfg.qwen_train == "full")
+        if cfg.qwen_train == "lora":
             from peft import LoraConfig, get_peft_model
 
             # Adapters on the attention projections; the base weights stay frozen.
             lora = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                               target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
-            self.trunk = get_peft_model(self.trunk, lora)
-        self.hidden_size = self.trunk.config.hidden_size
-        self.fingerprint = _fingerprint(cfg, self.trunk)
-        self.tokens_encoded = 0  # cumulative non-padding tokens read by the trunk
+            trunk = get_peft_model(trunk, lora)
+        self.trunk = trunk
+        self.hidden_size = trunk.config.hidden_size
+        # Identifies the weights the features come from (a part of every prompt-cache key).
+        self.fingerprint = hashlib.sha1(f"{source}:{cfg.qwen_dtype}:{cfg.qwen_pooling}".encode()).hexdigest()[:16]
+        self.stats = EncoderStats()
         self._token_counts: dict[str, int] = {}
+
+    @classmethod
+    def load(cls, cfg: QwenCfg, *, seed: int) -> QwenTextEncoder:
+        """The built-in tiny model (random weights from `seed`), or `from_pretrained` of an id or folder."""
+        if cfg.qwen_model == TINY:
+            tokenizer, trunk = tiny_tokenizer(), tiny_qwen2(seed)
+            description = (f"tiny Qwen2 (built-in, UNTRAINED random weights, hidden {trunk.config.hidden_size}, "
+                           f"{trunk.config.num_hidden_layers} layers)")
+        else:
+            tokenizer, trunk = _load_pretrained(cfg)
+            description = f"{cfg.qwen_model} (pretrained, {cfg.qwen_dtype} weights)"
+        return cls(cfg, tokenizer=tokenizer, trunk=trunk, description=description,
+                   source=_source_identity(cfg, trunk, seed))
 
     def token_count(self, text: str) -> int:
         """Tokens of one demo text, counted once per text (the budget check runs every step)."""
@@ -179,20 +161,25 @@ class QwenTextEncoder(nn.Module):
         device = next(self.trunk.parameters()).device
         pooled: list[torch.Tensor | None] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), self.cfg.encode_batch):
-            chunk = order[start:start + self.cfg.encode_batch]
+        started = time.perf_counter()
+        for start in range(0, len(order), self.cfg.qwen_encode_batch):
+            chunk = order[start:start + self.cfg.qwen_encode_batch]
             tokens = self.tokenizer([texts[i] for i in chunk], padding=True, return_tensors="pt").to(device)
             mask = tokens["attention_mask"]
             hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
-            if self.cfg.pooling == "mean":
+            if self.cfg.qwen_pooling == "mean":
                 weights = mask.unsqueeze(-1).to(hidden.dtype)
                 rows = (hidden * weights).sum(1) / weights.sum(1)
             else:  # right padding: the last real token sits at length - 1
                 rows = hidden[torch.arange(len(chunk), device=device), mask.sum(1) - 1]
-            self.tokens_encoded += int(mask.sum())
+            tokens_read = int(mask.sum())
+            self.stats.tokens += tokens_read
+            if hidden.requires_grad:
+                self.stats.tokens_with_grad += tokens_read
             # float32 whatever the trunk's dtype: the cache and the projection above are float32.
             for j, i in enumerate(chunk):
                 pooled[i] = rows[j].float()
+        self.stats.seconds += time.perf_counter() - started
         if not texts:
             return torch.zeros(0, self.hidden_size, device=device)
         return torch.stack(pooled)

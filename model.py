@@ -1,0 +1,132 @@
+"""ArcModel: the one model object. Prompt heads, refinement (with the RL head), agent and the Qwen trunk.
+
+    batch (with Qwen features from the prompt cache) -> QwenHybridPrompt -> prompt [B, P]
+      -> PolicyRefiner: refined prompts [K, B, P] (the mean, a sampled delta, both, or one given)
+      -> agent on the query inputs, all K refinements in ONE call -> logits [K, B, S, S, 12]
+
+Training, validation, test-time training and the benchmarks all call `model(batch, refinement)`;
+engine code reads the model only through the methods below: `parameter_groups()` (what each
+optimizer holds), `ttt_parameters()` (what test-time training may adapt), `trainable_state()` /
+`load_trainable_state()` (what a checkpoint holds), `rl_update()` and the RL noise state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from agents import build_agent
+from data.episodes import CTRL_DIM
+from data.features import NUMERIC_DIM
+from engine.config import Config, ConfigError
+from engine.distributed import Dist
+from policy_refined import PolicyRefiner, RLInfo
+from prompt import QwenHybridPrompt, QwenTextEncoder
+
+TTT_PARAMS = ("all", "adapter", "prompt")
+
+
+@dataclass
+class Prediction:
+    logits: torch.Tensor  # [K, B, S, S, 12], one slice per refinement asked for, in that order
+    refined: torch.Tensor  # [K, B, P], the refined prompts the agent read
+    prompt: torch.Tensor  # [B, P], before refinement
+    rl: RLInfo | None  # detached head inputs and actions, when a delta was sampled
+
+
+class ArcModel(nn.Module):
+    def __init__(self, *, prompt: QwenHybridPrompt, policy: PolicyRefiner, agent: nn.Module,
+                 qwen: QwenTextEncoder | None = None):
+        super().__init__()
+        self.qwen, self.prompt, self.policy, self.agent = qwen, prompt, policy, agent
+        # Frozen trunk weights are reloaded from their source, never checkpointed; fixed at build
+        # time, so test-time training toggling requires_grad cannot change what a checkpoint holds.
+        self.frozen_names = frozenset(f"qwen.{n}" for n, p in qwen.named_parameters() if not p.requires_grad) \
+            if qwen is not None else frozenset()
+
+    def forward(self, batch: dict, refinement: str | torch.Tensor = "mean") -> Prediction:
+        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32, and
+        with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
+        (prompt.with_qwen_features). refinement: a name of policy_refined.REFINEMENTS, or a refined
+        prompt [B, P] given as it is (a latent being searched)."""
+        prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"))
+        if torch.is_tensor(refinement):
+            refined, rl = refinement[None], None
+        else:
+            refined, rl = self.policy.refinements(prompt, batch["ctrl"], batch["numeric"], refinement)
+        k, b = refined.shape[:2]
+        # One agent call for every refinement: the K copies of the batch share the views and kernels.
+        inputs = batch["input"].repeat(k, 1, 1)
+        logits = self.agent(inputs, refined.reshape(k * b, -1))
+        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl)
+
+    # -- parameter groups --------------------------------------------------------------------------
+
+    def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
+        """prompt_heads, refiner, agent (the main optimizer at --agent_lr); qwen (the trainable trunk
+        weights: all in full mode, the adapters in LoRA, none when frozen; the main optimizer at
+        --qwen_lr); rl_head (its own optimizer, trained by rl_update only)."""
+        qwen = [p for p in self.qwen.parameters() if p.requires_grad] if self.qwen is not None else []
+        return {"prompt_heads": list(self.prompt.parameters()), "refiner": list(self.policy.refiner.parameters()),
+                "agent": list(self.agent.parameters()), "qwen": qwen, "rl_head": list(self.policy.head.parameters())}
+
+    def ttt_parameters(self, which: str) -> list[nn.Parameter]:
+        """What test-time training adapts. all: prompt heads, refinement and agent; adapter: what
+        reads the prompt outside the agent's blocks (agent.adapter_parameters) and the refinement;
+        prompt: prompt heads and refinement. Never the Qwen trunk or the RL head."""
+        groups = self.parameter_groups()
+        if which == "prompt":
+            return groups["prompt_heads"] + groups["refiner"]
+        if which == "adapter":
+            return [*self.agent.adapter_parameters(), *groups["refiner"]]
+        if which == "all":
+            return groups["prompt_heads"] + groups["refiner"] + groups["agent"]
+        raise ValueError(f"ttt_params={which!r}: choose one of {', '.join(TTT_PARAMS)}")
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        """Everything training changes (and the RL head's baseline); a frozen trunk is not in it."""
+        return {k: v for k, v in self.state_dict().items() if k not in self.frozen_names}
+
+    def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = sorted(set(missing) - self.frozen_names)
+        if missing or unexpected:
+            raise ConfigError(f"the checkpoint does not fit the model (missing {missing[:3]}, unexpected "
+                              f"{sorted(unexpected)[:3]}): resume with the flags it was trained with")
+
+    def rl_noise_state(self) -> torch.Tensor:
+        """The RL head's noise generator (differs per process)."""
+        return self.policy.noise.get_state()
+
+    def set_rl_noise_state(self, state: torch.Tensor) -> None:
+        self.policy.noise.set_state(state)
+
+    # -- the RL head ---------------------------------------------------------------------------------
+
+    def rl_update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
+                  dist: Dist = Dist()) -> dict[str, torch.Tensor]:
+        """REINFORCE on detached tensors after the main step (PolicyRefiner.update)."""
+        return self.policy.update(info, reward, optimizer, dist)
+
+    def description(self) -> str:
+        qwen = self.qwen.description if self.qwen is not None else "off"
+        agent = sum(p.numel() for p in self.agent.parameters())
+        return f"qwen: {qwen} | agent {type(self.agent).__name__}: {agent / 1e6:.2f}M params"
+
+
+def build_model(cfg: Config, *, noise_seed: int | None = None) -> ArcModel:
+    """The model a Config describes, on the CPU (move it with .to(device)). `noise_seed` (default
+    the run's seed) seeds the RL head's exploration noise, which differs per process."""
+    seed = cfg.run.seed
+    qwen = QwenTextEncoder.load(cfg.qwen, seed=seed) if cfg.prompt.use_qwen else None
+    prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
+                              qwen_dim=qwen.hidden_size if qwen is not None else 0,
+                              use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation)
+    policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,
+                           rank=cfg.prompt.rl_rank, seed=seed, noise_seed=noise_seed)
+    agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)
+    return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen)
