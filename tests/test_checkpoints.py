@@ -1,0 +1,82 @@
+"""Checkpoints: every form of --resume, damaged files named in one line, and the fall-back to the
+newest intact checkpoint (docs/invariants.md #9 and #10)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import fixed
+from engine.checkpoint import find_checkpoint
+from engine.config import ConfigError
+from tests.conftest import ROOT
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def two_checkpoints(small_cfg, tmp_path):
+    """A run of 2 optimizer steps with a checkpoint after each: step_00000001 and step_00000002."""
+    cfg = small_cfg(run_dir=str(tmp_path / "run"), max_batches=2, save_every=1, eval_tasks=1)
+    fixed.train(cfg, CPU)
+    return cfg, tmp_path / "run"
+
+
+def damage(path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_every_form_of_resume_names_the_newest_checkpoint(two_checkpoints):
+    _, run = two_checkpoints
+    newest = run / "checkpoints" / "step_00000002"
+    for form in (run, run / "checkpoints", run / "checkpoints" / "latest", newest):
+        assert find_checkpoint(str(form)) == newest, form
+    assert find_checkpoint(str(run / "checkpoints" / "step_00000001")).name == "step_00000001"
+
+
+@pytest.mark.parametrize("file,how", [("model.safetensors", "truncate"), ("state.pt", "flip a byte")])
+def test_a_damaged_checkpoint_is_named_and_the_run_falls_back(file, how, two_checkpoints, capsys):
+    _, run = two_checkpoints
+    damage(run / "checkpoints" / "step_00000002" / file, how)
+    capsys.readouterr()
+    assert find_checkpoint(str(run)).name == "step_00000001"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"step_00000002/{file}" in err and "resuming from step_00000001" in err
+    with pytest.raises(ConfigError, match=f"damaged: .*step_00000002/{file} does not match its checksum"):
+        find_checkpoint(str(run / "checkpoints" / "step_00000002"))
+
+
+def test_resuming_past_a_damaged_checkpoint_gives_the_uninterrupted_weights(two_checkpoints, small_cfg, tmp_path):
+    """Step 2 damaged: the run resumes from step 1, trains step 2 again and writes it intact, with
+    the weights of the run that was never damaged."""
+    cfg, run = two_checkpoints
+    step_2 = run / "checkpoints" / "step_00000002" / "model.safetensors"
+    intact = {k: v.clone() for k, v in load_file(str(step_2)).items()}  # load_file maps the file: copy first
+    damage(step_2, "truncate")
+    summary = fixed.train(cfg.replace(resume=str(run)), CPU)
+    assert summary["steps"] == 2
+    again = load_file(str(step_2))
+    assert intact.keys() == again.keys() and all(torch.equal(intact[k], again[k]) for k in intact)
+
+
+def test_no_intact_checkpoint_is_one_line_and_exit_2(two_checkpoints):
+    _, run = two_checkpoints
+    for step in ("step_00000001", "step_00000002"):
+        damage(run / "checkpoints" / step / "model.safetensors", "truncate")
+    out = subprocess.run([sys.executable, "fixed.py", "--resume", str(run)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert "no intact checkpoint" in out.stderr and "step_00000001/model.safetensors" in out.stderr
+
+
+def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
+    cfg, run = two_checkpoints
+    with pytest.raises(ConfigError, match="already holds a run"):
+        fixed.evaluate_only(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)

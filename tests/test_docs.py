@@ -1,0 +1,29 @@
+"""Every reference between the docs and the tests points at something that exists."""
+
+import re
+
+from tests.conftest import ROOT
+
+INVARIANTS = ROOT / "docs" / "invariants.md"
+
+
+def test_every_test_named_by_the_invariants_page_exists():
+    text = INVARIANTS.read_text()
+    named = 0
+    for block in re.findall(r"\*\*Tests\.\*\*(.*?)(?:\n\n|\Z)", text, flags=re.S):
+        current = None
+        for ref in re.findall(r"`([\w./]*?(?:\.py)?(?:::\w+)?)`", block):
+            file, _, test = ref.partition("::")
+            current = file or current
+            assert (ROOT / "tests" / current).is_file(), ref
+            source = (ROOT / "tests" / current).read_text()
+            if test:
+                assert re.search(rf"^def {test}\(", source, flags=re.M), f"{current}::{test} is not a test"
+                named += 1
+    assert named >= 20
+
+
+def test_every_invariant_a_test_cites_is_on_the_page():
+    headings = set(re.findall(r"^## (\d+)\. ", INVARIANTS.read_text(), flags=re.M))
+    cited = {n for f in (ROOT / "tests").glob("*.py") for n in re.findall(r"docs/invariants\.md #(\d+)", f.read_text())}
+    assert cited and cited <= headings, cited - headings

@@ -1,0 +1,36 @@
+"""The default recipe, pinned: the losses of the first 3 optimizer steps of `fixed.py` with every
+default flag, on a fixed folder of the 8 smallest ARC-AGI-1 training tasks (tests/conftest.py).
+
+A change anywhere in the default path (data, augmentation, curriculum, prompt, refinement, agent,
+loss, optimizer, the seeded initialisation order) moves these numbers, so it is seen the day it is
+made. When a change is MEANT to alter the default behaviour, re-pin on purpose:
+
+    .venv/bin/python -m pytest tests/test_recipe.py -q   # the failure prints the new losses
+    # paste them into PINNED below, and say in the commit message why they moved
+
+Step 1 is computed before any update, so it is held to float32 rounding; steps 2-3 allow for CPU
+kernels (AVX2 or AVX-512) that sum in another order and send Adam a near-zero gradient of the
+other sign.
+"""
+
+import pytest
+import torch
+
+import fixed
+from engine.config import Config
+from tests.test_end_to_end import scalars
+
+PINNED = [5.860961437225342, 4.027035713195801, 13.389979362487793]  # loss/combined at optimizer steps 1, 2, 3
+
+
+def test_default_recipe_losses_are_pinned(arc_folder, tmp_path):
+    cfg = Config.from_flags(data=str(arc_folder), run_dir=str(tmp_path / "run"), prompt_cache_dir="none",
+                            max_batches=3, log_every=1, eval_tasks=1)
+    defaults = Config().flags()
+    assert {k for k, v in cfg.flags().items() if v != defaults[k]} == \
+        {"data", "run_dir", "prompt_cache_dir", "max_batches", "log_every", "eval_tasks"}, "only plumbing differs"
+    fixed.train(cfg, torch.device("cpu"))
+    losses = [value for _, value in scalars(tmp_path / "run")["loss/combined"]]
+    assert len(losses) == 3
+    assert losses[0] == pytest.approx(PINNED[0], rel=1e-5), f"re-pin (see the module docstring): {losses}"
+    assert losses == pytest.approx(PINNED, rel=1e-3), f"re-pin (see the module docstring): {losses}"
