@@ -168,6 +168,8 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
 
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     """Train for `--epochs`, validating and checkpointing after each epoch. -> the run's summary."""
+    if cfg.run.eval_only:
+        return evaluate_only(cfg, device, dist)
     seed_everything(cfg.run.seed)
     data = build_data(cfg, device, dist)
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse(argv, "fixed.py", __doc__.splitlines()[0])
         dist, device = init_distributed(cfg.run.device)
         try:
-            summary = (evaluate_only if cfg.run.eval_only else train)(cfg, device, dist)
+            summary = train(cfg, device, dist)
         finally:
             shutdown()
     except ConfigError as err:

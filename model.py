@@ -20,12 +20,10 @@ from torch import nn
 from agents import build_agent
 from data.episodes import CTRL_DIM
 from data.features import NUMERIC_DIM
-from engine.config import Config, ConfigError
+from engine.config import TTT_PARAMS, Config, ConfigError
 from engine.distributed import Dist
 from policy_refined import PolicyRefiner, RLInfo
 from prompt import QwenHybridPrompt, QwenTextEncoder
-
-TTT_PARAMS = ("all", "adapter", "prompt")
 
 
 @dataclass

@@ -22,6 +22,9 @@ from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
 
 
+TTT_PARAMS = ("all", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
+
+
 class ConfigError(ValueError):
     """An impossible or unsupported configuration; the message says which flag to change."""
 
@@ -209,7 +212,7 @@ class EvalCfg:
                                 ("mean", "sampled", "zero"))
     ttt_steps: int = flag(0, "test-time training steps on each evaluation task's demos (0: off)")
     ttt_lr: float = flag(1e-3, "test-time training learning rate")
-    ttt_params: str = flag("adapter", "what test-time training adapts", ("all", "adapter", "prompt"))
+    ttt_params: str = flag("adapter", "what test-time training adapts", TTT_PARAMS)
     ttt_batch_size: int = flag(8, "episodes per test-time training step")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
 

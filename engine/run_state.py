@@ -15,16 +15,17 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from engine.config import ConfigError, RunCfg
+from engine.config import SECTION_OF, ConfigError, RunCfg
 from engine.distributed import Dist
 from engine.precision import MixedPrecision
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
 
-# Flags that may change on resume without a warning: they do not change what is learned.
-RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "num_workers", "log_every", "save_every",
-               "eval_tasks", "eval_batch_size", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir",
-               "eval_only", "submission"}
+# Flags that may change on resume without a warning: they do not change what is learned (and no
+# validation flag does).
+RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
+               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only",
+               *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
 @dataclass

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from agents import AGENTS
 from engine.config import SECTION_OF, SECTIONS, Config, ConfigError, DataCfg, LossCfg
 from tests.conftest import ROOT
 
@@ -68,6 +69,8 @@ def test_configs_are_keyword_only_and_flag_names_are_field_names():
     assert (cfg.loss.mean_weight, cfg.data.batch_size, cfg.eval.ttt_steps) == (0.5, 3, 7)
     assert cfg.flags()["mean_weight"] == 0.5 and len(cfg.flags()) == len(SECTION_OF)
     assert sum(len(dataclasses.fields(c)) for c in SECTIONS.values()) == len(SECTION_OF)
+    agent_choices = next(f for f in dataclasses.fields(SECTIONS["agent"]) if f.name == "agent").metadata["choices"]
+    assert set(agent_choices) == set(AGENTS)
 
 
 def test_input_views_help_names_every_view():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from loss_function import training_loss
-from model import TTT_PARAMS
+from engine.config import TTT_PARAMS
 from prompt import with_qwen_features
 
 
