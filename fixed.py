@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from data.arc import ArcSplits, DataError
+from data.arc import ArcSplits, ArcTask, DataError
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_difficulty, evaluation_episodes, \
     training_episodes
@@ -50,6 +50,7 @@ from prompt import PromptCache, with_qwen_features
 @dataclass
 class TrainingData:
     splits: ArcSplits
+    task_ids: list[str]  # the tasks training draws episodes from (a task embedding row each), in order
     sampler: CurriculumBatches  # yields this process's slice of each global batch
     loader: DataLoader
     eval_set: EpisodeDataset  # the evaluation tasks' test pairs; their outputs are read by the scorer only
@@ -65,14 +66,18 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     synthetic = SyntheticOptions(seed=cfg.run.seed, rules=d.synthetic_families(True),
                                  eval_rules=d.synthetic_families(False), size=d.synthetic_sizes())
     splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic)
-    train_eps = training_episodes(splits.training)
+    tasks = splits.training
+    if d.train_on_eval_demos:  # transductive: the evaluation tasks' demos only, never their test pairs
+        tasks = tasks + tuple(ArcTask(t.task_id, t.train, ()) for t in splits.evaluation)
+    train_eps = training_episodes(tasks)
     if not train_eps:
         raise DataError(f"--data {d.data}: the training tasks give no training episodes")
     scores = np.array([episode_difficulty(e) for e in train_eps])
     scale = DifficultyScale(scores)
+    task_index = {t.task_id: i for i, t in enumerate(tasks)}
+    task_rows = task_index if cfg.prompt.task_embedding else None
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas)
-    task_index = {t.task_id: i for i, t in enumerate(splits.training)}
+                               canvas=d.canvas, task_rows=task_rows)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
@@ -82,20 +87,25 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
                         pin_memory=device.type == "cuda")
     eval_tasks = splits.evaluation[:cfg.eval.eval_tasks] if cfg.eval.eval_tasks else splits.evaluation
     # the canvas side of a test input is predicted without its output
-    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale, canvas=d.canvas, fit_target=False)
-    return TrainingData(splits, sampler, loader, eval_set)
+    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale, canvas=d.canvas, fit_target=False,
+                              task_rows=task_rows)
+    return TrainingData(splits, list(task_index), sampler, loader, eval_set)
 
 
-def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(),
-                      prompt_cache_dir: Path | None = None) -> TrainState:
-    """The model, its prompt cache, both optimizers and the mixed-precision step."""
-    model = build_model(cfg, noise_seed=cfg.run.seed + 1000 * dist.rank).to(device)
+def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), prompt_cache_dir: Path | None = None,
+                      tasks: int = 0) -> TrainState:
+    """The model (with `tasks` task embeddings under --task_embedding), its prompt cache, both
+    optimizers and the mixed-precision step."""
+    model = build_model(cfg, noise_seed=cfg.run.seed + 1000 * dist.rank, tasks=tasks).to(device)
     groups = model.parameter_groups()
     main = groups["prompt_heads"] + groups["refiner"] + groups["agent"]
     check_master_weights(main + groups["qwen"], "main optimizer")
     param_groups = [{"params": main, "lr": cfg.optim.agent_lr, "name": "main"}]
     if groups["qwen"]:
         param_groups.append({"params": groups["qwen"], "lr": cfg.optim.qwen_lr, "name": "qwen"})
+    if groups["task_embedding"]:
+        param_groups.append({"params": groups["task_embedding"], "lr": cfg.optim.task_embedding_lr,
+                             "weight_decay": 0.0, "name": "task_embedding"})
     prompts = None
     if model.qwen is not None:
         prompts = PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
@@ -174,11 +184,16 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     data = build_data(cfg, device, dist)
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     run_dir = plan_run_dir(cfg.run, resumed_from)
-    state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir))
+    state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
     if resumed_from is not None:
         restore_run_state(state, resumed_from, cfg.flags(), dist)
     counters = state.counters
-    logger = open_run(run_dir, cfg, state, data, dist, "training")
+    what = "training"
+    if cfg.data.train_on_eval_demos:
+        what += f", TRANSDUCTIVE: the demos of {len(data.splits.evaluation)} evaluation tasks join training"
+    logger = open_run(run_dir, cfg, state, data, dist, what)
+    if logger is not None:
+        logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
 
     def checkpoint() -> None:
         save_run_state(state, cfg.flags(), run_dir, cfg.run.keep_checkpoints, dist)
@@ -228,7 +243,8 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
             checkpoint()
             if not finished:
                 break
-    return finish_run(run_dir, logger, started, counters.optimizer_steps, eval_metrics, dist)
+    return finish_run(run_dir, logger, started, counters.optimizer_steps,
+                      {"transductive": cfg.data.train_on_eval_demos, **eval_metrics}, dist)
 
 
 def evaluate_only(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
@@ -238,7 +254,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dic
     data = build_data(cfg, device, dist)  # its training episodes set the difficulty scale of the prompt's controls
     checkpoint = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     run_dir = plan_run_dir(cfg.run, checkpoint)
-    state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir))
+    state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
     if checkpoint is not None:
         restore_run_state(state, checkpoint, cfg.flags(), dist)
     logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {checkpoint or 'fresh weights'}")

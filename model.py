@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from agents import build_agent
+from agents.adapter import AdapterSlice, TaskAdapters
 from data.episodes import CTRL_DIM
 from data.features import NUMERIC_DIM
 from engine.config import TTT_PARAMS, Config, ConfigError
@@ -36,39 +37,58 @@ class Prediction:
 
 class ArcModel(nn.Module):
     def __init__(self, *, prompt: QwenHybridPrompt, policy: PolicyRefiner, agent: nn.Module,
-                 qwen: QwenTextEncoder | None = None):
+                 qwen: QwenTextEncoder | None = None, task_embedding: nn.Embedding | None = None):
         super().__init__()
         self.qwen, self.prompt, self.policy, self.agent = qwen, prompt, policy, agent
+        self.task_embedding = task_embedding  # [tasks, P], added to the prompt of a task trained on
         # Frozen trunk weights are reloaded from their source, never checkpointed; fixed at build
         # time, so test-time training toggling requires_grad cannot change what a checkpoint holds.
         self.frozen_names = frozenset(f"qwen.{n}" for n, p in qwen.named_parameters() if not p.requires_grad) \
             if qwen is not None else frozenset()
 
-    def forward(self, batch: dict, refinement: str | torch.Tensor = "mean") -> Prediction:
-        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32, and
+    def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
+                adapter: AdapterSlice | None = None) -> Prediction:
+        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
+        task_row [B] int64 (with a task embedding), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
         (prompt.with_qwen_features). refinement: a name of policy_refined.REFINEMENTS, or a refined
-        prompt [B, P] given as it is (a latent being searched)."""
+        prompt [B, P] given as it is. adapter: each sample's rows of a per-task adapter
+        (agents/adapter.py); its latent is added to every refinement."""
         prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"))
+        if self.task_embedding is not None:  # row -1: a task never trained on has none
+            rows = batch["task_row"]
+            prompt = prompt + self.task_embedding(rows.clamp_min(0)) * (rows >= 0).unsqueeze(-1).to(prompt.dtype)
         if torch.is_tensor(refinement):
             refined, rl = refinement[None], None
         else:
             refined, rl = self.policy.refinements(prompt, batch["ctrl"], batch["numeric"], refinement)
         k, b = refined.shape[:2]
+        if adapter is not None:
+            refined = refined + adapter.latent.to(refined.dtype)
+            adapter = adapter.repeat(k) if k > 1 else adapter
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
-        logits = self.agent(inputs, refined.reshape(k * b, -1))
+        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter)
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl)
+
+    def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
+        """A fresh per-task adapter with `slots` rows, sized for this model, on its device."""
+        adapters = TaskAdapters(slots=slots, prompt_dim=self.prompt.prompt_dim, channels=self.agent.channels,
+                                blocks=self.agent.num_blocks, views=self.agent.num_views, rank=rank, seed=seed)
+        return adapters.to(next(self.parameters()).device)
 
     # -- parameter groups --------------------------------------------------------------------------
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
         """prompt_heads, refiner, agent (the main optimizer at --agent_lr); qwen (the trainable trunk
         weights: all in full mode, the adapters in LoRA, none when frozen; the main optimizer at
-        --qwen_lr); rl_head (its own optimizer, trained by rl_update only)."""
+        --qwen_lr); task_embedding (the main optimizer at --task_embedding_lr); rl_head (its own
+        optimizer, trained by rl_update only)."""
         qwen = [p for p in self.qwen.parameters() if p.requires_grad] if self.qwen is not None else []
+        embedding = list(self.task_embedding.parameters()) if self.task_embedding is not None else []
         return {"prompt_heads": list(self.prompt.parameters()), "refiner": list(self.policy.refiner.parameters()),
-                "agent": list(self.agent.parameters()), "qwen": qwen, "rl_head": list(self.policy.head.parameters())}
+                "agent": list(self.agent.parameters()), "qwen": qwen, "task_embedding": embedding,
+                "rl_head": list(self.policy.head.parameters())}
 
     def ttt_parameters(self, which: str) -> list[nn.Parameter]:
         """What test-time training adapts. all: prompt heads, refinement and agent; adapter: what
@@ -90,6 +110,12 @@ class ArcModel(nn.Module):
         return {k: v for k, v in self.state_dict().items() if k not in self.frozen_names}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        shapes = {k: v.shape for k, v in self.state_dict().items()}
+        wrong = sorted(k for k, v in state.items() if k in shapes and v.shape != shapes[k])
+        if wrong:
+            raise ConfigError(f"the checkpoint does not fit the model ({wrong[0]}: {tuple(state[wrong[0]].shape)} "
+                              f"there, {tuple(shapes[wrong[0]])} here): resume with the flags and data it was "
+                              f"trained with")
         missing, unexpected = self.load_state_dict(state, strict=False)
         missing = sorted(set(missing) - self.frozen_names)
         if missing or unexpected:
@@ -116,9 +142,10 @@ class ArcModel(nn.Module):
         return f"qwen: {qwen} | agent {type(self.agent).__name__}: {agent / 1e6:.2f}M params"
 
 
-def build_model(cfg: Config, *, noise_seed: int | None = None) -> ArcModel:
+def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0) -> ArcModel:
     """The model a Config describes, on the CPU (move it with .to(device)). `noise_seed` (default
-    the run's seed) seeds the RL head's exploration noise, which differs per process."""
+    the run's seed) seeds the RL head's exploration noise, which differs per process; `tasks` is the
+    number of task embeddings under --task_embedding (zero at start)."""
     seed = cfg.run.seed
     qwen = QwenTextEncoder.load(cfg.qwen, seed=seed) if cfg.prompt.use_qwen else None
     prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
@@ -127,4 +154,8 @@ def build_model(cfg: Config, *, noise_seed: int | None = None) -> ArcModel:
     policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,
                            rank=cfg.prompt.rl_rank, seed=seed, noise_seed=noise_seed)
     agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)
-    return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen)
+    embedding = None
+    if cfg.prompt.task_embedding:
+        embedding = nn.Embedding(max(tasks, 1), cfg.prompt.prompt_dim)
+        nn.init.zeros_(embedding.weight)
+    return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding)

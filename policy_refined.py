@@ -57,8 +57,12 @@ class GaussianHead(nn.Module):
         self.log_std_bounds = log_std_bounds
         self.register_buffer("baseline", torch.zeros(()))
 
+    def std(self) -> torch.Tensor:
+        """[rank]: the policy's standard deviation, the same for every input."""
+        return self.log_std.clamp(*self.log_std_bounds).exp()
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.mu(x), self.log_std.clamp(*self.log_std_bounds).exp()
+        return self.mu(x), self.std()
 
 
 @dataclass
@@ -121,6 +125,13 @@ class PolicyRefiner(nn.Module):
         sampled = base + action.to(base.dtype) @ basis.T
         refined = torch.stack([sampled, mean]) if which == "sampled+mean" else sampled[None]
         return refined, RLInfo(x, action)
+
+    def draw_deltas(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n draws of the head's Gaussian around its mean, as prompt deltas U (a - mu) [n, P] float32:
+        the starts a latent search tries beside the mean."""
+        std = self.head.std().detach()
+        noise = torch.randn(n, std.shape[-1], generator=generator).to(std.device)
+        return (std * noise) @ self.basis.T
 
     def update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
                dist: Dist = Dist()) -> dict[str, torch.Tensor]:

@@ -1,5 +1,7 @@
-"""Grid agents: agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12],
-where S <= 30 is the canvas side of the batch (see data/canvas.py)."""
+"""Grid agents: agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) ->
+logits [B, S, S, 12], where S <= 30 is the canvas side of the batch (see data/canvas.py). An agent
+also names its shape for per-task adapters (agents/adapter.py): `num_blocks`, `channels`,
+`num_views`."""
 
 from torch import nn
 

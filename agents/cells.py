@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agents.adapter import AdapterSlice
 from agents.views import PromptedViews
 from data.arc import MAX_SIDE
 from data.canvas import EOG, NUM_CLASSES
@@ -51,8 +52,9 @@ class CellPosition(nn.Module):
 
 
 class CellEmbedding(nn.Module):
-    """input_canvas [B, S, S] int64, prompt [B, P] -> (cell states [B, S, S, C], viewed classes
-    [B, S, S, 12] float32: the prompt-gated views' classes, or the input's own one-hot without views)."""
+    """input_canvas [B, S, S] int64, prompt [B, P] (and a per-task adapter's slice) -> (cell states
+    [B, S, S, C], viewed classes [B, S, S, 12] float32: the prompt-gated views' classes, or the input's
+    own one-hot without views)."""
 
     def __init__(self, *, prompt_dim: int, channels: int, views: bool = True):
         super().__init__()
@@ -62,12 +64,13 @@ class CellEmbedding(nn.Module):
         self.views = PromptedViews(prompt_dim) if views else None
         self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
+                adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         h, w = grid_extent(input_canvas)
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
-        viewed = self.views(input_canvas, h, w, prompt)
+        viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
         return x + self.view_embed(viewed), viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
@@ -94,9 +97,13 @@ class PromptedOutput(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, h: torch.Tensor, prompt: torch.Tensor, viewed: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, prompt: torch.Tensor, viewed: torch.Tensor,
+                adapter: AdapterSlice | None = None) -> torch.Tensor:
         h = self.norm(h)
         weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES).to(h.dtype)
-        class_map = self.class_map(prompt).view(-1, NUM_CLASSES, NUM_CLASSES).to(h.dtype)
+        class_map = self.class_map(prompt).view(-1, NUM_CLASSES, NUM_CLASSES)
+        if adapter is not None:
+            class_map = class_map + adapter.class_bias
+        class_map = class_map.to(h.dtype)
         return (self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight)
                 + torch.einsum("bhwj,bjk->bhwk", viewed.to(h.dtype), class_map))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
+from agents.views import NUM_VIEWS
 
 
 class FiLMBlock(nn.Module):
@@ -29,21 +31,24 @@ class FiLMBlock(nn.Module):
 
 
 class FiLMConvAgent(nn.Module):
-    """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
+    """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
+    [B, S, S, 12], any S <= 30."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64,
                  dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True):
         super().__init__()
+        self.num_blocks, self.channels, self.num_views = len(dilations), channels, NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
         self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        x, viewed = self.cells(input_canvas, prompt)
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
+                adapter: AdapterSlice | None = None) -> torch.Tensor:
+        x, viewed = self.cells(input_canvas, prompt, adapter)
         x = x.permute(0, 3, 1, 2)
-        for block in self.blocks:
-            x = block(x, prompt)
-        return self.head(x.permute(0, 2, 3, 1), prompt, viewed)  # cells [B, S, S, channels]
+        for i, block in enumerate(self.blocks):
+            x = residual_update(block(x, prompt), adapter, i, channels_first=True)
+        return self.head(x.permute(0, 2, 3, 1), prompt, viewed, adapter)  # cells [B, S, S, channels]
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: the cells' prompt input and view gate, the output layer."""

@@ -11,16 +11,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
+from agents.views import NUM_VIEWS
 
 
 class TransformerAgent(nn.Module):
-    """agent(input_canvas [B, S, S] int64, prompt [B, P] float) -> logits [B, S, S, 12], any S <= 30."""
+    """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
+    [B, S, S, 12], any S <= 30."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = 4, prefix: int = 4,
                  cycles: int = 1, views: bool = True):
         super().__init__()
-        self.prefix, self.cycles = prefix, cycles
+        self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
+        self.num_views = NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         block = nn.TransformerEncoderLayer(channels, heads, 4 * channels, dropout=0.0, activation="gelu",
@@ -28,16 +32,19 @@ class TransformerAgent(nn.Module):
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        cells, viewed = self.cells(input_canvas, prompt)
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
+                adapter: AdapterSlice | None = None) -> torch.Tensor:
+        cells, viewed = self.cells(input_canvas, prompt, adapter)
         cells = cells.flatten(1, 2)  # [B, S*S, C]
         prefix = self.prompt_tokens(prompt).reshape(input_canvas.shape[0], self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)
         start = x
         for cycle in range(self.cycles):
-            x = self.blocks(x if cycle == 0 else x + start)
+            x = x if cycle == 0 else x + start
+            for i, layer in enumerate(self.blocks.layers):  # what nn.TransformerEncoder does, plus the adapter
+                x = residual_update(layer(x), adapter, i, channels_first=False)
         h = x[:, self.prefix:].reshape(input_canvas.shape + (-1,))
-        return self.head(h, prompt, viewed)
+        return self.head(h, prompt, viewed, adapter)
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: prefix tokens, the cells' prompt input and view

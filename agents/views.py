@@ -96,7 +96,10 @@ class PromptedViews(nn.Module):
         nn.init.zeros_(self.gate.weight)  # start from an even mix
         nn.init.zeros_(self.gate.bias)
 
-    def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
-        gate = self.gate(prompt).float().softmax(-1)  # [B, V]
+    def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, prompt: torch.Tensor,
+                gate_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`gate_bias` [B, V]: added to the gate's logits (a per-task adapter, agents/adapter.py)."""
+        logits = self.gate(prompt).float()
+        gate = (logits if gate_bias is None else logits + gate_bias.float()).softmax(-1)  # [B, V]
         views = nn.functional.one_hot(view_canvases(canvas, h, w), NUM_CLASSES).float()  # [B, V, S, S, 12]
         return torch.einsum("bv,bvijk->bijk", gate, views)

@@ -13,6 +13,14 @@ import numpy as np
 from data.arc import NUM_COLOURS, ArcPair, ArcTask, Grid
 
 IDENTITY_PERM = tuple(range(NUM_COLOURS))
+VIEW_ID_BASE = 1_000_003  # ids of the fixed evaluation views after the identity
+
+
+def view_ids(k: int) -> list[int]:
+    """k fixed augmentation ids, the identity first: the views evaluation votes over and per-task
+    adaptation trains on (fixed, so every validation sees the same views and a frozen Qwen's cache
+    holds them)."""
+    return [0] + [VIEW_ID_BASE + j for j in range(k - 1)]
 
 
 def dihedral(grid: Grid, k: int) -> Grid:

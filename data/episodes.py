@@ -85,14 +85,17 @@ class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
-                 scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True):
+                 scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True,
+                 task_rows: dict[str, int] | None = None):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "full" keeps 30x30.
-        `fit_target`: False for evaluation episodes, whose side must not depend on their output."""
+        `fit_target`: False for evaluation episodes, whose side must not depend on their output.
+        `task_rows`: task id -> row of the model's task embedding (-1 for a task without one)."""
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
         self.permute_background = permute_background
+        self.task_rows = task_rows or {}
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
         self.sides = np.array([episode_side(e, fit_target) if canvas == "fit" else MAX_SIDE for e in episodes],
                               dtype=np.int64)
@@ -117,6 +120,7 @@ class EpisodeDataset(Dataset):
             "side": int(self.sides[index]),
             "demo_texts": tuple(demo_text(p) for p in context),
             "task_id": ep.task.task_id,
+            "task_row": self.task_rows.get(ep.task.task_id, -1),
             "episode": index,
             "where": ep.where,
             "augmentation": aug,
@@ -127,11 +131,13 @@ def collate(samples: list[dict]) -> dict:
     """Stack a list of samples into a batch, its canvases cut to the largest side S among them.
 
     Returns: input, target [B, S, S] int64; numeric [B, 15], relation [B, 129], ctrl [B, 3]
-    float32; demo_texts list of B tuples of str; task_id, episode, where, augmentation lists of length B.
+    float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
+    task_id, episode, where, augmentation lists of length B.
     An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.
     """
     side = max(s["side"] for s in samples)
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
+    batch["task_row"] = torch.tensor([s["task_row"] for s in samples], dtype=torch.int64)
     for k in ("input", "target"):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):

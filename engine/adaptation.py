@@ -1,19 +1,34 @@
-"""Per-task adaptation before a task is predicted: test-time training on the task's own demos.
+"""Per-task adaptation before a task is predicted: the demos decide.
 
-The chosen parameters (ArcModel.ttt_parameters) are trained for `--ttt_steps` steps on augmented
-leave-one-out episodes made from the task's DEMOS only, then the task is predicted, then every
-parameter is restored bit for bit. A task's test outputs are never read.
+Every method trains on augmented leave-one-out episodes of a task's DEMOS only (one demo is the
+query, the others the context, under the fixed evaluation views); a task's test outputs are never
+read. The shared weights end exactly as they started.
+
+- Latent search (`--latent_steps`, `--latent_lr`, `--latent_starts K`): each task gets K latents,
+  added to the refined prompt: the mean refinement (0) and K-1 draws of the RL head's Gaussian. Adam
+  moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
+- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_params`):
+  `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
+  `--ttt_rank` update of the cell states after every block) trained from the kept latent;
+  `all` / `adapter` / `prompt`: named groups of the shared weights (ArcModel.ttt_parameters),
+  trained one task at a time and restored bit for bit after.
+- Both per-task states batch over tasks: `--adapt_tasks` tasks (x K starts) share every step, each
+  sample reading its own task's rows, so a GPU adapts hundreds of tasks at once and a CPU pays no
+  per-task overhead.
 """
 
 from __future__ import annotations
 
 import zlib
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from agents.adapter import TaskAdapters
 from data.arc import ArcTask
+from data.augment import view_ids
 from data.episodes import EpisodeDataset, collate, training_episodes
 from engine.config import Config
 from engine.loop import to_device
@@ -22,14 +37,164 @@ from loss_function import efe_loss
 from model import ArcModel
 from prompt import QwenFeatures, with_qwen_features
 
+TRAIN_VIEWS = 8  # augmentations of the demos that adaptation trains on (the identity and 7 fixed ones)
+VIEW_START_LOGIT = 10.0  # a view start's gate bias: that view all but alone
+
+
+@dataclass
+class AdaptedTasks:
+    """What prediction needs: the per-task adapter (None when nothing adapted it) and each task's row."""
+
+    adapters: TaskAdapters | None
+    row: dict[str, int]  # task id -> its row of `adapters`
+    demo_loss: dict[str, float]  # task id -> the demos' loss with the kept state (nan when not adapted)
+
+
+class DemoEpisodes:
+    """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
+    pool is finite: episodes x TRAIN_VIEWS)."""
+
+    def __init__(self, tasks: list[ArcTask], eval_set: EpisodeDataset, seed: int):
+        self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
+        flat = [ep for eps in self.episodes for ep in eps]
+        # demo outputs are known; the task embedding rows are the evaluation set's
+        self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows)
+        self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
+        self.views = view_ids(TRAIN_VIEWS)
+        self.rng = np.random.default_rng([seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())])
+        self.samples: dict[tuple[int, int], dict] = {}
+
+    def sample(self, index: int, aug: int) -> dict:
+        if (index, aug) not in self.samples:
+            self.samples[(index, aug)] = self.dataset[(index, aug)]
+        return self.samples[(index, aug)]
+
+    def draw(self, rows: dict[int, int], per_row: int) -> tuple[dict, torch.Tensor]:
+        """`per_row` random augmented episodes for every adapter row ({row: its task}).
+        -> (collated batch, the row of each sample [B] int64)."""
+        samples, of = [], []
+        for row, task in rows.items():
+            for _ in range(per_row):
+                i = self.first[task] + int(self.rng.integers(len(self.episodes[task])))
+                samples.append(self.sample(int(i), self.views[int(self.rng.integers(len(self.views)))]))
+                of.append(row)
+        return collate(samples), torch.tensor(of)
+
+    def every(self, rows: dict[int, int]) -> tuple[dict, torch.Tensor]:
+        """Every leave-one-out episode of each row's task, unaugmented: the demo loss that picks a start."""
+        samples, of = [], []
+        for row, task in rows.items():
+            for j in range(len(self.episodes[task])):
+                samples.append(self.sample(int(self.first[task] + j), 0))
+                of.append(row)
+        return collate(samples), torch.tensor(of)
+
+
+def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, batch: dict,
+                rows: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """Mean EFE over each adapter row's samples -> [rows of the adapter] float32 (0 for a row without)."""
+    pred = model(with_qwen_features(batch, prompts, 0, training=False), "mean", adapters(rows))
+    per_sample = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,
+                          cfg=cfg.loss).per_sample
+    n = adapters.latent.shape[0]
+    total = torch.zeros(n, device=per_sample.device).index_add(0, rows, per_sample)
+    count = torch.zeros(n, device=per_sample.device).index_add(0, rows, torch.ones_like(per_sample))
+    return total / count.clamp_min(1)
+
+
+def _train(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, groups: list[dict],
+           demos: DemoEpisodes, rows: dict[int, int], *, steps: int, cfg: Config, device: torch.device) -> None:
+    """Adam on parameter groups of the adapter. The loss is the sum over rows of each row's mean, so
+    every row moves as if it were trained alone (Adam works per element)."""
+    optimizer = torch.optim.Adam(groups)
+    amp = MixedPrecision(cfg.optim.amp, device)
+    for _ in range(steps):
+        batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
+        with amp.autocast():
+            loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), cfg).sum()
+        amp.backward(loss)
+        amp.step(optimizer, clip=0.0)
+
+
+@torch.no_grad()
+def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, demos: DemoEpisodes,
+                 rows: dict[int, int], cfg: Config, device: torch.device) -> torch.Tensor:
+    batch, of = demos.every(rows)
+    with MixedPrecision(cfg.optim.amp, device).autocast():
+        return _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), cfg).float().cpu()
+
 
 @contextmanager
-def adapted_to(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
-               cfg: Config, device: torch.device):
-    """Train the chosen parameters on the task's demos; restore them exactly on exit."""
-    episodes = training_episodes((ArcTask(task.task_id, task.train, ()),))  # demos only: no test pair
-    steps = cfg.eval.ttt_steps
-    if steps <= 0 or not episodes:
+def frozen(model: ArcModel):
+    """No gradient for any shared weight: adaptation computes none and changes none."""
+    flags = [p.requires_grad for p in model.parameters()]
+    model.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+
+
+def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task: int, cfg: Config) -> None:
+    """Initialise each task's start rows: the mean refinement, `--latent_starts` - 1 RL-head draws,
+    then (with `--view_starts`) one row per view with the gate forced towards that view."""
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    views = model.agent.num_views if cfg.eval.view_starts else 0
+    with torch.no_grad():
+        for task in usable:
+            first = task * per_task
+            draws = model.policy.draw_deltas(cfg.eval.latent_starts - 1, generator)
+            adapters.latent[first + 1:first + cfg.eval.latent_starts] = draws.to(adapters.latent.device)
+            for v in range(views):
+                adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
+
+
+def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
+                cfg: Config, device: torch.device) -> AdaptedTasks:
+    """Search (starts, latent steps), keep each task's best start, then train its adapter
+    (`--ttt_params task`); all of `tasks` together."""
+    e = cfg.eval
+    views = model.agent.num_views if e.view_starts else 0
+    per_task = e.latent_starts + views
+    tune = e.ttt_steps > 0 and e.ttt_params == "task"
+    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed)
+    usable = [i for i, eps in enumerate(demos.episodes) if eps]  # a task with one demo has no episode
+    if not (per_task > 1 or e.latent_steps or tune) or not usable:
+        return AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks})
+    adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
+    rows = {task * per_task + k: task for task in usable for k in range(per_task)}  # row -> task
+    with frozen(model):
+        _starts(model, adapters, usable, per_task, cfg)
+        if e.latent_steps:
+            _train(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
+                   steps=e.latent_steps, cfg=cfg, device=device)
+        loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
+        best = {task: min(range(task * per_task, (task + 1) * per_task), key=lambda r: float(loss[r]))
+                for task in usable}
+        if per_task > 1:  # one row per task from here on: its best start
+            kept = model.task_adapters(len(tasks), rank=e.ttt_rank, seed=cfg.run.seed)
+            with torch.no_grad():
+                for name in ("latent", "gate_bias"):
+                    getattr(kept, name)[list(best)] = getattr(adapters, name)[list(best.values())]
+            adapters, loss = kept, loss[[best.get(t, 0) for t in range(len(tasks))]]
+        rows = {task: task for task in usable}
+        if tune:
+            _train(model, prompts, adapters, adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr,
+                                                                   latent_lr=e.latent_lr),
+                   demos, rows, steps=e.ttt_steps, cfg=cfg, device=device)
+            loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
+    return AdaptedTasks(adapters, {t.task_id: i for i, t in enumerate(tasks)},
+                        {t.task_id: float(loss[i]) if i in rows else float("nan") for i, t in enumerate(tasks)})
+
+
+@contextmanager
+def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
+                    cfg: Config, device: torch.device):
+    """`--ttt_params all|adapter|prompt`: train named groups of the shared weights on one task's
+    demos; restore them exactly on exit."""
+    demos = DemoEpisodes([task], eval_set, cfg.run.seed)
+    if cfg.eval.ttt_steps <= 0 or cfg.eval.ttt_params == "task" or not demos.episodes[0]:
         yield
         return
     params = model.ttt_parameters(cfg.eval.ttt_params)
@@ -41,13 +206,10 @@ def adapted_to(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eva
         p.requires_grad_(id(p) in chosen)
     optimizer = torch.optim.AdamW(params, lr=cfg.eval.ttt_lr, weight_decay=0.0)
     amp = MixedPrecision(cfg.optim.amp, device)
-    dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas)  # demos: their outputs are known
-    rng = np.random.default_rng([cfg.run.seed, zlib.crc32(task.task_id.encode())])
     try:
-        for _ in range(steps):
-            picks = rng.integers(len(episodes), size=cfg.eval.ttt_batch_size)
-            batch = to_device(collate([dataset[(int(i), int(rng.integers(8, 2**31 - 1)))] for i in picks]), device)
-            batch = with_qwen_features(batch, prompts, 0, training=False)
+        for _ in range(cfg.eval.ttt_steps):
+            batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)
+            batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
             with amp.autocast():
                 pred = model(batch, "mean")
                 loss = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,

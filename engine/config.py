@@ -59,6 +59,8 @@ class DataCfg:
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
     batch_size: int = flag(8, "episodes per micro-batch")
+    train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
+                                            "out among them); their test outputs never do")
     augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
     augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
                                  "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
@@ -135,6 +137,8 @@ class PromptCfg:
     use_relation: bool = flag(True, "demo input/output relation features stream of the prompt")
     fuse: str = flag("mean", "how the prompt streams are fused", ("mean", "sum"))
     rl_rank: int = flag(8, "rank of the RL head's prompt delta")
+    task_embedding: bool = flag(False, "a learned embedding per training task (with --train_on_eval_demos, per "
+                                       "evaluation task too) added to the prompt; a task never trained on gets none")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("prompt_dim", "rl_rank"))
@@ -188,6 +192,7 @@ class OptimCfg:
     agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement")
     qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
     rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
+    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)")
     weight_decay: float = flag(0.01, "AdamW weight decay")
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
     grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
@@ -210,15 +215,28 @@ class EvalCfg:
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "
                                         "zero (an ablation: the agent gets no task information)",
                                 ("mean", "sampled", "zero"))
+    attempt_ranking: str = flag("votes", "how candidates become the two attempts: votes over the views (ties: mean "
+                                         "log-probability), or the candidate's log-probability summed over every "
+                                         "view", ("votes", "logprob"))
+    latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos (0: off)")
+    latent_lr: float = flag(0.1, "latent search learning rate")
+    latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
+    view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
+                                   "never picked in training is then one start away)")
     ttt_steps: int = flag(0, "test-time training steps on each evaluation task's demos (0: off)")
-    ttt_lr: float = flag(1e-3, "test-time training learning rate")
-    ttt_params: str = flag("adapter", "what test-time training adapts", TTT_PARAMS)
-    ttt_batch_size: int = flag(8, "episodes per test-time training step")
+    ttt_lr: float = flag(1e-2, "test-time training learning rate (of named groups; of the task adapter's "
+                               "low-rank update)")
+    ttt_bias_lr: float = flag(1.0, "task adapter: learning rate of its view-gate and class-map biases (logits)")
+    ttt_params: str = flag("task", "what test-time training adapts: a per-task adapter (batched over tasks), or "
+                                   "named groups of the shared weights (one task at a time)", ("task", *TTT_PARAMS))
+    ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
+    ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
+    adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size"),
-               non_negative=("eval_tasks", "ttt_steps"))
+        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
+                                   "adapt_tasks"), non_negative=("eval_tasks", "ttt_steps", "latent_steps"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,44 +19,45 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from data.augment import view_ids
 from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate
-from engine.adaptation import adapted_to
+from engine.adaptation import AdaptedTasks, adapt_tasks, adapted_weights
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import to_device
 from engine.precision import autocast
 from engine.render import task_image
-from engine.scoring import Candidates, pair_metrics, summarise
+from engine.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from model import ArcModel
 from prompt import QwenFeatures, with_qwen_features
 
-EVAL_AUG_BASE = 1_000_003  # ids of the evaluation views after the identity (fixed: every validation votes alike)
 IMAGES = 4  # tasks drawn as images for TensorBoard
-
-
-def view_ids(k: int) -> list[int]:
-    return [0] + [EVAL_AUG_BASE + j for j in range(k - 1)]
 
 
 @torch.no_grad()
 def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int], *,
-               cfg: Config, device: torch.device) -> dict[int, Candidates]:
-    """Predictions for `episodes` under every view, each mapped back to the original frame."""
+               cfg: Config, device: torch.device, adapted: AdaptedTasks | None = None) -> dict[int, Candidates]:
+    """Predictions for `episodes` under every view, each mapped back to the original frame (with the
+    per-task adapter of `adapted`, when there is one)."""
     items = [(e, a) for e in episodes for a in view_ids(cfg.eval.eval_augments)]
     loader = DataLoader(dataset, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
     out: dict[int, Candidates] = defaultdict(Candidates)
     with autocast(cfg.optim.amp, device.type):
         for batch in loader:
             batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
-            logits = model(batch, cfg.eval.eval_refinement).logits[0].float()
+            adapter = None
+            if adapted is not None and adapted.adapters is not None:
+                adapter = adapted.adapters(torch.tensor([adapted.row[t] for t in batch["task_id"]], device=device))
+            logits = model(batch, cfg.eval.eval_refinement, adapter).logits[0].float()
+            logp = F.log_softmax(logits, -1)
             colour_logp, colour = F.log_softmax(logits[..., :NUM_COLOURS], -1).max(-1)
             # one transfer per batch, then decoding on the CPU
-            full, colour, colour_logp = (t.cpu().numpy() for t in (logits.argmax(-1), colour, colour_logp))
+            full, colour, colour_logp, logp = (t.cpu().numpy() for t in (logits.argmax(-1), colour, colour_logp, logp))
             for b, aug in enumerate(batch["augmentation"]):
                 grid = decode_prediction(full[b], colour[b])
-                logp = float(colour_logp[b, :grid.shape[0], :grid.shape[1]].mean())
-                out[batch["episode"][b]].add(aug.invert_grid(grid), logp)
+                mean_logp = float(colour_logp[b, :grid.shape[0], :grid.shape[1]].mean())
+                out[batch["episode"][b]].add(aug.invert_grid(grid), mean_logp, aug, logp[b])
     return out
 
 
@@ -67,29 +68,47 @@ class EvalResult:
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
 
 
+def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: EpisodeDataset, size: int) -> list[list[str]]:
+    """Tasks adapted together: `size` at a time, alike in canvas side (a batch is cut to its largest)."""
+    ordered = sorted(task_ids, key=lambda t: (max(dataset.sides[i] for i in by_task[t]), t))
+    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+
+
 def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, *, cfg: Config,
              device: torch.device, dist: Dist = Dist()) -> EvalResult:
     """Score every test input of the evaluation set (this process's share of the tasks; records are
-    gathered, so every process returns the whole result)."""
+    gathered, so every process returns the whole result). Attempts are ranked by `--attempt_ranking`;
+    `pass2_votes` and `pass2_logprob` report both rankings."""
     was_training = model.training
     model.train(False)
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(dataset.episodes):
         by_task[ep.task.task_id].append(i)
-    tasks = sorted(by_task)[dist.rank::dist.world_size]
+    per_task_weights = cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task"  # one task at a time
+    groups = task_groups(sorted(by_task)[dist.rank::dist.world_size], by_task, dataset,
+                         1 if per_task_weights else cfg.eval.adapt_tasks)
     records, copy_records, attempts, seconds = [], [], {}, []
-    for task_id in tasks:
-        episodes = by_task[task_id]
+    for group in groups:
         start = time.perf_counter()
-        with adapted_to(model, prompts, dataset.episodes[episodes[0]].task, dataset, cfg=cfg, device=device):
-            cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device)
-        seconds.append(time.perf_counter() - start)
+        tasks = [dataset.episodes[by_task[t][0]].task for t in group]
+        episodes = [i for t in group for i in by_task[t]]
+        if per_task_weights:
+            with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device):
+                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device)
+        else:
+            adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device)
+            cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
+        seconds += [(time.perf_counter() - start) / len(group)] * len(group)
         for i in episodes:
             ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
-            attempts[i] = cands[i].attempts()
-            records.append((task_id, pair_metrics(attempts[i], ep.query.output, ep.query.input,
-                                                  cands[i].contains(ep.query.output))))
-            copy_records.append((task_id, pair_metrics((ep.query.input,) * 2, ep.query.output, ep.query.input)))
+            attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
+            metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input, cands[i].contains(ep.query.output))
+            for ranking in RANKINGS:
+                metrics[f"pass2_{ranking}"] = pair_metrics(cands[i].attempts(ranking), ep.query.output,
+                                                           ep.query.input)["pass2"]
+            records.append((ep.task.task_id, metrics))
+            copy_records.append((ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
+                                                                ep.query.input)))
     model.train(was_training)
     gathered = dist.gather((records, copy_records, attempts, seconds))
     records = [r for g in gathered for r in g[0]]
@@ -98,6 +117,7 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
     metrics = {f"eval/{k}": v for k, v in summarise(records).items()}
     metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items() if k != "oracle"})
     metrics["eval/seconds_per_task"] = float(np.mean([s for g in gathered for s in g[3]]))
+    metrics["eval/tasks"] = float(len(by_task))
     submission: dict[str, list[dict]] = {}
     for i in sorted(attempts, key=lambda i: (dataset.episodes[i].task.task_id, i)):
         a1, a2 = attempts[i]
@@ -109,4 +129,3 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
         ep = dataset.episodes[i]
         images.append((task_id, task_image(ep.context, ep.query.input, ep.query.output, attempts[i])))
     return EvalResult(metrics, submission, images)
-

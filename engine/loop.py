@@ -61,8 +61,9 @@ def summary_line(s: dict) -> str:
     if "loss/combined" in s:
         parts.append(f"loss {s['loss/combined']:.4f} (efe {s['loss/efe']:.4f}, reward {s['rl/reward']:+.4f})")
     if "eval/cell_acc" in s:
-        parts.append(f"eval cell_acc {s['eval/cell_acc']:.3f} exact {s['eval/exact']:.3f} "
-                     f"(copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
+        parts.append(f"eval on {s['eval/tasks']:.0f} tasks: cell_acc {s['eval/cell_acc']:.3f} exact "
+                     f"{s['eval/exact']:.3f} pass@2 {s['eval/pass2']:.3f} ({s['eval/seconds_per_task']:.2f} s/task; "
+                     f"copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
     parts.append(f"run {s['run_dir']}")
     return " | ".join(parts)
 

@@ -15,33 +15,67 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from data.arc import Grid
+from data.augment import Augmentation
+from data.canvas import PAD, encode
+
+
+RANKINGS = ("votes", "logprob")
+
+
+def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
+    """Log-probability of `grid` (original frame) under one view: the view's log-softmax [S, S, 12]
+    read at the cells of the augmented grid's canvas cut to S (colours and the end-of-grid markers
+    that fit; PAD cells beyond them are not scored). -inf when the grid is larger than the canvas."""
+    shown = aug.grid(grid)
+    side = logp.shape[0]
+    if max(shown.shape) > side:
+        return float("-inf")
+    canvas = encode(shown)[:side, :side]
+    cells = canvas != PAD
+    rows, cols = np.nonzero(cells)
+    return float(logp[rows, cols, canvas[cells]].sum())
 
 
 @dataclass
 class Candidates:
-    """Predictions for one test input, mapped back to the original frame, with their votes."""
+    """Predictions for one test input, mapped back to the original frame, with their votes, and
+    every view's log-probabilities to score them by (the augmentation scoring of the ARChitects)."""
 
     votes: dict[bytes, int] = field(default_factory=lambda: defaultdict(int))
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
+    views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list)
 
     @staticmethod
     def key(grid: Grid) -> bytes:
         return np.asarray(grid.shape, dtype=np.int64).tobytes() + grid.astype(np.int64).tobytes()
 
-    def add(self, grid: Grid, logprob: float) -> None:
+    def add(self, grid: Grid, logprob: float, aug: Augmentation | None = None, logp: np.ndarray | None = None) -> None:
+        """One view's prediction (original frame) and its mean colour log-probability; with `aug` and
+        that view's log-softmax `logp` [S, S, 12], the view also scores every candidate."""
         k = self.key(grid)
         self.grids[k] = grid
         self.votes[k] += 1
         self.logprob[k].append(logprob)
+        if aug is not None:
+            self.views.append((aug, logp))
 
-    def ranked(self) -> list[Grid]:
-        """Distinct candidates, most votes first, ties broken by the higher mean log-probability."""
-        order = sorted(self.grids, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k]))))
+    def view_score(self, grid: Grid) -> float:
+        """The candidate's log-probability summed over every view."""
+        return sum(grid_logprob(grid, aug, logp) for aug, logp in self.views)
+
+    def ranked(self, by: str = "votes") -> list[Grid]:
+        """Distinct candidates, best first. votes: most votes, ties broken by the higher mean
+        log-probability; logprob: the highest log-probability summed over the views."""
+        if by == "logprob":
+            score = {k: self.view_score(g) for k, g in self.grids.items()}
+            order = sorted(self.grids, key=lambda k: -score[k])
+        else:
+            order = sorted(self.grids, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k]))))
         return [self.grids[k] for k in order]
 
-    def attempts(self) -> tuple[Grid, Grid]:
-        ranked = self.ranked()
+    def attempts(self, by: str = "votes") -> tuple[Grid, Grid]:
+        ranked = self.ranked(by)
         return ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
 
     def contains(self, target: Grid) -> bool:

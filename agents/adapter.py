@@ -1,0 +1,72 @@
+"""Per-task adapters: a small state per task that batches over tasks, each sample reading its own
+task's slice (engine/adaptation.py trains them on a task's demos; the shared weights never change).
+
+    latent      [T, P]              added to the refined prompt: the latent the search moves
+    gate_bias   [T, V]              added to the view gate's logits: a view the prompt cannot pick
+                                    (a flip, when training showed only rotations) is one step away
+    class_bias  [T, 12, 12]         added to the prompted class map: a per-task colour map
+    down, up    [T, L, C, r], [T, L, r, C]   a low-rank update of the cell states after each of the
+                                    agent's L blocks: x + (x @ down) @ up
+
+`T` counts slots: a task may have several (the starts of a latent search). Everything starts at
+zero but `down` (small random, so `up` gets a gradient), so an untrained adapter changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from data.canvas import NUM_CLASSES
+
+
+@dataclass
+class AdapterSlice:
+    """The adapter rows of each sample of a batch (B samples)."""
+
+    latent: torch.Tensor  # [B, P]
+    gate_bias: torch.Tensor  # [B, V]
+    class_bias: torch.Tensor  # [B, 12, 12]
+    down: torch.Tensor  # [B, L, C, r]
+    up: torch.Tensor  # [B, L, r, C]
+
+    def repeat(self, k: int) -> AdapterSlice:
+        """The slice of a batch repeated k times along the batch (K refinements in one call)."""
+        return AdapterSlice(*(t.repeat(k, *([1] * (t.dim() - 1))) for t in vars(self).values()))
+
+
+def residual_update(x: torch.Tensor, adapter: AdapterSlice | None, block: int, channels_first: bool) -> torch.Tensor:
+    """x + (x @ down) @ up for block `block`: x [B, C, H, W] (channels_first) or [B, N, C]."""
+    if adapter is None:
+        return x
+    down, up = adapter.down[:, block].to(x.dtype), adapter.up[:, block].to(x.dtype)
+    if channels_first:
+        return x + torch.einsum("bchw,bcr,brd->bdhw", x, down, up)
+    return x + torch.einsum("bnc,bcr,brd->bnd", x, down, up)
+
+
+class TaskAdapters(nn.Module):
+    """`slots` adapters; `forward(slot [B] int64)` gathers the rows of each sample (gradients reach
+    exactly the rows a batch used)."""
+
+    def __init__(self, *, slots: int, prompt_dim: int, channels: int, blocks: int, views: int, rank: int = 8,
+                 seed: int = 0):
+        super().__init__()
+        self.latent = nn.Parameter(torch.zeros(slots, prompt_dim))
+        self.gate_bias = nn.Parameter(torch.zeros(slots, views))
+        self.class_bias = nn.Parameter(torch.zeros(slots, NUM_CLASSES, NUM_CLASSES))
+        generator = torch.Generator().manual_seed(seed)
+        self.down = nn.Parameter(torch.randn(slots, blocks, channels, rank, generator=generator) / channels**0.5)
+        self.up = nn.Parameter(torch.zeros(slots, blocks, rank, channels))
+
+    def param_groups(self, *, lr: float, bias_lr: float, latent_lr: float) -> list[dict]:
+        """Adam groups: the biases are logits (a step of ~1 changes a choice), the latent lives in
+        the prompt's LayerNorm scale, the low-rank update in the cell states' scale."""
+        return [{"params": [self.gate_bias, self.class_bias], "lr": bias_lr},
+                {"params": [self.latent], "lr": latent_lr}, {"params": [self.down, self.up], "lr": lr}]
+
+    def forward(self, slot: torch.Tensor) -> AdapterSlice:
+        return AdapterSlice(self.latent[slot], self.gate_bias[slot], self.class_bias[slot], self.down[slot],
+                            self.up[slot])

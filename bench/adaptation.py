@@ -1,0 +1,96 @@
+"""Per-task adaptation: what each method buys, and what it costs per task, in one run and one table.
+
+    python -m bench.adaptation [--sections unseen,arc] [--minutes 5] [--tasks 100] [--variants ...]
+
+Sections:
+  unseen  train on the synthetic families recolour, rotate, gravity, crop, border; evaluate on
+          held-out tasks of flip, transpose, scale, fill, which training never showed
+  arc     ARC-AGI-1: train for `--arc_minutes`, then evaluate the first `--arc_tasks` evaluation tasks
+  arc-transductive   the same with --train_on_eval_demos --task_embedding (the evaluation tasks'
+          demos join training; their test outputs never do)
+
+Every row re-validates the run's final checkpoint with the settings of one variant (a name and
+fixed.py flags) and prints exact, pass@2 under both attempt rankings, the oracle, and seconds per
+task (adaptation and prediction). Ratios between rows are measured in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from bench.learnability import evaluate_variant, fmt, parse_settings, run
+
+TRAIN_FAMILIES = "recolour,rotate,gravity,crop,border"
+UNSEEN_FAMILIES = "flip,transpose,scale,fill"
+
+# name -> flags; the defaults of fixed.py hold where a variant says nothing
+VARIANTS = {
+    "none": {"latent_starts": 1, "view_starts": False},
+    "starts: mean + 3 RL draws": {"latent_starts": 4, "view_starts": False},
+    "starts: mean + 17 views": {"latent_starts": 1},
+    "starts: mean + 3 RL + 17 views": {"latent_starts": 4},
+    "latent 30 steps, mean start": {"latent_steps": 30, "latent_starts": 1, "view_starts": False},
+    "latent 30 steps, 4 RL starts": {"latent_steps": 30, "latent_starts": 4, "view_starts": False},
+    "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_batch_size": 4, "ttt_bias_lr": 0.1,
+                                       "ttt_lr": 3e-3, "latent_lr": 0.01},
+    "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
+                                        "ttt_params": "all", "ttt_lr": 1e-3},
+}
+# the training runs' own validations (every epoch) adapt nothing: the variants are the measurement
+CHEAP_VALIDATION = {"latent_starts": 1, "view_starts": False}
+TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
+ARC_VARIANTS = "none,starts: mean + 17 views,view starts + adapter 15 steps,all weights 30 steps (per task)"
+
+
+def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: dict) -> None:
+    """One row per variant: exact (attempt 1), pass@2 ranked by votes and by summed log-probability, oracle."""
+    print(f"\n## {title}")
+    print(f"{'method':<34}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'oracle':>8}{'s/task':>8}")
+    for name, flags in variants.items():
+        m = evaluate_variant(cfg.replace(**{**common, **flags}), run_dir)
+        print(f"{name:<34}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
+              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sections", default="unseen")
+    ap.add_argument("--minutes", type=float, default=5.0, help="training budget of the unseen-families run")
+    ap.add_argument("--tasks", type=int, default=100, help="held-out unseen-family tasks evaluated")
+    ap.add_argument("--arc_minutes", type=float, default=30.0)
+    ap.add_argument("--arc_tasks", type=int, default=50, help="ARC-AGI-1 evaluation tasks evaluated (the first N)")
+    ap.add_argument("--eval_augments", type=int, default=8)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS (unseen)")
+    ap.add_argument("--arc_variants", default=ARC_VARIANTS, help="comma-separated names of VARIANTS (arc)")
+    ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a fixed.py setting for the training runs and every variant")
+    args = ap.parse_args()
+    settings = parse_settings(args.set)
+    sections = args.sections.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.out or tmp)
+        if "unseen" in sections:
+            cfg, summary, run_dir = run(args.minutes, root / "unseen", data="synthetic:2000",
+                                        synthetic_rules=TRAIN_FAMILIES, synthetic_eval_rules=UNSEEN_FAMILIES,
+                                        **{**CHEAP_VALIDATION, "eval_tasks": args.tasks, **settings})
+            section(f"unseen rule families ({UNSEEN_FAMILIES}), first {args.tasks} held-out tasks, after "
+                    f"{args.minutes} min ({summary['steps']} steps) on {TRAIN_FAMILIES}", cfg, run_dir,
+                    {name: VARIANTS[name] for name in args.variants.split(",")},
+                    {"eval_tasks": args.tasks, "eval_augments": args.eval_augments})
+        for name, transductive in (("arc", {}), ("arc-transductive", TRANSDUCTIVE)):
+            if name not in sections:
+                continue
+            cfg, summary, run_dir = run(args.arc_minutes, root / name,
+                                        **{**CHEAP_VALIDATION, "eval_tasks": args.arc_tasks, **transductive,
+                                           **settings})
+            section(f"ARC-AGI-1 evaluation, first {args.arc_tasks} tasks, after {args.arc_minutes} min "
+                    f"({summary['steps']} steps){' with ' + str(transductive) if transductive else ''}", cfg, run_dir,
+                    {v: VARIANTS[v] for v in args.arc_variants.split(",")},
+                    {"eval_tasks": args.arc_tasks, "eval_augments": args.eval_augments})
+
+
+if __name__ == "__main__":
+    main()

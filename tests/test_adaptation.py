@@ -1,0 +1,130 @@
+"""Per-task adaptation: an untrained adapter changes nothing, rows of a batched adapter learn
+independently, latent search lowers the demos' loss, and attempts can be ranked by the candidates'
+log-probability over every view."""
+
+import math
+
+import numpy as np
+import torch
+
+import fixed
+from data.augment import Augmentation
+from data.canvas import EOG, NUM_CLASSES
+from engine.adaptation import DemoEpisodes, _row_losses, adapt_tasks
+from engine.scoring import Candidates, grid_logprob
+from prompt import with_qwen_features
+
+CPU = torch.device("cpu")
+
+
+def setup(small_cfg, **flags):
+    cfg = small_cfg(**flags)
+    fixed.seed_everything(cfg.run.seed)
+    state = fixed.build_train_state(cfg, CPU)
+    eval_set = fixed.build_data(cfg, CPU).eval_set
+    tasks = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())
+    return cfg, state, eval_set, tasks
+
+
+def test_an_untrained_adapter_changes_nothing(small_cfg):
+    cfg, state, eval_set, tasks = setup(small_cfg)
+    demos = DemoEpisodes(tasks, eval_set, seed=0)
+    batch, rows = demos.draw({0: 0, 1: 1}, per_row=3)
+    batch = with_qwen_features(batch, state.prompts, 0, training=False)
+    adapters = state.model.task_adapters(2, rank=4)
+    with torch.no_grad():
+        plain = state.model(batch).logits
+        adapted = state.model(batch, "mean", adapters(rows)).logits
+    torch.testing.assert_close(adapted, plain, rtol=0, atol=1e-6)
+
+
+def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cfg):
+    """Adapting tasks together is adapting each alone: row r's gradient from the whole batch equals
+    its gradient from its own samples only."""
+    cfg, state, eval_set, tasks = setup(small_cfg)
+    demos = DemoEpisodes(tasks, eval_set, seed=0)
+    batch, rows = demos.draw({0: 0, 1: 1, 2: 2}, per_row=2)
+    adapters = state.model.task_adapters(3, rank=4)
+    with torch.no_grad():
+        adapters.up.normal_(std=0.1)  # every part of the adapter active
+    state.model.requires_grad_(False)
+
+    def grads(keep):
+        sub = {k: v[keep] if torch.is_tensor(v) else [v[i] for i in keep.tolist()] for k, v in batch.items()}
+        adapters.zero_grad(set_to_none=True)
+        _row_losses(state.model, state.prompts, adapters, sub, rows[keep], cfg).sum().backward()
+        return {n: p.grad.clone() for n, p in adapters.named_parameters()}
+
+    everything = grads(torch.arange(len(rows)))
+    for row in range(3):
+        alone = grads(torch.nonzero(rows == row).flatten())
+        for name in everything:
+            torch.testing.assert_close(everything[name][row], alone[name][row], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
+    cfg, state, eval_set, tasks = setup(small_cfg, latent_starts=3, latent_lr=0.1)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    start = adapt_tasks(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(latent_steps=1, latent_lr=0.0),
+                        device=CPU)
+    searched = adapt_tasks(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(latent_steps=20), device=CPU)
+    for task_id, loss in start.demo_loss.items():
+        if not math.isnan(loss):
+            assert searched.demo_loss[task_id] < loss, task_id
+    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
+    assert all(p.grad is None for p in state.model.parameters())
+
+
+def test_grid_logprob_hand_worked():
+    """A 1x1 grid [[3]] on a 2x2 canvas: the colour at (0, 0) and end-of-grid markers at (0, 1),
+    (1, 0) and (1, 1). With log p = -1 for those four classes there and -5 elsewhere, the grid scores
+    -4; a 2x1 grid does not fit a view of side 1."""
+    logp = np.full((2, 2, NUM_CLASSES), -5.0)
+    logp[0, 0, 3] = logp[0, 1, EOG] = logp[1, 0, EOG] = logp[1, 1, EOG] = -1.0
+    assert grid_logprob(np.array([[3]]), Augmentation(), logp) == -4.0
+    assert grid_logprob(np.array([[3], [3]]), Augmentation(), logp[:1, :1]) == float("-inf")
+
+
+def test_ranking_by_logprob_can_overrule_the_votes():
+    """Two views vote for a; b is far more probable under both views: votes pick a, logprob picks b."""
+    a, b = np.array([[1]]), np.array([[2]])
+    logp = np.full((2, 2, NUM_CLASSES), -5.0)
+    logp[0, 1, EOG] = logp[1, 0, EOG] = logp[1, 1, EOG] = 0.0
+    logp[0, 0, 2] = -0.1  # b's colour
+    logp[0, 0, 1] = -3.0  # a's colour
+    cands = Candidates()
+    for grid in (a, a, b):
+        cands.add(grid, -1.0, Augmentation(), logp)
+    assert cands.attempts("votes")[0].tolist() == [[1]]
+    assert cands.attempts("logprob")[0].tolist() == [[2]]
+
+
+def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder, small_cfg, tmp_path):
+    """--train_on_eval_demos --task_embedding: every evaluation test output changed, the trained
+    weights are bit-identical; the evaluation tasks' demos did join training."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    changed = tmp_path / "changed"
+    shutil.copytree(arc_folder, changed)
+    for f in (changed / "evaluation").glob("*.json"):
+        task = json.loads(f.read_text())
+        for pair in task["test"]:
+            pair["output"] = [[(c + 1) % 10 for c in row] for row in pair["output"]]
+        f.write_text(json.dumps(task))
+    weights = []
+    for data in (arc_folder, changed):
+        cfg = small_cfg(data=str(data), run_dir=str(tmp_path / data.name), train_on_eval_demos=True,
+                        task_embedding=True, max_batches=3, eval_tasks=1)
+        summary = fixed.train(cfg, CPU)
+        assert summary["transductive"] is True
+        ckpt = tmp_path / data.name / "checkpoints" / "step_00000003" / "model.safetensors"
+        weights.append(load_file(str(ckpt)))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    data = fixed.build_data(cfg, CPU)
+    eval_ids = {t.task_id for t in data.splits.evaluation}
+    assert eval_ids <= set(data.task_ids)
+    assert weights[0]["task_embedding.weight"].shape[0] == len(data.task_ids)
