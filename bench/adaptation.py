@@ -21,18 +21,20 @@ import tempfile
 from pathlib import Path
 
 from bench.learnability import evaluate_variant, fmt, parse_settings, run
+from engine.config import SECTION_OF, Config
 
 TRAIN_FAMILIES = "recolour,rotate,gravity,crop,border"
 UNSEEN_FAMILIES = "flip,transpose,scale,fill"
 
-# name -> flags; the defaults of fixed.py hold where a variant says nothing
+# name (no commas: --variants lists them) -> flags; the defaults of fixed.py hold where a variant says nothing
 VARIANTS = {
     "none": {"latent_starts": 1, "view_starts": False},
-    "starts: mean + 3 RL draws": {"latent_starts": 4, "view_starts": False},
-    "starts: mean + 17 views": {"latent_starts": 1},
-    "starts: mean + 3 RL + 17 views": {"latent_starts": 4},
-    "latent 30 steps, mean start": {"latent_steps": 30, "latent_starts": 1, "view_starts": False},
-    "latent 30 steps, 4 RL starts": {"latent_steps": 30, "latent_starts": 4, "view_starts": False},
+    "mean + 3 RL-draw starts": {"latent_starts": 4, "view_starts": False},
+    "mean + 17 view starts": {"latent_starts": 1},
+    "mean + 3 RL + 17 view starts": {"latent_starts": 4},
+    "latent 30 steps from the mean": {"latent_steps": 30, "latent_starts": 1, "view_starts": False},
+    "latent 30 steps from 4 RL starts": {"latent_steps": 30, "latent_starts": 4, "view_starts": False},
+    "view starts + latent 30 steps": {"latent_starts": 1, "latent_steps": 30, "latent_lr": 0.03},
     "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_batch_size": 4, "ttt_bias_lr": 0.1,
                                        "ttt_lr": 3e-3, "latent_lr": 0.01},
     "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
@@ -40,18 +42,34 @@ VARIANTS = {
 }
 # the training runs' own validations (every epoch) adapt nothing: the variants are the measurement
 CHEAP_VALIDATION = {"latent_starts": 1, "view_starts": False}
+# a variant starts from the default validation, not from the training run's cheap one
+EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
-ARC_VARIANTS = "none,starts: mean + 17 views,view starts + adapter 15 steps,all weights 30 steps (per task)"
+ARC_VARIANTS = "none,mean + 17 view starts,view starts + adapter 15 steps,all weights 30 steps (per task)"
 
 
-def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: dict) -> None:
-    """One row per variant: exact (attempt 1), pass@2 ranked by votes and by summed log-probability, oracle."""
+def chosen(names: str, flag: str) -> dict[str, dict]:
+    """The variants a comma-separated list names; checked before any training starts."""
+    unknown = [n for n in names.split(",") if n not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"{flag}: unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    return {n: VARIANTS[n] for n in names.split(",")}
+
+
+def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: dict,
+            families: list[str] = ()) -> None:
+    """One row per variant: exact (attempt 1), pass@2 ranked by votes and by summed log-probability,
+    oracle, seconds per task, and exact per synthetic family when `families` names them."""
     print(f"\n## {title}")
-    print(f"{'method':<34}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'oracle':>8}{'s/task':>8}")
+    print(f"{'method':<36}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'oracle':>8}{'s/task':>8}"
+          + "".join(f"{f:>10}" for f in families))
     for name, flags in variants.items():
-        m = evaluate_variant(cfg.replace(**{**common, **flags}), run_dir)
-        print(f"{name:<34}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
-              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}", flush=True)
+        by_family: dict[str, float] = {}
+        m = evaluate_variant(cfg.replace(**{**EVAL_DEFAULTS, **common, **flags}), run_dir,
+                             by_family if families else None)
+        print(f"{name:<36}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
+              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}"
+              + "".join(f"{fmt(by_family[f]):>10}" for f in families), flush=True)
 
 
 def main() -> None:
@@ -65,31 +83,33 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS (unseen)")
     ap.add_argument("--arc_variants", default=ARC_VARIANTS, help="comma-separated names of VARIANTS (arc)")
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
+    ap.add_argument("--reuse", action="store_true", help="take a finished run already in --out instead of training")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a fixed.py setting for the training runs and every variant")
     args = ap.parse_args()
     settings = parse_settings(args.set)
+    unseen, arc = (chosen(args.variants, "--variants"), chosen(args.arc_variants, "--arc_variants"))
     sections = args.sections.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         if "unseen" in sections:
-            cfg, summary, run_dir = run(args.minutes, root / "unseen", data="synthetic:2000",
+            cfg, summary, run_dir = run(args.minutes, root / "unseen", args.reuse, data="synthetic:2000",
                                         synthetic_rules=TRAIN_FAMILIES, synthetic_eval_rules=UNSEEN_FAMILIES,
                                         **{**CHEAP_VALIDATION, "eval_tasks": args.tasks, **settings})
             section(f"unseen rule families ({UNSEEN_FAMILIES}), first {args.tasks} held-out tasks, after "
                     f"{args.minutes} min ({summary['steps']} steps) on {TRAIN_FAMILIES}", cfg, run_dir,
-                    {name: VARIANTS[name] for name in args.variants.split(",")},
-                    {"eval_tasks": args.tasks, "eval_augments": args.eval_augments})
+                    unseen, {"eval_tasks": args.tasks, "eval_augments": args.eval_augments, **settings},
+                    UNSEEN_FAMILIES.split(","))
         for name, transductive in (("arc", {}), ("arc-transductive", TRANSDUCTIVE)):
             if name not in sections:
                 continue
-            cfg, summary, run_dir = run(args.arc_minutes, root / name,
+            cfg, summary, run_dir = run(args.arc_minutes, root / name, args.reuse,
                                         **{**CHEAP_VALIDATION, "eval_tasks": args.arc_tasks, **transductive,
                                            **settings})
             section(f"ARC-AGI-1 evaluation, first {args.arc_tasks} tasks, after {args.arc_minutes} min "
                     f"({summary['steps']} steps){' with ' + str(transductive) if transductive else ''}", cfg, run_dir,
-                    {v: VARIANTS[v] for v in args.arc_variants.split(",")},
-                    {"eval_tasks": args.arc_tasks, "eval_augments": args.eval_augments})
+                    arc,
+                    {"eval_tasks": args.arc_tasks, "eval_augments": args.eval_augments, **settings})
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Sections (each run is the real training loop of fixed.py, evaluated by its valid
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import tempfile
 from pathlib import Path
@@ -51,9 +52,12 @@ def parse_settings(pairs: list[str]) -> dict:
     return out
 
 
-def run(minutes: float, run_dir: Path, **overrides) -> tuple[Config, dict, Path]:
+def run(minutes: float, run_dir: Path, reuse: bool = False, **overrides) -> tuple[Config, dict, Path]:
+    """Train for `minutes` into `run_dir`; with `reuse`, a finished run already there is taken as is."""
     cfg = Config.from_flags(epochs=1000, max_minutes=minutes, run_dir=str(run_dir), log_every=20,
                             prompt_cache_dir=str(run_dir.parent / "cache"), **{**SETTINGS, **overrides})
+    if reuse and (run_dir / "summary.json").exists():
+        return cfg, json.loads((run_dir / "summary.json").read_text()), run_dir
     return cfg, fixed.train(cfg, CPU), run_dir
 
 
