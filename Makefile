@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-data bench-cache bench-learn clean
+.PHONY: setup run test bench-data bench-cache bench-learn bench-adapt bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) fixed.py --epochs 1 --max_batches 20
+	$(PY) fixed.py --epochs 1 --max_batches 20 --eval_tasks 50
 
 test: $(STAMP)
 	$(PY) -m pytest
@@ -28,6 +28,18 @@ bench-cache: $(STAMP)
 
 bench-learn: $(STAMP)
 	$(PY) -m bench.learnability
+
+bench-adapt: $(STAMP)
+	$(PY) -m bench.adaptation --sections unseen,arc,arc-transductive
+
+bench-step: $(STAMP)
+	$(PY) -m bench.step_profile
+
+bench-qwen: $(STAMP)
+	$(PY) -m bench.qwen_shapes
+
+bench-reduce: $(STAMP)
+	$(PY) -m bench.grad_reduction
 
 clean:
 	rm -rf $(VENV)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -135,14 +136,16 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     Each micro-batch's loss is summed over its samples and divided by the window's real sample
     count over all processes, so the step's gradient is the mean gradient of exactly the samples
     it saw. A micro-batch with a non-finite loss does not go backward and is counted.
+    Each phase is a `record_function` range ("step/..."), free unless a profiler records it.
     """
     model, amp, counters = state.model, state.amp, state.counters
     n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
     stats: dict = {"amp/nonfinite_losses": 0.0}
     infos, rewards = [], []
     for i, batch in enumerate(window):
-        batch = with_qwen_features(batch, state.prompts, counters.micro_batches + i, training=True)
-        with amp.autocast():
+        with record_function("step/prompt"):
+            batch = with_qwen_features(batch, state.prompts, counters.micro_batches + i, training=True)
+        with record_function("step/forward"), amp.autocast():
             pred = model(batch, "sampled+mean")
             loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
                                  cfg=cfg.loss)
@@ -150,20 +153,27 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
         if not torch.isfinite(window_loss):
             stats["amp/nonfinite_losses"] += 1
             continue
-        amp.backward(window_loss)
+        with record_function("step/backward"):
+            amp.backward(window_loss)
         for k, v in loss.stats.items():
             stats[k] = stats.get(k, 0.0) + v / len(window)
         infos.append(pred.rl)
         rewards.append(loss.reward)
-    dist.average_gradients([p for g in state.optimizer.param_groups for p in g["params"]])
-    result = amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
+    with record_function("step/reduce"):
+        collectives = dist.average_gradients([p for g in state.optimizer.param_groups for p in g["params"]],
+                                             bucket_bytes=int(cfg.optim.grad_bucket_mb * (1 << 20)))
+    if dist.active:
+        stats["dist/collectives"] = float(collectives)
+    with record_function("step/optimizer"):
+        result = amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
     stats["amp/stepped"] = float(result is not None and result.stepped)
     if result is not None:
         stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
     # The RL head learns after the main step, from detached tensors, with its own optimizer.
     if dist.sum_int(bool(infos)) == dist.world_size:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
-        stats.update(model.rl_update(info, torch.cat(rewards), state.rl_optimizer, dist))
+        with record_function("step/rl"):
+            stats.update(model.rl_update(info, torch.cat(rewards), state.rl_optimizer, dist))
     counters.optimizer_steps += 1
     counters.micro_batches += len(window)
     counters.micro_batches_in_epoch += len(window)

@@ -14,7 +14,10 @@ AGENTS = {"conv": FiLMConvAgent, "transformer": TransformerAgent}
 
 def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> nn.Module:
     shape = {"layers": cfg.agent_layers, "cycles": cfg.agent_cycles} if cfg.agent == "transformer" else {}
-    return AGENTS[cfg.agent](prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views, **shape)
+    agent = AGENTS[cfg.agent](prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views, **shape)
+    if cfg.compile:
+        agent.compile()  # in place: parameter names, and so checkpoints, stay those of the eager agent
+    return agent
 
 
 __all__ = ["AGENTS", "FiLMConvAgent", "TransformerAgent", "build_agent"]

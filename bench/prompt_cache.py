@@ -21,6 +21,7 @@ takes hours on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
@@ -29,9 +30,9 @@ import fixed
 from engine.config import Config, QwenCfg
 from prompt import QwenTextEncoder
 from prompt.cache import CacheStats
-from prompt.qwen_encoder import tiny_tokenizer
 
 CPU = torch.device("cpu")
+POLICIES = ("(a) no cache", "(b) every 10 batches", "(c) cache, frozen", "(d) cache, trainable, refresh 10")
 
 
 class EveryNBatches:
@@ -77,12 +78,7 @@ def run_policy(name: str, max_batches: int) -> dict:
 
 def throughput(cfg: QwenCfg, texts: list[str], with_grad: bool) -> float:
     """Tokens per second of a Qwen2.5-0.5B-shaped trunk (random weights) on these texts."""
-    from transformers import Qwen2Config, Qwen2Model
-
-    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768)
-    encoder = QwenTextEncoder(cfg, tokenizer=tiny_tokenizer(), trunk=Qwen2Model(config),
-                              description="Qwen2.5-0.5B-shaped, random weights", source="bench")
+    encoder = QwenTextEncoder.load(dataclasses.replace(cfg, qwen_model="random:Qwen/Qwen2.5-0.5B"), seed=0)
     start = time.perf_counter()
     with torch.set_grad_enabled(with_grad):
         out = encoder.encode(texts)
@@ -90,13 +86,13 @@ def throughput(cfg: QwenCfg, texts: list[str], with_grad: bool) -> float:
             out.sum().backward()
     return encoder.stats.tokens / (time.perf_counter() - start)
 
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max_batches", type=int, default=0, help="batches per policy (0: one whole epoch)")
     ap.add_argument("--skip_real_shape", action="store_true", help="tiny encoder only")
     args = ap.parse_args()
-    names = ["(a) no cache", "(b) every 10 batches", "(c) cache, frozen", "(d) cache, trainable, refresh 10"]
-    rows = [run_policy(name, args.max_batches) for name in names]
+    rows = [run_policy(name, args.max_batches) for name in POLICIES]
     print(f"tiny encoder, {rows[0]['batches']} batches of 8 (ARC-AGI-1, one epoch = 215)")
     print(f"{'policy':<34}{'Qwen tokens':>12}{'vs (a)':>8}{'encoder share':>15}")
     for r in rows:

@@ -99,7 +99,8 @@ class DataCfg:
 class QwenCfg:
     """The Qwen2 trunk that reads the demo texts, and the cache of its features."""
 
-    qwen_model: str = flag("tiny", "tiny (built-in, untrained), a Hugging Face id, or a local folder")
+    qwen_model: str = flag("tiny", "tiny (built-in, untrained), random:Qwen/Qwen2.5-0.5B or -1.5B (the "
+                                 "published shape, untrained), a Hugging Face id, or a local folder")
     qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"))
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
                            ("float32", "bfloat16", "float16"))
@@ -157,6 +158,7 @@ class AgentCfg:
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions (see agents/views.py)")
+    compile: bool = flag(False, "torch.compile the agent (compiled at its first batches; see make bench-step)")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
@@ -199,9 +201,11 @@ class OptimCfg:
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
                     ("off", "bf16", "fp16"))
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
+    grad_bucket_mb: float = flag(25.0, "several processes: gradients are all-reduced in flattened buckets of "
+                                 "this many MiB (0: one call per tensor)")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay"))
+        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,10 +1,16 @@
 """Several processes (`torchrun` or `accelerate launch`): one process per device, gradients
 averaged by all-reduce before every optimizer step.
 
-Gradients are reduced by hand rather than by DDP: Qwen has gradients only on refresh steps and a
-skipped micro-batch has none at all, and "no gradient" must stay None on every rank (a zero
-gradient would still move AdamW's moments and weight decay). So a mask of which parameters have a
-gradient on any rank is reduced first, then exactly those gradients (None counting as zero).
+Gradients are reduced by hand rather than by DDP (or accelerate, which wraps DDP). DDP reduces
+from hooks inside backward, so every rank must run backward in every micro-batch; here a rank
+whose micro-batch has a non-finite loss skips its backward while the others do not (under DDP
+their collectives would wait for it forever), and Qwen joins the graph on refresh steps only
+(DDP would need find_unused_parameters, a walk of the autograd graph every step). And "no
+gradient" must stay None on every rank (a zero gradient would still move AdamW's moments and
+weight decay). So a mask of which parameters have a gradient on any rank is reduced first, then
+exactly those gradients (None counting as zero), flattened into buckets as DDP does
+(`--grad_bucket_mb`): two or three collective calls a step instead of one per tensor. What this
+gives up against DDP is the overlap of reduction with backward.
 Every rank ends a step with identical gradients, so identical weights, scaler and RL head.
 """
 
@@ -15,6 +21,25 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+BUCKET_BYTES = 25 << 20  # DDP's default bucket size (bucket_cap_mb=25)
+
+
+def _buckets(grads: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive gradients of one dtype and device, grouped up to `bucket_bytes` (0: one each)."""
+    out: list[list[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        same_kind = out and (out[-1][0].dtype, out[-1][0].device) == (g.dtype, g.device)
+        if same_kind and bucket_bytes and size + nbytes <= bucket_bytes:
+            out[-1].append(g)
+            size += nbytes
+        else:
+            out.append([g])
+            size = nbytes
+    return out
 
 
 @dataclass(frozen=True)
@@ -41,21 +66,31 @@ class Dist:
     def any(self, flag: bool) -> bool:
         return self.sum_int(int(flag)) > 0
 
-    def average_gradients(self, params: list[torch.nn.Parameter], denominator: int | None = None) -> None:
-        """Sum (or average over `denominator`) the gradients of `params` across ranks, in place."""
+    def average_gradients(self, params: list[torch.nn.Parameter], denominator: int | None = None,
+                          bucket_bytes: int = BUCKET_BYTES) -> int:
+        """Sum (or average over `denominator`) the gradients of `params` across ranks, in place.
+
+        One all-reduce of the has-a-gradient mask, then one per bucket of at most `bucket_bytes`
+        of flattened gradients (0: one per tensor). Returns the collective calls made."""
         if not self.active:
-            return
+            return 0
         device = params[0].device
         has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
         dist.all_reduce(has)
-        for p, any_rank in zip(params, has.tolist()):
-            if not any_rank:
-                continue
+        reduced = [p for p, any_rank in zip(params, has.tolist()) if any_rank]
+        for p in reduced:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            dist.all_reduce(p.grad)
+        buckets = _buckets([p.grad for p in reduced], bucket_bytes)
+        for bucket in buckets:
+            flat = _flatten_dense_tensors(bucket) if len(bucket) > 1 else bucket[0]
+            dist.all_reduce(flat)
             if denominator:
-                p.grad.div_(denominator)
+                flat.div_(denominator)
+            if len(bucket) > 1:
+                for grad, summed in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                    grad.copy_(summed)
+        return 1 + len(buckets)
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         if not self.active:

@@ -24,7 +24,8 @@ from prompt import PromptCache, QwenFeatures
 # Flags that may change on resume without a warning: they do not change what is learned (and no
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
-               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only",
+               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only", "compile",
+               "grad_bucket_mb",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 

@@ -3,7 +3,9 @@ the FP32 guarantee for trainable weights, and per-demo pooling.
 
 The built-in `tiny` model is a real `transformers` Qwen2 with random weights and a vocabulary of
 digits, newline and the two markers; it exists so that every run and test works offline. It is
-UNTRAINED and every log says so.
+UNTRAINED and every log says so. `random:Qwen/Qwen2.5-0.5B` (or `-1.5B`) builds the published
+configuration of that model with random weights, also offline and UNTRAINED: what a GPU run will
+hold in memory and compute, measured without the download.
 """
 
 from __future__ import annotations
@@ -22,6 +24,16 @@ from engine.config import ConfigError, QwenCfg
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINY = "tiny"
 TINY_VOCAB = ("<pad>", "<unk>", *(str(d) for d in range(10)), "\n", "input", "output")
+RANDOM = "random:"
+# The published configurations (each model's config.json on the Hugging Face hub).
+QWEN25_SHAPES = {
+    "Qwen/Qwen2.5-0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                              num_key_value_heads=2, max_position_embeddings=32768),
+    "Qwen/Qwen2.5-1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                              num_key_value_heads=2, max_position_embeddings=131072),
+}
+QWEN25_COMMON = dict(vocab_size=151936, rope_theta=1_000_000.0, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                     hidden_act="silu")
 
 
 def tiny_tokenizer():
@@ -41,6 +53,24 @@ def tiny_qwen2(seed: int, hidden: int = 64, layers: int = 2):
     config = Qwen2Config(vocab_size=len(TINY_VOCAB), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=4096, pad_token_id=0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen2Model(config)
+
+
+def random_qwen25(name: str, seed: int):
+    """Qwen2.5 `name` at its published shape with random weights from `seed` (global RNG untouched).
+
+    The tokenizer is the tiny one: Qwen2.5's own tokenizer also gives one token per digit, newline
+    and marker word, so the token counts (and so the cost) of a demo text are those of the real
+    model; the ids it uses are a few rows of the full-size embedding.
+    """
+    from transformers import Qwen2Config, Qwen2Model
+
+    if name not in QWEN25_SHAPES:
+        raise ConfigError(f"--qwen_model {RANDOM}{name}: no published shape for {name!r}; "
+                          f"choose from {', '.join(RANDOM + n for n in QWEN25_SHAPES)}")
+    config = Qwen2Config(**QWEN25_SHAPES[name], **QWEN25_COMMON, pad_token_id=0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return Qwen2Model(config)
@@ -79,6 +109,8 @@ def _source_identity(cfg: QwenCfg, model: nn.Module, seed: int) -> str:
     """Names the weights a trunk was loaded from: part of the prompt-cache key."""
     if cfg.qwen_model == TINY:
         return f"tiny-qwen2:h{model.config.hidden_size}:l{model.config.num_hidden_layers}:seed{seed}"
+    if cfg.qwen_model.startswith(RANDOM):
+        return f"{cfg.qwen_model}:seed{seed}"
     if os.path.isdir(cfg.qwen_model):
         return f"folder:{_weights_signature(Path(cfg.qwen_model))}"
     return f"{cfg.qwen_model}@{getattr(model.config, '_commit_hash', None) or 'unknown-revision'}"
@@ -123,11 +155,17 @@ class QwenTextEncoder(nn.Module):
 
     @classmethod
     def load(cls, cfg: QwenCfg, *, seed: int) -> QwenTextEncoder:
-        """The built-in tiny model (random weights from `seed`), or `from_pretrained` of an id or folder."""
+        """The built-in tiny model or a published Qwen2.5 shape (random weights from `seed`), or
+        `from_pretrained` of an id or folder."""
         if cfg.qwen_model == TINY:
             tokenizer, trunk = tiny_tokenizer(), tiny_qwen2(seed)
             description = (f"tiny Qwen2 (built-in, UNTRAINED random weights, hidden {trunk.config.hidden_size}, "
                            f"{trunk.config.num_hidden_layers} layers)")
+        elif cfg.qwen_model.startswith(RANDOM):
+            tokenizer, trunk = tiny_tokenizer(), random_qwen25(cfg.qwen_model[len(RANDOM):], seed)
+            description = (f"{cfg.qwen_model[len(RANDOM):]} shape (UNTRAINED random weights, hidden "
+                           f"{trunk.config.hidden_size}, {trunk.config.num_hidden_layers} layers, "
+                           f"{sum(p.numel() for p in trunk.parameters()) / 1e6:.0f}M params)")
         else:
             tokenizer, trunk = _load_pretrained(cfg)
             description = f"{cfg.qwen_model} (pretrained, {cfg.qwen_dtype} weights)"

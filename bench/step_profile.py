@@ -1,0 +1,119 @@
+"""Where a training step's time goes: per phase, per agent, at two canvas sides; fp32 against bf16
+and eager against `--compile`, in one run.
+
+    python -m bench.step_profile [--steps 30] [--agents conv,transformer] [--sides 11,30]
+
+Each case trains the default configuration on synthetic tasks whose grids (and so canvases) have
+one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). The whole step is
+timed as the loop runs it (next batch from the loader, `train_step`, the logger); a second pass
+under torch.profiler splits `train_step` into its `record_function` phases (step/prompt, forward,
+backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent alone on
+the same batch (doubled, as the step runs both refinements) with a fixed prompt: loop overhead =
+1 - bare / whole step, everything that is not the agent's own arithmetic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import fixed
+from engine.config import Config
+from engine.loop import epoch_windows
+from engine.run_logger import RunLogger
+
+CPU = torch.device("cpu")
+SIZES = {11: "10-10", 30: "29-29"}  # canvas side -> synthetic grid sides
+SAME_SIZE_RULES = "recolour,flip,rotate,transpose,gravity"  # outputs as large as inputs: one canvas side
+PHASES = ("step/prompt", "step/forward", "step/backward", "step/reduce", "step/optimizer", "step/rl")
+
+
+def case_config(agent: str, side: int, **flags) -> Config:
+    return Config.from_flags(agent=agent, data="synthetic:200", synthetic_size=SIZES[side],
+                             synthetic_rules=SAME_SIZE_RULES, synthetic_eval_rules=SAME_SIZE_RULES, **flags)
+
+
+def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
+    """Run the loop's own pieces for `warmup` + `steps` steps; -> seconds per step of each piece,
+    phase seconds per step (profiled pass), the canvas side seen and the batch used."""
+    fixed.seed_everything(cfg.run.seed)
+    data = fixed.build_data(cfg, CPU)
+    state = fixed.build_train_state(cfg, CPU)
+    logger = RunLogger(log_dir, cfg.flags(), "bench")
+    data.sampler.set_epoch(0)
+    windows = epoch_windows(data.loader, 2 * (warmup + steps), cfg.optim.grad_accum, CPU)
+    took = {"data": 0.0, "train_step": 0.0, "logging": 0.0}
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        window = next(windows)
+        t1 = time.perf_counter()
+        stats = fixed.train_step(state, window, cfg)
+        t2 = time.perf_counter()
+        logger.accumulate(stats)
+        if state.counters.optimizer_steps % cfg.run.log_every == 0:
+            logger.flush(state.counters.optimizer_steps)
+        t3 = time.perf_counter()
+        if i >= warmup:
+            for key, seconds in zip(took, (t1 - t0, t2 - t1, t3 - t2)):
+                took[key] += seconds / steps
+    logger.close()
+    batch = window[0]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            fixed.train_step(state, next(windows), cfg)
+    by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
+    return {**took, "phases": by_name, "side": batch["input"].shape[-1], "batch": batch, "state": state}
+
+
+def bare_agent(state, batch: dict, prompt_dim: int, repeats: int) -> float:
+    """Seconds of one agent forward + backward on the doubled batch, prompt fixed."""
+    agent = state.model.agent
+    grid = torch.cat([batch["input"], batch["input"]])
+    prompt = torch.randn(grid.shape[0], prompt_dim)
+    for warm in (True, False):
+        start = time.perf_counter()
+        for _ in range(2 if warm else repeats):
+            with state.amp.autocast():
+                loss = agent(grid, prompt).float().logsumexp(-1).mean()
+            loss.backward()
+    return (time.perf_counter() - start) / repeats
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--agents", default="conv,transformer")
+    ap.add_argument("--sides", default="11,30")
+    ap.add_argument("--variants", default="fp32,bf16,compile", help="fp32 (the default), bf16 (--amp bf16), "
+                    "compile (--compile)")
+    args = ap.parse_args()
+    flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True}}
+    print(f"## step time per phase, ms (batch 8, {args.steps} steps after {args.warmup} warm-up, "
+          f"{torch.get_num_threads()} CPU threads)")
+    head = ["agent", "S", "variant", "step", "data", "prompt", "forward", "backward", "optim", "rl", "logging",
+            "bare agent", "overhead"]
+    print("".join(f"{h:>11}" for h in head))
+    with tempfile.TemporaryDirectory() as tmp:
+        for agent in args.agents.split(","):
+            for side in map(int, args.sides.split(",")):
+                for variant in args.variants.split(","):
+                    cfg = case_config(agent, side, **flags[variant])
+                    r = timed_steps(cfg, args.steps, args.warmup, Path(tmp) / f"{agent}{side}{variant}")
+                    whole = r["data"] + r["train_step"] + r["logging"]
+                    bare = bare_agent(r["state"], r["batch"], cfg.prompt.prompt_dim, 5)
+                    ph = r["phases"]
+                    cells = [agent, r["side"], variant] + [f"{1e3 * x:.1f}" for x in (
+                        whole, r["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
+                        ph.get("step/backward", 0), ph.get("step/optimizer", 0), ph.get("step/rl", 0),
+                        r["logging"], bare)] + [f"{1 - bare / whole:.0%}"]
+                    print("".join(f"{c:>11}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
