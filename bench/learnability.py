@@ -66,8 +66,9 @@ def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) 
     eval augments, test-time training). With `by_family`, fill it with {synthetic family:
     first-attempt exact match}."""
     fixed.seed_everything(cfg.run.seed)
-    eval_set = fixed.build_data(cfg, CPU).eval_set
-    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=run_dir.parent / "cache")
+    data = fixed.build_data(cfg, CPU)
+    eval_set = data.eval_set
+    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=run_dir.parent / "cache", tasks=len(data.task_ids))
     restore_run_state(state, find_checkpoint(str(run_dir)), cfg.flags(), Dist())
     result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     metrics, submission = result.metrics, result.submission

@@ -7,11 +7,11 @@ read. The shared weights end exactly as they started.
 - Latent search (`--latent_steps`, `--latent_lr`, `--latent_starts K`): each task gets K latents,
   added to the refined prompt: the mean refinement (0) and K-1 draws of the RL head's Gaussian. Adam
   moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
-- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_params`):
+- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_params`), after the search:
   `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
-  `--ttt_rank` update of the cell states after every block) trained from the kept latent;
+  `--ttt_rank` update of the cell states after every block) trained from the kept start;
   `all` / `adapter` / `prompt`: named groups of the shared weights (ArcModel.ttt_parameters),
-  trained one task at a time and restored bit for bit after.
+  trained one task at a time under the kept start and restored bit for bit after.
 - Both per-task states batch over tasks: `--adapt_tasks` tasks (x K starts) share every step, each
   sample reading its own task's rows, so a GPU adapts hundreds of tasks at once and a CPU pays no
   per-task overhead.
@@ -190,13 +190,17 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
 
 @contextmanager
 def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
-                    cfg: Config, device: torch.device):
+                    cfg: Config, device: torch.device, searched: AdaptedTasks | None = None):
     """`--ttt_params all|adapter|prompt`: train named groups of the shared weights on one task's
-    demos; restore them exactly on exit."""
+    demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit."""
     demos = DemoEpisodes([task], eval_set, cfg.run.seed)
     if cfg.eval.ttt_steps <= 0 or cfg.eval.ttt_params == "task" or not demos.episodes[0]:
         yield
         return
+    kept = None
+    if searched is not None and searched.adapters is not None:
+        kept = searched.adapters(torch.tensor([searched.row[task.task_id]], device=device))
+        kept = type(kept)(*(t.detach() for t in vars(kept).values()))
     params = model.ttt_parameters(cfg.eval.ttt_params)
     chosen = {id(p) for p in params}
     every = list(model.parameters())
@@ -211,7 +215,7 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
             batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)
             batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
             with amp.autocast():
-                pred = model(batch, "mean")
+                pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
                 loss = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,
                                 cfg=cfg.loss).per_sample.mean()
             amp.backward(loss)

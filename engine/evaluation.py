@@ -92,11 +92,8 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
         start = time.perf_counter()
         tasks = [dataset.episodes[by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in by_task[t]]
-        if per_task_weights:
-            with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device):
-                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device)
-        else:
-            adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device)
+        adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device)  # search (and task TTT)
+        with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted):
             cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
         seconds += [(time.perf_counter() - start) / len(group)] * len(group)
         for i in episodes:

@@ -10,7 +10,7 @@ import torch
 import fixed
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from engine.adaptation import DemoEpisodes, _row_losses, adapt_tasks
+from engine.adaptation import DemoEpisodes, _row_losses, adapt_tasks, adapted_weights
 from engine.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
 
@@ -73,6 +73,23 @@ def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
             assert searched.demo_loss[task_id] < loss, task_id
     assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
     assert all(p.grad is None for p in state.model.parameters())
+
+
+def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg):
+    """--ttt_params all after the view-start search: the weights trained under the kept start differ
+    from those trained from the plain mean (the start is used), and both are restored bit for bit."""
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2)
+    model, task = state.model, next(t for t in tasks if len(t.train) > 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    searched = adapt_tasks(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU)
+    assert searched.adapters is not None and searched.adapters.gate_bias.abs().sum() > 0  # a view start won
+    trained = []
+    for start in (None, searched):
+        with adapted_weights(model, state.prompts, task, eval_set, cfg=cfg, device=CPU, searched=start):
+            trained.append({k: v.clone() for k, v in model.state_dict().items()})
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    changed = [k for k in before if not torch.equal(trained[0][k], trained[1][k])]
+    assert changed and all(not torch.equal(trained[1][k], before[k]) for k in changed)
 
 
 def test_grid_logprob_hand_worked():
