@@ -228,11 +228,11 @@ class EvalCfg:
     view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
                                    "never picked in training is then one start away)")
     ttt_steps: int = flag(0, "test-time training steps on each evaluation task's demos (0: off)")
-    ttt_lr: float = flag(1e-2, "test-time training learning rate (of named groups; of the task adapter's "
+    ttt_lr: float = flag(1e-3, "test-time training learning rate (of named groups; of the task adapter's "
                                "low-rank update)")
-    ttt_bias_lr: float = flag(1.0, "task adapter: learning rate of its view-gate and class-map biases (logits)")
-    ttt_params: str = flag("task", "what test-time training adapts: a per-task adapter (batched over tasks), or "
-                                   "named groups of the shared weights (one task at a time)", ("task", *TTT_PARAMS))
+    ttt_bias_lr: float = flag(0.1, "task adapter: learning rate of its view-gate and class-map biases (logits)")
+    ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
+                                  "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
     ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
