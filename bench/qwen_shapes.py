@@ -10,7 +10,8 @@ of that many tokens), and the trainable parameters. Then the Qwen tokens one ARC
 under each cache policy (token counts depend only on the text: measured with the built-in tiny
 encoder, whose tokenizer splits demo texts as Qwen2.5's does) and, from all of these, the memory
 one GPU needs per setting: weights, gradients and AdamW state of what trains, plus activations
-scaled from the measured bytes per token to one micro-batch's prompt tokens.
+scaled from the measured bytes per token (float32, as measured here; bf16 autocast keeps about half) to
+one micro-batch's prompt tokens.
 """
 
 from __future__ import annotations
@@ -71,13 +72,13 @@ def tokens_per_epoch() -> dict[str, int]:
     return {name: run_policy(name, 0)["tokens"] for name in POLICIES}
 
 
-def gpu_estimate(row: dict, prompt_tokens: int, weight_bytes: int) -> float:
+def gpu_estimate(row: dict, per_token: float, prompt_tokens: int, weight_bytes: int) -> float:
     """GiB on one GPU: weights at `weight_bytes` per parameter (trainable ones float32), float32
-    gradients and two AdamW moments of what trains, activations for `prompt_tokens` tokens."""
+    gradients and two AdamW moments of what trains, and `per_token` activation bytes kept for
+    backward for each of `prompt_tokens` tokens (none without gradients)."""
     frozen = row["params"] - row["trainable"]
     static = frozen * weight_bytes + row["trainable"] * 4 * 4  # weight, gradient, two moments
-    per_token = row["activation_bytes"] / row["tokens"] if row["mode"] != "frozen" else 0
-    return (static + per_token * prompt_tokens) / GiB
+    return (static + (per_token * prompt_tokens if row["mode"] != "frozen" else 0)) / GiB
 
 
 def main() -> None:
@@ -111,8 +112,12 @@ def main() -> None:
         print(f"{name:<36}{tokens:>12,}")
     print(f"\n## estimated GPU memory of the encoder, one micro-batch of {args.micro_batch_tokens} prompt tokens "
           f"(bf16 frozen weights; trainable weights, gradients and AdamW moments float32)")
+    # Both trainable modes keep the same activations for backward; LoRA's growth holds almost nothing
+    # else, while full's peak mixes activations freed and gradients filled, so LoRA's figure is used.
+    per_token = {r["shape"]: r["activation_bytes"] / r["tokens"] for r in rows if r["mode"] == "lora"}
     for r in rows:
-        print(f"{r['shape']:<20}{r['mode']:<8}{gpu_estimate(r, args.micro_batch_tokens, 2):>8.1f} GiB")
+        print(f"{r['shape']:<20}{r['mode']:<8}"
+              f"{gpu_estimate(r, per_token.get(r['shape'], 0.0), args.micro_batch_tokens, 2):>8.1f} GiB")
 
 
 if __name__ == "__main__":
