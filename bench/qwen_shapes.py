@@ -60,7 +60,8 @@ def measure_one(shape: str, mode: str, texts: int) -> dict:
     trainable = sum(p.numel() for p in params if p.requires_grad)
     # the growth holds the activations kept for backward and the float32 gradients: count them apart
     activations = max(peak_rss_bytes() - built - 4 * trainable, 0)
-    return {"shape": shape, "mode": mode, "tokens": encoder.stats.tokens, "tokens_per_s": encoder.stats.tokens / seconds,
+    return {"shape": shape, "mode": mode, "tokens": encoder.stats.tokens,
+            "tokens_per_s": encoder.stats.tokens / seconds,
             "activation_bytes": activations, "built_bytes": built,
             "params": sum(p.numel() for p in params), "trainable": trainable}
 
@@ -105,19 +106,22 @@ def main() -> None:
           f"{'act. KiB/token':>16}")
     for r in rows:
         print(f"{r['shape']:<20}{r['mode']:<8}{r['params'] / 1e6:>8.0f}M{r['trainable'] / 1e6:>10.2f}M"
-              f"{r['tokens_per_s']:>10.0f}{r['built_bytes'] / GiB:>11.2f}{r['activation_bytes'] / r['tokens'] / 1024:>16.0f}")
+              f"{r['tokens_per_s']:>10.0f}{r['built_bytes'] / GiB:>11.2f}"
+              f"{r['activation_bytes'] / r['tokens'] / 1024:>16.0f}")
     epoch = tokens_per_epoch()
     print("\n## Qwen tokens per ARC-AGI-1 training epoch (215 batches of 8), per cache policy")
     for name, tokens in epoch.items():
         print(f"{name:<36}{tokens:>12,}")
     print(f"\n## estimated GPU memory of the encoder, one micro-batch of {args.micro_batch_tokens} prompt tokens "
-          f"(bf16 frozen weights; trainable weights, gradients and AdamW moments float32)")
+          f"(frozen weights bf16 as --qwen_dtype bfloat16 allows, LoRA's base float32; trainable weights, "
+          f"gradients and AdamW moments float32; activations float32 as measured)")
     # Both trainable modes keep the same activations for backward; LoRA's growth holds almost nothing
     # else, while full's peak mixes activations freed and gradients filled, so LoRA's figure is used.
     per_token = {r["shape"]: r["activation_bytes"] / r["tokens"] for r in rows if r["mode"] == "lora"}
     for r in rows:
-        print(f"{r['shape']:<20}{r['mode']:<8}"
-              f"{gpu_estimate(r, per_token.get(r['shape'], 0.0), args.micro_batch_tokens, 2):>8.1f} GiB")
+        weight_bytes = 2 if r["mode"] == "frozen" else 4
+        gib = gpu_estimate(r, per_token.get(r["shape"], 0.0), args.micro_batch_tokens, weight_bytes)
+        print(f"{r['shape']:<20}{r['mode']:<8}{gib:>8.1f} GiB")
 
 
 if __name__ == "__main__":
