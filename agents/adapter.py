@@ -36,6 +36,10 @@ class AdapterSlice:
         """The slice of a batch repeated k times along the batch (K refinements in one call)."""
         return AdapterSlice(*(t.repeat(k, *([1] * (t.dim() - 1))) for t in vars(self).values()))
 
+    def detach(self) -> AdapterSlice:
+        """The same rows, cut from the graph: a fixed start that nothing trains."""
+        return AdapterSlice(*(t.detach() for t in vars(self).values()))
+
 
 def residual_update(x: torch.Tensor, adapter: AdapterSlice | None, block: int, channels_first: bool) -> torch.Tensor:
     """x + (x @ down) @ up for block `block`: x [B, C, H, W] (channels_first) or [B, N, C]."""

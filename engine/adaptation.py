@@ -158,10 +158,14 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     views = model.agent.num_views if e.view_starts else 0
     per_task = e.latent_starts + views
     tune = e.ttt_steps > 0 and e.ttt_params == "task"
+    unadapted = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)},
+                             {t.task_id: float("nan") for t in tasks})
+    if not (per_task > 1 or e.latent_steps or tune):
+        return unadapted
     demos = DemoEpisodes(tasks, eval_set, cfg.run.seed)
     usable = [i for i, eps in enumerate(demos.episodes) if eps]  # a task with one demo has no episode
-    if not (per_task > 1 or e.latent_steps or tune) or not usable:
-        return AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks})
+    if not usable:
+        return unadapted
     adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
     rows = {task * per_task + k: task for task in usable for k in range(per_task)}  # row -> task
     with frozen(model):
@@ -193,14 +197,15 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
                     cfg: Config, device: torch.device, searched: AdaptedTasks | None = None):
     """`--ttt_params all|adapter|prompt`: train named groups of the shared weights on one task's
     demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit."""
-    demos = DemoEpisodes([task], eval_set, cfg.run.seed)
-    if cfg.eval.ttt_steps <= 0 or cfg.eval.ttt_params == "task" or not demos.episodes[0]:
+    demos = None  # built only when something trains: this runs for every task group of every validation
+    if cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task":
+        demos = DemoEpisodes([task], eval_set, cfg.run.seed)
+    if demos is None or not demos.episodes[0]:
         yield
         return
     kept = None
     if searched is not None and searched.adapters is not None:
-        kept = searched.adapters(torch.tensor([searched.row[task.task_id]], device=device))
-        kept = type(kept)(*(t.detach() for t in vars(kept).values()))
+        kept = searched.adapters(torch.tensor([searched.row[task.task_id]], device=device)).detach()
     params = model.ttt_parameters(cfg.eval.ttt_params)
     chosen = {id(p) for p in params}
     every = list(model.parameters())
