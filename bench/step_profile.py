@@ -5,11 +5,12 @@ and eager against `--compile`, in one run.
 
 Each case trains the default configuration on synthetic tasks whose grids (and so canvases) have
 one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). The whole step is
-timed as the loop runs it (next batch from the loader, `train_step`, the logger); a second pass
-under torch.profiler splits `train_step` into its `record_function` phases (step/prompt, forward,
-backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent alone on
+timed as the loop runs it (next batch from the loader, `train_step`, the logger), twice over the
+same windows: with the prompt cache cold, then warm (a long run's steady state); a third pass
+under torch.profiler splits the warm `train_step` into its `record_function` phases (step/prompt,
+forward, backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent alone on
 the same batch (doubled, as the step runs both refinements) with a fixed prompt: loop overhead =
-1 - bare / whole step, everything that is not the agent's own arithmetic.
+1 - bare / whole warm step, everything that is not the agent's own arithmetic.
 """
 
 from __future__ import annotations
@@ -39,34 +40,42 @@ def case_config(agent: str, side: int, **flags) -> Config:
 
 
 def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
-    """Run the loop's own pieces for `warmup` + `steps` steps; -> seconds per step of each piece,
-    phase seconds per step (profiled pass), the canvas side seen and the batch used."""
+    """Run the loop's own pieces on `warmup` + `steps` windows, then the same `steps` windows again.
+    -> seconds per step of each piece: data (the loader), train_step with the prompt cache cold
+    (first sight of each demo x augmentation: the tiny Qwen encodes it) and warm (the same windows
+    again: every feature read from the cache, as in a long run once the augmentation pool has been
+    seen), logging; phase seconds per step of the warm pass (profiled); the canvas side and a batch."""
     fixed.seed_everything(cfg.run.seed)
     data = fixed.build_data(cfg, CPU)
     state = fixed.build_train_state(cfg, CPU)
     logger = RunLogger(log_dir, cfg.flags(), "bench")
     data.sampler.set_epoch(0)
-    windows = epoch_windows(data.loader, 2 * (warmup + steps), cfg.optim.grad_accum, CPU)
-    took = {"data": 0.0, "train_step": 0.0, "logging": 0.0}
+    batches = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU)
+    windows, data_seconds = [], 0.0
     for i in range(warmup + steps):
         t0 = time.perf_counter()
-        window = next(windows)
-        t1 = time.perf_counter()
-        stats = fixed.train_step(state, window, cfg)
-        t2 = time.perf_counter()
-        logger.accumulate(stats)
-        if state.counters.optimizer_steps % cfg.run.log_every == 0:
-            logger.flush(state.counters.optimizer_steps)
-        t3 = time.perf_counter()
-        if i >= warmup:
-            for key, seconds in zip(took, (t1 - t0, t2 - t1, t3 - t2)):
-                took[key] += seconds / steps
+        windows.append(next(batches))
+        data_seconds += (time.perf_counter() - t0) * (i >= warmup)
+    for window in windows[:warmup]:
+        fixed.train_step(state, window, cfg)
+    took = {"data": data_seconds / steps}
+    for cache in ("cold", "warm"):
+        step_seconds = log_seconds = 0.0
+        for window in windows[warmup:]:
+            t0 = time.perf_counter()
+            stats = fixed.train_step(state, window, cfg)
+            t1 = time.perf_counter()
+            logger.accumulate(stats)
+            if state.counters.optimizer_steps % cfg.run.log_every == 0:
+                logger.flush(state.counters.optimizer_steps)
+            step_seconds, log_seconds = step_seconds + t1 - t0, log_seconds + time.perf_counter() - t1
+        took[f"train_step_{cache}"], took["logging"] = step_seconds / steps, log_seconds / steps
     logger.close()
-    batch = window[0]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(steps):
-            fixed.train_step(state, next(windows), cfg)
+        for window in windows[warmup:]:
+            fixed.train_step(state, window, cfg)
     by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
+    batch = windows[-1][0]
     return {**took, "phases": by_name, "side": batch["input"].shape[-1], "batch": batch, "state": state}
 
 
@@ -95,9 +104,9 @@ def main() -> None:
     args = ap.parse_args()
     flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True}}
     print(f"## step time per phase, ms (batch 8, {args.steps} steps after {args.warmup} warm-up, "
-          f"{torch.get_num_threads()} CPU threads)")
-    head = ["agent", "S", "variant", "step", "data", "prompt", "forward", "backward", "optim", "rl", "logging",
-            "bare agent", "overhead"]
+          f"{torch.get_num_threads()} CPU threads; phases from the warm pass)")
+    head = ["agent", "S", "variant", "step cold", "step warm", "data", "prompt", "forward", "backward", "optim",
+            "rl", "logging", "bare agent", "overhead"]
     print("".join(f"{h:>11}" for h in head))
     with tempfile.TemporaryDirectory() as tmp:
         for agent in args.agents.split(","):
@@ -105,13 +114,13 @@ def main() -> None:
                 for variant in args.variants.split(","):
                     cfg = case_config(agent, side, **flags[variant])
                     r = timed_steps(cfg, args.steps, args.warmup, Path(tmp) / f"{agent}{side}{variant}")
-                    whole = r["data"] + r["train_step"] + r["logging"]
+                    cold, warm = (r["data"] + r[f"train_step_{c}"] + r["logging"] for c in ("cold", "warm"))
                     bare = bare_agent(r["state"], r["batch"], cfg.prompt.prompt_dim, 5)
                     ph = r["phases"]
                     cells = [agent, r["side"], variant] + [f"{1e3 * x:.1f}" for x in (
-                        whole, r["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
+                        cold, warm, r["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
                         ph.get("step/backward", 0), ph.get("step/optimizer", 0), ph.get("step/rl", 0),
-                        r["logging"], bare)] + [f"{1 - bare / whole:.0%}"]
+                        r["logging"], bare)] + [f"{1 - bare / warm:.0%}"]
                     print("".join(f"{c:>11}" for c in cells), flush=True)
 
 

@@ -92,11 +92,22 @@ def _agreement(candidate: Grid, target: Grid) -> float:
     return float(np.mean(candidate == target)) if candidate.shape == target.shape else 0.0
 
 
+def _upscaled_agreement(small: Grid, large: Grid, s: int) -> float:
+    """_agreement(small with each cell an s x s block, large), the blocks built only when the shapes fit."""
+    if (small.shape[0] * s, small.shape[1] * s) != large.shape:
+        return 0.0
+    return _agreement(small.repeat(s, axis=0).repeat(s, axis=1), large)
+
+
 def _pair_relations(pair: ArcPair) -> np.ndarray:
     x, y = pair.input, pair.output
-    parts = [np.array([_agreement(dihedral(x, k), y) for k in range(8)])]
-    up = [_agreement(np.kron(x, np.ones((s, s), dtype=x.dtype)), y) for s in SCALES]
-    down = [_agreement(np.kron(y, np.ones((s, s), dtype=y.dtype)), x) for s in SCALES]
+    # a transform whose result cannot have the output's shape agrees nowhere: not computed (the
+    # dataset computes these for every sample, on the loader's critical path)
+    square, same, turned = x.shape[0] == x.shape[1], x.shape == y.shape, x.shape == y.shape[::-1]
+    parts = [np.array([_agreement(dihedral(x, k), y) if square or (same if k in (0, 2, 5, 7) else turned)
+                       else 0.0 for k in range(8)])]
+    up = [_upscaled_agreement(x, y, s) for s in SCALES]
+    down = [_upscaled_agreement(y, x, s) for s in SCALES]
     parts.append(np.array(up + down))
     cooc = np.zeros((NUM_COLOURS, NUM_COLOURS))
     if x.shape == y.shape:

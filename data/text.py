@@ -7,13 +7,18 @@ the encoder pools each demo on its own so the input/output relation is not avera
 
 from __future__ import annotations
 
+import numpy as np
+
 from data.arc import ArcPair, Grid
 
 TEXT_FORMAT_VERSION = 1  # part of the prompt-cache key: bump on any change below
 
 
 def grid_text(grid: Grid) -> str:
-    return "".join("".join(str(int(c)) for c in row) + "\n" for row in grid)
+    """Rows of digits, each ending in a newline (colours are 0-9: data/arc.py validates every grid)."""
+    chars = np.full((grid.shape[0], grid.shape[1] + 1), ord("\n"), dtype=np.uint8)
+    chars[:, :-1] = grid + ord("0")
+    return chars.tobytes().decode("ascii")
 
 
 def demo_text(pair: ArcPair) -> str:

@@ -106,7 +106,7 @@ def _train(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters
            demos: DemoEpisodes, rows: dict[int, int], *, steps: int, cfg: Config, device: torch.device) -> None:
     """Adam on parameter groups of the adapter. The loss is the sum over rows of each row's mean, so
     every row moves as if it were trained alone (Adam works per element)."""
-    optimizer = torch.optim.Adam(groups)
+    optimizer = torch.optim.Adam(groups, fused=True)
     amp = MixedPrecision(cfg.optim.amp, device)
     for _ in range(steps):
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
@@ -213,7 +213,7 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
     saved = [p.detach().clone() for p in params]
     for p in every:  # gradients reach the chosen parameters only
         p.requires_grad_(id(p) in chosen)
-    optimizer = torch.optim.AdamW(params, lr=cfg.eval.ttt_lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=cfg.eval.ttt_lr, weight_decay=0.0, fused=True)
     amp = MixedPrecision(cfg.optim.amp, device)
     try:
         for _ in range(cfg.eval.ttt_steps):

