@@ -40,6 +40,9 @@ VARIANTS = {
     "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
                                         "ttt_params": "all", "ttt_lr": 1e-3},
     "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3},
+    "view starts + all weights 30 every step": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
+                                                "ttt_lr": 1e-3, "ttt_check_every": 0},
+    "view starts + all weights 60 steps": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all", "ttt_lr": 1e-3},
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
@@ -64,16 +67,18 @@ def chosen(names: str, flag: str) -> dict[str, dict]:
 def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: dict,
             families: list[str] = ()) -> None:
     """One row per variant: exact (attempt 1), pass@2 ranked by votes and by summed log-probability,
-    oracle, seconds per task, and exact per synthetic family when `families` names them."""
+    oracle, seconds per task, weight-TTT steps per task (fewer than asked where the demos were solved
+    first), and exact per synthetic family when `families` names them."""
     print(f"\n## {title}")
-    print(f"{'method':<36}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'oracle':>8}{'s/task':>8}"
+    print(f"{'method':<40}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'oracle':>8}{'s/task':>8}{'steps':>7}"
           + "".join(f"{f:>10}" for f in families))
     for name, flags in variants.items():
         by_family: dict[str, float] = {}
         m = evaluate_variant(cfg.replace(**{**EVAL_DEFAULTS, **common, **flags}), run_dir,
                              by_family if families else None)
-        print(f"{name:<36}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
-              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}"
+        steps = f"{m['eval/ttt_steps_per_task']:.1f}" if "eval/ttt_steps_per_task" in m else "-"
+        print(f"{name:<40}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
+              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}{steps:>7}"
               + "".join(f"{fmt(by_family[f]):>10}" for f in families), flush=True)
 
 

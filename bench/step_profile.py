@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -39,58 +40,65 @@ def case_config(agent: str, side: int, **flags) -> Config:
                              synthetic_rules=SAME_SIZE_RULES, synthetic_eval_rules=SAME_SIZE_RULES, **flags)
 
 
+def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps: int) -> dict:
+    """The loop's own pieces over epoch 0's first `warmup` + `steps` windows (the sampler makes the
+    same windows on every pass). -> seconds per timed step: data (waiting for the loader, which
+    prefetches with --num_workers), train_step, logging; each the median over the timed steps."""
+    data.sampler.set_epoch(0)
+    windows = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU)
+    took: dict = {"data": [], "train_step": [], "logging": []}
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        window = next(windows)
+        t1 = time.perf_counter()
+        stats = fixed.train_step(state, window, cfg)
+        t2 = time.perf_counter()
+        logger.accumulate(stats)
+        if state.counters.optimizer_steps % cfg.run.log_every == 0:
+            logger.flush(state.counters.optimizer_steps)
+        t3 = time.perf_counter()
+        if i >= warmup:
+            for key, seconds in zip(took, (t1 - t0, t2 - t1, t3 - t2)):
+                took[key].append(seconds)
+    # medians: on a shared machine noise only ever adds time, and a mean takes all of it
+    return {**{k: float(np.median(v)) for k, v in took.items()}, "batch": window[0]}
+
+
 def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
-    """Run the loop's own pieces on `warmup` + `steps` windows, then the same `steps` windows again.
-    -> seconds per step of each piece: data (the loader), train_step with the prompt cache cold
-    (first sight of each demo x augmentation: the tiny Qwen encodes it) and warm (the same windows
-    again: every feature read from the cache, as in a long run once the augmentation pool has been
-    seen), logging; phase seconds per step of the warm pass (profiled); the canvas side and a batch."""
+    """Two passes over the same windows: the prompt cache cold (first sight of each demo x
+    augmentation: the tiny Qwen encodes it), then warm (every feature read from the cache, as in a
+    long run once the augmentation pool has been seen); a third, profiled, splits the warm
+    `train_step` into its phases. -> {"cold": pass, "warm": pass, "phases": seconds per step, ...}"""
     fixed.seed_everything(cfg.run.seed)
     data = fixed.build_data(cfg, CPU)
     state = fixed.build_train_state(cfg, CPU)
     logger = RunLogger(log_dir, cfg.flags(), "bench")
-    data.sampler.set_epoch(0)
-    batches = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU)
-    windows, data_seconds = [], 0.0
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        windows.append(next(batches))
-        data_seconds += (time.perf_counter() - t0) * (i >= warmup)
-    for window in windows[:warmup]:
-        fixed.train_step(state, window, cfg)
-    took = {"data": data_seconds / steps}
-    for cache in ("cold", "warm"):
-        step_seconds = log_seconds = 0.0
-        for window in windows[warmup:]:
-            t0 = time.perf_counter()
-            stats = fixed.train_step(state, window, cfg)
-            t1 = time.perf_counter()
-            logger.accumulate(stats)
-            if state.counters.optimizer_steps % cfg.run.log_every == 0:
-                logger.flush(state.counters.optimizer_steps)
-            step_seconds, log_seconds = step_seconds + t1 - t0, log_seconds + time.perf_counter() - t1
-        took[f"train_step_{cache}"], took["logging"] = step_seconds / steps, log_seconds / steps
+    cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps)
+    warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps)
     logger.close()
+    data.sampler.set_epoch(0)
+    windows = list(epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for window in windows[warmup:]:
             fixed.train_step(state, window, cfg)
     by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
-    batch = windows[-1][0]
-    return {**took, "phases": by_name, "side": batch["input"].shape[-1], "batch": batch, "state": state}
+    return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
 
 
 def bare_agent(state, batch: dict, prompt_dim: int, repeats: int) -> float:
-    """Seconds of one agent forward + backward on the doubled batch, prompt fixed."""
+    """Seconds of one agent forward + backward on the doubled batch, prompt fixed (the median of
+    `repeats` after two untimed)."""
     agent = state.model.agent
     grid = torch.cat([batch["input"], batch["input"]])
     prompt = torch.randn(grid.shape[0], prompt_dim)
-    for warm in (True, False):
+    took = []
+    for _ in range(2 + repeats):
         start = time.perf_counter()
-        for _ in range(2 if warm else repeats):
-            with state.amp.autocast():
-                loss = agent(grid, prompt).float().logsumexp(-1).mean()
-            loss.backward()
-    return (time.perf_counter() - start) / repeats
+        with state.amp.autocast():
+            loss = agent(grid, prompt).float().logsumexp(-1).mean()
+        loss.backward()
+        took.append(time.perf_counter() - start)
+    return float(np.median(took[2:]))
 
 
 def main() -> None:
@@ -100,9 +108,9 @@ def main() -> None:
     ap.add_argument("--agents", default="conv,transformer")
     ap.add_argument("--sides", default="11,30")
     ap.add_argument("--variants", default="fp32,bf16,compile", help="fp32 (the default), bf16 (--amp bf16), "
-                    "compile (--compile)")
+                    "compile (--compile --canvas full, side 30 only), workers (--num_workers 1: the loader prefetches in a process)")
     args = ap.parse_args()
-    flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True}}
+    flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}, "workers": {"num_workers": 1}}
     print(f"## step time per phase, ms (batch 8, {args.steps} steps after {args.warmup} warm-up, "
           f"{torch.get_num_threads()} CPU threads; phases from the warm pass)")
     head = ["agent", "S", "variant", "step cold", "step warm", "data", "prompt", "forward", "backward", "optim",
@@ -112,15 +120,18 @@ def main() -> None:
         for agent in args.agents.split(","):
             for side in map(int, args.sides.split(",")):
                 for variant in args.variants.split(","):
+                    if variant == "compile" and side != 30:  # --compile needs --canvas full: side 30
+                        continue
+                    torch._dynamo.reset()  # each case compiles afresh
                     cfg = case_config(agent, side, **flags[variant])
                     r = timed_steps(cfg, args.steps, args.warmup, Path(tmp) / f"{agent}{side}{variant}")
-                    cold, warm = (r["data"] + r[f"train_step_{c}"] + r["logging"] for c in ("cold", "warm"))
-                    bare = bare_agent(r["state"], r["batch"], cfg.prompt.prompt_dim, 5)
+                    cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
+                    bare = bare_agent(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim, 9)
                     ph = r["phases"]
                     cells = [agent, r["side"], variant] + [f"{1e3 * x:.1f}" for x in (
-                        cold, warm, r["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
+                        cold, warm, r["warm"]["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
                         ph.get("step/backward", 0), ph.get("step/optimizer", 0), ph.get("step/rl", 0),
-                        r["logging"], bare)] + [f"{1 - bare / warm:.0%}"]
+                        r["warm"]["logging"], bare)] + [f"{1 - bare / warm:.0%}"]
                     print("".join(f"{c:>11}" for c in cells), flush=True)
 
 

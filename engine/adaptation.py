@@ -192,20 +192,35 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
                         {t.task_id: float(loss[i]) if i in rows else float("nan") for i, t in enumerate(tasks)})
 
 
+@torch.no_grad()
+def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpisodes, kept, cfg: Config,
+                  device: torch.device) -> bool:
+    """Whether the model (under the kept start `kept`, an AdapterSlice of one row, or None) predicts
+    every cell of each leave-one-out demo episode of the task (unaugmented) exactly."""
+    batch, _ = demos.every({0: 0})
+    batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
+    with MixedPrecision(cfg.optim.amp, device).autocast():
+        pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
+    return bool((pred.logits[0].argmax(-1) == batch["target"]).all())
+
+
 @contextmanager
 def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
                     cfg: Config, device: torch.device, searched: AdaptedTasks | None = None):
     """`--ttt_params all|adapter|prompt`: train named groups of the shared weights on one task's
-    demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit."""
+    demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit.
+    Yields the steps taken: `--ttt_steps`, fewer when `--ttt_check_every` finds the demos solved (a
+    task the search already solves takes none)."""
     demos = None  # built only when something trains: this runs for every task group of every validation
     if cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task":
         demos = DemoEpisodes([task], eval_set, cfg.run.seed)
     if demos is None or not demos.episodes[0]:
-        yield
+        yield 0
         return
     kept = None
     if searched is not None and searched.adapters is not None:
         kept = searched.adapters(torch.tensor([searched.row[task.task_id]], device=device)).detach()
+    check = cfg.eval.ttt_check_every
     params = model.ttt_parameters(cfg.eval.ttt_params)
     chosen = {id(p) for p in params}
     every = list(model.parameters())
@@ -216,7 +231,10 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
     optimizer = torch.optim.AdamW(params, lr=cfg.eval.ttt_lr, weight_decay=0.0, fused=True)
     amp = MixedPrecision(cfg.optim.amp, device)
     try:
-        for _ in range(cfg.eval.ttt_steps):
+        steps = 0
+        while steps < cfg.eval.ttt_steps and not (check and steps % check == 0 and
+                                                  _solves_demos(model, prompts, demos, kept, cfg, device)):
+            steps += 1
             batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)
             batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
             with amp.autocast():
@@ -225,7 +243,7 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
                                 cfg=cfg.loss).per_sample.mean()
             amp.backward(loss)
             amp.step(optimizer, cfg.optim.clip)
-        yield
+        yield steps
     finally:
         with torch.no_grad():
             for p, s in zip(params, saved):

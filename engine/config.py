@@ -158,7 +158,8 @@ class AgentCfg:
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions (see agents/views.py)")
-    compile: bool = flag(False, "torch.compile the agent (compiled at its first batches; see make bench-step)")
+    compile: bool = flag(False, "torch.compile the agent, with --canvas full (compiled at its first batches, again "
+                                 "once for a second batch size; see make bench-step)")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
@@ -234,13 +235,16 @@ class EvalCfg:
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
                                   "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
     ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
+    ttt_check_every: int = flag(5, "weight test-time training stops a task once its leave-one-out demos are "
+                                   "predicted exactly, checked before the first step and every this many (0: never)")
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
-                                   "adapt_tasks"), non_negative=("eval_tasks", "ttt_steps", "latent_steps"))
+                                   "adapt_tasks"), non_negative=("eval_tasks", "ttt_steps", "latent_steps",
+                                                                        "ttt_check_every"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -304,6 +308,13 @@ class Config:
     optim: OptimCfg = field(default_factory=OptimCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     run: RunCfg = field(default_factory=RunCfg)
+
+    def __post_init__(self) -> None:
+        if self.agent.compile and self.data.canvas != "full":
+            # torch 2.13's inductor fails on the agent once a canvas side turns symbolic (the second side
+            # a fit canvas shows); a full canvas has one side and only the batch dimension varies
+            raise ConfigError("--compile needs --canvas full: a compiled agent fails at the second canvas side "
+                              "that --canvas fit gives it")
 
     @classmethod
     def from_flags(cls, **flags) -> Config:

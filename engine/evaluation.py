@@ -87,15 +87,16 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
     per_task_weights = cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task"  # one task at a time
     groups = task_groups(sorted(by_task)[dist.rank::dist.world_size], by_task, dataset,
                          1 if per_task_weights else cfg.eval.adapt_tasks)
-    records, copy_records, attempts, seconds = [], [], {}, []
+    records, copy_records, attempts, seconds, ttt_steps = [], [], {}, [], []
     for group in groups:
         start = time.perf_counter()
         tasks = [dataset.episodes[by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in by_task[t]]
         adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device)  # search (and task TTT)
-        with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted):
+        with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted) as steps:
             cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
         seconds += [(time.perf_counter() - start) / len(group)] * len(group)
+        ttt_steps += [steps] * len(group)
         for i in episodes:
             ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
             attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
@@ -107,7 +108,7 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
             copy_records.append((ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
                                                                 ep.query.input)))
     model.train(was_training)
-    gathered = dist.gather((records, copy_records, attempts, seconds))
+    gathered = dist.gather((records, copy_records, attempts, seconds, ttt_steps))
     records = [r for g in gathered for r in g[0]]
     copy_records = [r for g in gathered for r in g[1]]
     attempts = {i: a for g in gathered for i, a in g[2].items()}
@@ -115,6 +116,8 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
     metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items() if k != "oracle"})
     metrics["eval/seconds_per_task"] = float(np.mean([s for g in gathered for s in g[3]]))
     metrics["eval/tasks"] = float(len(by_task))
+    if per_task_weights:
+        metrics["eval/ttt_steps_per_task"] = float(np.mean([n for g in gathered for n in g[4]]))
     submission: dict[str, list[dict]] = {}
     for i in sorted(attempts, key=lambda i: (dataset.episodes[i].task.task_id, i)):
         a1, a2 = attempts[i]

@@ -8,9 +8,11 @@ import numpy as np
 import torch
 
 import fixed
+from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from engine.adaptation import DemoEpisodes, _row_losses, adapt_tasks, adapted_weights
+from engine.adaptation import (DemoEpisodes, _row_losses, _solves_demos, adapt_tasks,
+                               adapted_weights)
 from engine.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
 
@@ -78,7 +80,7 @@ def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
 def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg):
     """--ttt_params all after the view-start search: the weights trained under the kept start differ
     from those trained from the plain mean (the start is used), and both are restored bit for bit."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0)
     model, task = state.model, next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     searched = adapt_tasks(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU)
@@ -90,6 +92,23 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     changed = [k for k in before if not torch.equal(trained[0][k], trained[1][k])]
     assert changed and all(not torch.equal(trained[1][k], before[k]) for k in changed)
+
+
+def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg):
+    """--ttt_check_every 5: a task whose rule (here: copy the input) the weights learn within the budget
+    stops at a multiple of 5 steps with its demos predicted exactly; 0 runs every step."""
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=200, ttt_params="all", ttt_lr=1e-2, view_starts=False)
+    rng = np.random.default_rng(0)
+    grids = [rng.integers(0, 3, (3, 3)) for _ in range(3)]
+    task = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids), ())
+    demos = DemoEpisodes([task], eval_set, seed=0)
+    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg, device=CPU) as steps:
+        assert _solves_demos(state.model, state.prompts, demos, None, cfg, CPU)
+    assert 0 < steps < 200 and steps % 5 == 0
+    assert not _solves_demos(state.model, state.prompts, demos, None, cfg, CPU)  # restored
+    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg.replace(ttt_steps=7, ttt_check_every=0),
+                         device=CPU) as steps:
+        assert steps == 7
 
 
 def test_grid_logprob_hand_worked():

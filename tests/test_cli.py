@@ -57,6 +57,11 @@ def test_values_out_of_range_are_refused():
     assert out.returncode == 2 and "--grad_accum must be at least 1" in out.stderr
 
 
+def test_compile_without_a_full_canvas_is_refused():
+    out = run_cli("--compile")
+    assert out.returncode == 2 and "--compile needs --canvas full" in out.stderr
+
+
 def test_configs_are_keyword_only_and_flag_names_are_field_names():
     """Two floats swapped by position must fail, not run; a flag has one home."""
     with pytest.raises(TypeError):
