@@ -1,7 +1,7 @@
 """Where a training step's time goes: per phase, per agent, at two canvas sides; fp32 against bf16
 and eager against `--compile`, in one run.
 
-    python -m bench.step_profile [--steps 30] [--agents conv,transformer] [--sides 11,30]
+    python -m bench.step_profile [--steps 15] [--agents conv,transformer] [--sides 11,30]
 
 Each case trains the default configuration on synthetic tasks whose grids (and so canvases) have
 one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). The whole step is
@@ -40,13 +40,15 @@ def case_config(agent: str, side: int, **flags) -> Config:
                              synthetic_rules=SAME_SIZE_RULES, synthetic_eval_rules=SAME_SIZE_RULES, **flags)
 
 
-def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps: int) -> dict:
+def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps: int, bare: bool = False) -> dict:
     """The loop's own pieces over epoch 0's first `warmup` + `steps` windows (the sampler makes the
     same windows on every pass). -> seconds per timed step: data (waiting for the loader, which
-    prefetches with --num_workers), train_step, logging; each the median over the timed steps."""
+    prefetches with --num_workers), train_step, logging, and with `bare` the bare agent on the
+    step's own batch right after it (interleaved, so both see the machine in the same state); each
+    the median over the timed steps."""
     data.sampler.set_epoch(0)
     windows = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU)
-    took: dict = {"data": [], "train_step": [], "logging": []}
+    took: dict = {"data": [], "train_step": [], "logging": [], "bare": []}
     for i in range(warmup + steps):
         t0 = time.perf_counter()
         window = next(windows)
@@ -60,8 +62,25 @@ def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps
         if i >= warmup:
             for key, seconds in zip(took, (t1 - t0, t2 - t1, t3 - t2)):
                 took[key].append(seconds)
+            if bare:
+                took["bare"].append(bare_agent(state, window[0], cfg.prompt.prompt_dim))
     # medians: on a shared machine noise only ever adds time, and a mean takes all of it
-    return {**{k: float(np.median(v)) for k, v in took.items()}, "batch": window[0]}
+    return {**{k: float(np.median(v)) if v else float("nan") for k, v in took.items()}, "batch": window[0]}
+
+
+def bare_agent(state, batch: dict, prompt_dim: int) -> float:
+    """Seconds of one agent forward + backward on the doubled batch (the step runs both
+    refinements in one call), prompt fixed; the gradients it leaves are dropped."""
+    agent = state.model.agent
+    grid = torch.cat([batch["input"], batch["input"]])
+    prompt = torch.randn(grid.shape[0], prompt_dim)
+    start = time.perf_counter()
+    with state.amp.autocast():
+        loss = agent(grid, prompt).float().logsumexp(-1).mean()
+    loss.backward()
+    took = time.perf_counter() - start
+    agent.zero_grad(set_to_none=True)
+    return took
 
 
 def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
@@ -74,7 +93,7 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
     state = fixed.build_train_state(cfg, CPU)
     logger = RunLogger(log_dir, cfg.flags(), "bench")
     cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps)
-    warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps)
+    warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, bare=True)
     logger.close()
     data.sampler.set_epoch(0)
     windows = list(epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU))
@@ -85,29 +104,13 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
     return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
 
 
-def bare_agent(state, batch: dict, prompt_dim: int, repeats: int) -> float:
-    """Seconds of one agent forward + backward on the doubled batch, prompt fixed (the median of
-    `repeats` after two untimed)."""
-    agent = state.model.agent
-    grid = torch.cat([batch["input"], batch["input"]])
-    prompt = torch.randn(grid.shape[0], prompt_dim)
-    took = []
-    for _ in range(2 + repeats):
-        start = time.perf_counter()
-        with state.amp.autocast():
-            loss = agent(grid, prompt).float().logsumexp(-1).mean()
-        loss.backward()
-        took.append(time.perf_counter() - start)
-    return float(np.median(took[2:]))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--agents", default="conv,transformer")
     ap.add_argument("--sides", default="11,30")
-    ap.add_argument("--variants", default="fp32,bf16,compile", help="fp32 (the default), bf16 (--amp bf16), "
+    ap.add_argument("--variants", default="fp32,bf16,workers,compile", help="fp32 (the default), bf16 (--amp bf16), "
                     "compile (--compile --canvas full, side 30 only), workers (--num_workers 1: the loader prefetches in a process)")
     args = ap.parse_args()
     flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}, "workers": {"num_workers": 1}}
@@ -126,7 +129,7 @@ def main() -> None:
                     cfg = case_config(agent, side, **flags[variant])
                     r = timed_steps(cfg, args.steps, args.warmup, Path(tmp) / f"{agent}{side}{variant}")
                     cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
-                    bare = bare_agent(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim, 9)
+                    bare = r["warm"]["bare"]
                     ph = r["phases"]
                     cells = [agent, r["side"], variant] + [f"{1e3 * x:.1f}" for x in (
                         cold, warm, r["warm"]["data"], ph.get("step/prompt", 0), ph.get("step/forward", 0),
