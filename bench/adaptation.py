@@ -38,11 +38,17 @@ VARIANTS = {
     "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_batch_size": 4, "ttt_bias_lr": 0.1,
                                        "ttt_lr": 3e-3, "latent_lr": 0.01},
     "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
-                                        "ttt_params": "all", "ttt_lr": 1e-3},
-    "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3},
-    "view starts + all weights 30 every step": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
-                                                "ttt_lr": 1e-3, "ttt_check_every": 0},
-    "view starts + all weights 60 steps": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all", "ttt_lr": 1e-3},
+                                        "ttt_params": "all", "ttt_lr": 1e-3, "ttt_check_every": 0},
+    "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
+                                           "ttt_check_every": 0},
+    "view starts + all weights 30 identity stop": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
+                                                   "ttt_lr": 1e-3, "ttt_stop_views": 1},
+    "view starts + all weights 60 identity stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
+                                                   "ttt_lr": 1e-3, "ttt_stop_views": 1},
+    "view starts + all weights 30 8-view stop": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
+                                                 "ttt_lr": 1e-3, "ttt_stop_views": 8},
+    "view starts + all weights 60 8-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
+                                                 "ttt_lr": 1e-3, "ttt_stop_views": 8},
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
@@ -53,7 +59,8 @@ CHEAP_VALIDATION = {"latent_starts": 1, "view_starts": False}
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
 ARC_VARIANTS = ("none,mean + 17 view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
-                "view starts + all weights 30 steps")
+                "view starts + all weights 30 steps,view starts + all weights 60 identity stop,"
+                "view starts + all weights 60 8-view stop")
 
 
 def chosen(names: str, flag: str) -> dict[str, dict]:

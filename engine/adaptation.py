@@ -80,13 +80,15 @@ class DemoEpisodes:
                 of.append(row)
         return collate(samples), torch.tensor(of)
 
-    def every(self, rows: dict[int, int]) -> tuple[dict, torch.Tensor]:
-        """Every leave-one-out episode of each row's task, unaugmented: the demo loss that picks a start."""
+    def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
+        """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
+        the demo loss that picks a start)."""
         samples, of = [], []
         for row, task in rows.items():
             for j in range(len(self.episodes[task])):
-                samples.append(self.sample(int(self.first[task] + j), 0))
-                of.append(row)
+                for aug in self.views[:views]:
+                    samples.append(self.sample(int(self.first[task] + j), aug))
+                    of.append(row)
         return collate(samples), torch.tensor(of)
 
 
@@ -196,8 +198,8 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
 def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpisodes, kept, cfg: Config,
                   device: torch.device) -> bool:
     """Whether the model (under the kept start `kept`, an AdapterSlice of one row, or None) predicts
-    every cell of each leave-one-out demo episode of the task (unaugmented) exactly."""
-    batch, _ = demos.every({0: 0})
+    every cell of each leave-one-out demo episode of the task exactly, under `--ttt_stop_views` views."""
+    batch, _ = demos.every({0: 0}, cfg.eval.ttt_stop_views)
     batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
     with MixedPrecision(cfg.optim.amp, device).autocast():
         pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))

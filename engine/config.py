@@ -237,14 +237,19 @@ class EvalCfg:
     ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
     ttt_check_every: int = flag(5, "weight test-time training stops a task once its leave-one-out demos are "
                                    "predicted exactly, checked before the first step and every this many (0: never)")
+    ttt_stop_views: int = flag(8, "views (1: the identity, up to 8) under which the demos must be exact for "
+                                  "--ttt_check_every to stop a task")
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
-                                   "adapt_tasks"), non_negative=("eval_tasks", "ttt_steps", "latent_steps",
-                                                                        "ttt_check_every"))
+                                   "adapt_tasks"),
+               non_negative=("eval_tasks", "ttt_steps", "latent_steps", "ttt_check_every"))
+        if not 1 <= self.ttt_stop_views <= 8:  # engine/adaptation.py trains on 8 views
+            raise ConfigError(f"--ttt_stop_views must be in 1..8 (the views adaptation trains on), got "
+                              f"{self.ttt_stop_views}")
 
 
 @dataclass(frozen=True, kw_only=True)

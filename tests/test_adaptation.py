@@ -5,6 +5,7 @@ log-probability over every view."""
 import math
 
 import numpy as np
+import pytest
 import torch
 
 import fixed
@@ -94,10 +95,13 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     assert changed and all(not torch.equal(trained[1][k], before[k]) for k in changed)
 
 
-def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg):
-    """--ttt_check_every 5: a task whose rule (here: copy the input) the weights learn within the budget
-    stops at a multiple of 5 steps with its demos predicted exactly; 0 runs every step."""
-    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=200, ttt_params="all", ttt_lr=1e-2, view_starts=False)
+@pytest.mark.parametrize("stop_views", [1, 8])
+def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
+    """--ttt_check_every 5: a task whose rule (here: copy the input, the same under every view) the
+    weights learn within the budget stops at a multiple of 5 steps with its demos predicted exactly
+    under --ttt_stop_views views; 0 runs every step."""
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=200, ttt_params="all", ttt_lr=1e-2, view_starts=False,
+                                    ttt_stop_views=stop_views)
     rng = np.random.default_rng(0)
     grids = [rng.integers(0, 3, (3, 3)) for _ in range(3)]
     task = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids), ())
