@@ -49,6 +49,8 @@ VARIANTS = {
                                                  "ttt_lr": 1e-3, "ttt_stop_views": 8},
     "view starts + all weights 60 8-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
                                                  "ttt_lr": 1e-3, "ttt_stop_views": 8},
+    "view starts + all weights 60 8-view stop lr 3e-3": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
+                                                          "ttt_lr": 3e-3, "ttt_stop_views": 8},
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
