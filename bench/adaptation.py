@@ -116,7 +116,7 @@ def main() -> None:
                                         synthetic_rules=TRAIN_FAMILIES, synthetic_eval_rules=UNSEEN_FAMILIES,
                                         **{**CHEAP_VALIDATION, "eval_tasks": args.tasks, **settings})
             section(f"unseen rule families ({UNSEEN_FAMILIES}), first {args.tasks} held-out tasks, after "
-                    f"{args.minutes} min ({summary['steps']} steps) on {TRAIN_FAMILIES}", cfg, run_dir,
+                    f"{summary['seconds'] / 60:.1f} min ({summary['steps']} steps) on {TRAIN_FAMILIES}", cfg, run_dir,
                     unseen, {"eval_tasks": args.tasks, "eval_augments": args.eval_augments, **settings},
                     UNSEEN_FAMILIES.split(","))
         for name, transductive in (("arc", {}), ("arc-transductive", TRANSDUCTIVE)):
@@ -125,7 +125,8 @@ def main() -> None:
             cfg, summary, run_dir = run(args.arc_minutes, root / name, args.reuse,
                                         **{**CHEAP_VALIDATION, "eval_tasks": args.arc_tasks, **transductive,
                                            **settings})
-            section(f"ARC-AGI-1 evaluation, first {args.arc_tasks} tasks, after {args.arc_minutes} min "
+            # the run's own minutes: a --reuse'd run may have trained for another budget
+            section(f"ARC-AGI-1 evaluation, first {args.arc_tasks} tasks, after {summary['seconds'] / 60:.1f} min "
                     f"({summary['steps']} steps){' with ' + str(transductive) if transductive else ''}", cfg, run_dir,
                     arc,
                     {"eval_tasks": args.arc_tasks, "eval_augments": args.eval_augments, **settings})

@@ -1,5 +1,5 @@
-"""Where a training step's time goes: per phase, per agent, at two canvas sides; fp32 against bf16
-and eager against `--compile`, in one run.
+"""Where a training step's time goes: per phase, per agent, at two canvas sides; fp32 against bf16,
+loader workers, and eager against `--compile`, in one run.
 
     python -m bench.step_profile [--steps 15] [--agents conv,transformer] [--sides 11,30]
 
@@ -8,9 +8,10 @@ one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). Th
 timed as the loop runs it (next batch from the loader, `train_step`, the logger), twice over the
 same windows: with the prompt cache cold, then warm (a long run's steady state); a third pass
 under torch.profiler splits the warm `train_step` into its `record_function` phases (step/prompt,
-forward, backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent alone on
-the same batch (doubled, as the step runs both refinements) with a fixed prompt: loop overhead =
-1 - bare / whole warm step, everything that is not the agent's own arithmetic.
+forward, backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent
+alone on the same batch (doubled, as the step runs both refinements) with a fixed prompt, timed
+right after each warm step: loop overhead = 1 - bare / whole warm step, everything that is not the
+agent's own arithmetic.
 """
 
 from __future__ import annotations
@@ -110,10 +111,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--agents", default="conv,transformer")
     ap.add_argument("--sides", default="11,30")
-    ap.add_argument("--variants", default="fp32,bf16,workers,compile", help="fp32 (the default), bf16 (--amp bf16), "
-                    "compile (--compile --canvas full, side 30 only), workers (--num_workers 1: the loader prefetches in a process)")
+    ap.add_argument("--variants", default="fp32,bf16,workers,compile",
+                    help="fp32 (the default), bf16 (--amp bf16), workers (--num_workers 1: the loader prefetches "
+                         "in a process), compile (--compile --canvas full, side 30 only)")
     args = ap.parse_args()
-    flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}, "workers": {"num_workers": 1}}
+    flags = {"fp32": {}, "bf16": {"amp": "bf16"}, "workers": {"num_workers": 1},
+             "compile": {"compile": True, "canvas": "full"}}
     print(f"## step time per phase, ms (batch 8, {args.steps} steps after {args.warmup} warm-up, "
           f"{torch.get_num_threads()} CPU threads; phases from the warm pass)")
     head = ["agent", "S", "variant", "step cold", "step warm", "data", "prompt", "forward", "backward", "optim",
