@@ -47,6 +47,8 @@ VARIANTS = {
                                                    "ttt_lr": 1e-3, "ttt_stop_views": 1},
     "view starts + all weights 30 8-view stop": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
                                                  "ttt_lr": 1e-3, "ttt_stop_views": 8},
+    "view starts + all weights 60 2-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
+                                                 "ttt_lr": 1e-3, "ttt_stop_views": 2},
     "view starts + all weights 60 8-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
                                                  "ttt_lr": 1e-3, "ttt_stop_views": 8},
     "view starts + all weights 60 8-view stop lr 3e-3": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
