@@ -11,7 +11,9 @@ read. The shared weights end exactly as they started.
   `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
   `--ttt_rank` update of the cell states after every block) trained from the kept start;
   `all` / `adapter` / `prompt`: named groups of the shared weights (ArcModel.ttt_parameters),
-  trained one task at a time under the kept start and restored bit for bit after.
+  trained one task at a time under the kept start and restored bit for bit after; a task stops
+  early once every demo episode is exact under `--ttt_stop_views` views (checked every
+  `--ttt_check_every` steps), so steps go to the tasks whose demos are not yet solved.
 - Both per-task states batch over tasks: `--adapt_tasks` tasks (x K starts) share every step, each
   sample reading its own task's rows, so a GPU adapts hundreds of tasks at once and a CPU pays no
   per-task overhead.
