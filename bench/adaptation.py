@@ -26,6 +26,13 @@ from engine.config import SECTION_OF, Config
 TRAIN_FAMILIES = "recolour,rotate,gravity,crop,border"
 UNSEEN_FAMILIES = "flip,transpose,scale,fill"
 
+
+def weight_ttt(steps: int, stop_views: int, lr: float = 1e-3) -> dict:
+    """After the view-start search, all weights trained at most `steps` steps, a task stopping once its
+    demos are exact under `stop_views` views."""
+    return {"latent_starts": 1, "ttt_steps": steps, "ttt_params": "all", "ttt_lr": lr, "ttt_stop_views": stop_views}
+
+
 # name (no commas: --variants lists them) -> flags; the defaults of fixed.py hold where a variant says nothing
 VARIANTS = {
     "none": {"latent_starts": 1, "view_starts": False},
@@ -41,18 +48,10 @@ VARIANTS = {
                                         "ttt_params": "all", "ttt_lr": 1e-3, "ttt_check_every": 0},
     "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
                                            "ttt_check_every": 0},
-    "view starts + all weights 30 identity stop": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
-                                                   "ttt_lr": 1e-3, "ttt_stop_views": 1},
-    "view starts + all weights 60 identity stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
-                                                   "ttt_lr": 1e-3, "ttt_stop_views": 1},
-    "view starts + all weights 30 8-view stop": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all",
-                                                 "ttt_lr": 1e-3, "ttt_stop_views": 8},
-    "view starts + all weights 60 2-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
-                                                 "ttt_lr": 1e-3, "ttt_stop_views": 2},
-    "view starts + all weights 60 8-view stop": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
-                                                 "ttt_lr": 1e-3, "ttt_stop_views": 8},
-    "view starts + all weights 60 8-view stop lr 3e-3": {"latent_starts": 1, "ttt_steps": 60, "ttt_params": "all",
-                                                          "ttt_lr": 3e-3, "ttt_stop_views": 8},
+    **{f"view starts + all weights {steps} {stop}": weight_ttt(steps, views)
+       for steps, stop, views in ((30, "identity stop", 1), (60, "identity stop", 1), (30, "8-view stop", 8),
+                                  (60, "2-view stop", 2), (60, "8-view stop", 8))},
+    "view starts + all weights 60 8-view stop lr 3e-3": weight_ttt(60, 8, lr=3e-3),
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",

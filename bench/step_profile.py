@@ -61,7 +61,7 @@ def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps
             logger.flush(state.counters.optimizer_steps)
         t3 = time.perf_counter()
         if i >= warmup:
-            for key, seconds in zip(took, (t1 - t0, t2 - t1, t3 - t2)):
+            for key, seconds in (("data", t1 - t0), ("train_step", t2 - t1), ("logging", t3 - t2)):
                 took[key].append(seconds)
             if bare:
                 took["bare"].append(bare_agent(state, window[0], cfg.prompt.prompt_dim))

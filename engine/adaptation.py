@@ -32,14 +32,13 @@ from agents.adapter import TaskAdapters
 from data.arc import ArcTask
 from data.augment import view_ids
 from data.episodes import EpisodeDataset, collate, training_episodes
-from engine.config import Config
+from engine.config import ADAPTATION_VIEWS, Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
 from loss_function import efe_loss
 from model import ArcModel
 from prompt import QwenFeatures, with_qwen_features
 
-TRAIN_VIEWS = 8  # augmentations of the demos that adaptation trains on (the identity and 7 fixed ones)
 VIEW_START_LOGIT = 10.0  # a view start's gate bias: that view all but alone
 
 
@@ -54,7 +53,7 @@ class AdaptedTasks:
 
 class DemoEpisodes:
     """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
-    pool is finite: episodes x TRAIN_VIEWS)."""
+    pool is finite: episodes x ADAPTATION_VIEWS)."""
 
     def __init__(self, tasks: list[ArcTask], eval_set: EpisodeDataset, seed: int):
         self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
@@ -62,7 +61,7 @@ class DemoEpisodes:
         # demo outputs are known; the task embedding rows are the evaluation set's
         self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
-        self.views = view_ids(TRAIN_VIEWS)
+        self.views = view_ids(ADAPTATION_VIEWS)
         self.rng = np.random.default_rng([seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())])
         self.samples: dict[tuple[int, int], dict] = {}
 

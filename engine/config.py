@@ -21,6 +21,8 @@ import torch
 from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
 
+ADAPTATION_VIEWS = 8  # augmentations of a task's demos that per-task adaptation trains on (identity + 7 fixed)
+
 
 TTT_PARAMS = ("all", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 
@@ -247,9 +249,9 @@ class EvalCfg:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks"),
                non_negative=("eval_tasks", "ttt_steps", "latent_steps", "ttt_check_every"))
-        if not 1 <= self.ttt_stop_views <= 8:  # engine/adaptation.py trains on 8 views
-            raise ConfigError(f"--ttt_stop_views must be in 1..8 (the views adaptation trains on), got "
-                              f"{self.ttt_stop_views}")
+        if not 1 <= self.ttt_stop_views <= ADAPTATION_VIEWS:
+            raise ConfigError(f"--ttt_stop_views must be in 1..{ADAPTATION_VIEWS} (the views adaptation trains on), "
+                              f"got {self.ttt_stop_views}")
 
 
 @dataclass(frozen=True, kw_only=True)
