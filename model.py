@@ -49,7 +49,8 @@ class ArcModel(nn.Module):
     def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
                 adapter: AdapterSlice | None = None) -> Prediction:
         """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
-        task_row [B] int64 (with a task embedding), and
+        task_row [B] int64 (with a task embedding), dihedral [B] and colours [B, 10] int64 (with an
+        adapter: each sample's augmentation, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
         (prompt.with_qwen_features). refinement: a name of policy_refined.REFINEMENTS, or a refined
         prompt [B, P] given as it is. adapter: each sample's rows of a per-task adapter
@@ -64,6 +65,7 @@ class ArcModel(nn.Module):
             refined, rl = self.policy.refinements(prompt, batch["ctrl"], batch["numeric"], refinement)
         k, b = refined.shape[:2]
         if adapter is not None:
+            adapter = adapter.in_frames(batch["dihedral"], batch["colours"])  # kept in the task's frame
             refined = refined + adapter.latent.to(refined.dtype)
             adapter = adapter.repeat(k) if k > 1 else adapter
         # One agent call for every refinement: the K copies of the batch share the views and kernels.

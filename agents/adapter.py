@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from agents.views import VIEWS_IN_FRAME
+from data.arc import NUM_COLOURS
 from data.canvas import NUM_CLASSES
 
 
@@ -35,6 +37,25 @@ class AdapterSlice:
     def repeat(self, k: int) -> AdapterSlice:
         """The slice of a batch repeated k times along the batch (K refinements in one call)."""
         return AdapterSlice(*(t.repeat(k, *([1] * (t.dim() - 1))) for t in vars(self).values()))
+
+    def in_frames(self, dihedral: torch.Tensor, colours: torch.Tensor) -> AdapterSlice:
+        """The rows as each sample's augmented frame must read them: an adapter is trained and kept in
+        its task's own frame, and a sample seen under dihedral transform d with colour map c needs the
+        view gate's biases moved to the views doing the same there (agents/views.VIEWS_IN_FRAME: a
+        transpose start is an anti-transpose under a quarter turn) and the class map's rows and
+        columns moved to the new colours. Without this a view start fits only the frames whose
+        transform commutes with it, and votes over views split between two answers.
+        dihedral [B] int64 in 0..7, colours [B, 10] int64 (colour k is shown as colours[:, k])."""
+        gate_bias = self.gate_bias
+        if gate_bias.shape[1]:  # agents without views have no gate
+            views = VIEWS_IN_FRAME.to(dihedral.device)[dihedral]  # [B, V]
+            gate_bias = torch.zeros_like(gate_bias).scatter(1, views, gate_bias)
+        markers = torch.arange(NUM_COLOURS, NUM_CLASSES, device=colours.device).expand(len(colours), -1)
+        classes = torch.cat([colours, markers], 1)  # [B, 12]: class k is shown as classes[:, k]
+        rows = torch.zeros_like(self.class_bias).scatter(1, classes[:, :, None].expand_as(self.class_bias),
+                                                         self.class_bias)
+        class_bias = torch.zeros_like(rows).scatter(2, classes[:, None, :].expand_as(rows), rows)
+        return AdapterSlice(self.latent, gate_bias, class_bias, self.down, self.up)
 
     def detach(self) -> AdapterSlice:
         """The same rows, cut from the graph: a fixed start that nothing trains."""

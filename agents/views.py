@@ -21,13 +21,40 @@ to choose. This is a prior, like the relation stream, and `views=False` turns it
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
 from data.arc import NUM_COLOURS
 from data.canvas import EOG, NUM_CLASSES, PAD
 from data.features import SCALES  # the up- and down-scalings the relation features score
-NUM_VIEWS = 8 + 2 * len(SCALES) + 1 + 4
+GRAVITY = ((1, 0), (-1, 0), (0, 1), (0, -1))  # views 13-16: the (row, column) direction cells fall in
+FIRST_GRAVITY = 8 + 2 * len(SCALES) + 1
+NUM_VIEWS = FIRST_GRAVITY + len(GRAVITY)
+
+
+def _dihedral_matrix(k: int) -> np.ndarray:
+    """What data.augment.dihedral(., k) does to a (row, column) displacement [2, 2] int64:
+    np.rot90 sends (dr, dc) to (-dc, dr), the transpose swaps the two."""
+    turn, swap = np.array([[0, -1], [1, 0]]), np.array([[0, 1], [1, 0]])
+    return (swap if k >= 4 else np.eye(2, dtype=np.int64)) @ np.linalg.matrix_power(turn, k % 4)
+
+
+def _views_in_frames() -> torch.Tensor:
+    """[8, NUM_VIEWS] int64: row d maps each view of a task's own frame to the view doing the same in
+    the frame of dihedral transform d (the frame an augmented sample is seen in): a dihedral view v
+    becomes d v d^-1, a gravity direction u becomes d u; scalings and the crop commute with d."""
+    matrices = [_dihedral_matrix(k) for k in range(8)]
+    keys = [m.tobytes() for m in matrices]
+    rows = []
+    for md in matrices:  # orthogonal: its inverse is its transpose
+        dihedral = [keys.index((md @ mv @ md.T).tobytes()) for mv in matrices]
+        gravity = [FIRST_GRAVITY + GRAVITY.index(tuple(int(x) for x in md @ np.array(u))) for u in GRAVITY]
+        rows.append(dihedral + list(range(8, FIRST_GRAVITY)) + gravity)
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+VIEWS_IN_FRAME = _views_in_frames()
 
 
 def content_box(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:

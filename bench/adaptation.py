@@ -50,7 +50,7 @@ VARIANTS = {
                                            "ttt_check_every": 0},
     **{f"view starts + all weights {steps} {stop}": weight_ttt(steps, views)
        for steps, stop, views in ((30, "identity stop", 1), (60, "identity stop", 1), (30, "8-view stop", 8),
-                                  (60, "2-view stop", 2), (60, "8-view stop", 8))},
+                                  (60, "2-view stop", 2), (60, "8-view stop", 8), (100, "8-view stop", 8))},
     "view starts + all weights 60 8-view stop lr 3e-3": weight_ttt(60, 8, lr=3e-3),
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)

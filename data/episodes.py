@@ -138,6 +138,8 @@ def collate(samples: list[dict]) -> dict:
     side = max(s["side"] for s in samples)
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
     batch["task_row"] = torch.tensor([s["task_row"] for s in samples], dtype=torch.int64)
+    batch["dihedral"] = torch.tensor([s["augmentation"].dihedral for s in samples], dtype=torch.int64)
+    batch["colours"] = torch.tensor([s["augmentation"].colours for s in samples], dtype=torch.int64)
     for k in ("input", "target"):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):

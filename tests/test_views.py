@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
+from agents.adapter import AdapterSlice
 from agents.cells import grid_extent
 from agents.conv_agent import FiLMConvAgent
 from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases
-from data.augment import dihedral
+from data.augment import Augmentation, dihedral
 from data.canvas import encode
 from data.features import crop_to_content
 from data.synthetic import gravity
@@ -83,3 +84,44 @@ def test_views_make_a_flip_learnable_where_convolutions_alone_do_not():
     without them the same budget gets (almost) no grid exactly right."""
     with_views, without = flip_exact_after_training(True), flip_exact_after_training(False)
     assert with_views >= 0.9 and without <= 0.1, (with_views, without)
+
+
+@pytest.mark.parametrize("aug_id", [1, 2, 3, 4, 5, 6, 7, 1_000_003, 1_000_004, 1_000_005])
+def test_an_adapter_kept_in_the_task_frame_shows_each_view_in_every_augmented_frame(aug_id):
+    """A gate bias forcing view v, read through in_frames in an augmented sample's frame, shows that
+    sample the augmented view v of the original grid: a view start means the same rule in every frame.
+    Sides 7 and 13 (6 and 12 divisible by 2 and 3) make the scale-downs commute exactly."""
+    rng = np.random.default_rng(aug_id)
+    patch = np.zeros((7, 13), dtype=np.int64)
+    patch[1:5, 2:9] = rng.integers(0, 10, size=(4, 7))
+    grids = [rng.integers(0, 10, size=(7, 13)), patch, rng.integers(0, 3, size=(13, 7))]
+    aug = Augmentation.from_id(aug_id, n_demos=3)
+    module = PromptedViews(prompt_dim=4)
+    for grid in grids:
+        canvas = torch.from_numpy(encode(aug.grid(grid)))[None]
+        for v, want in enumerate(expected_views(grid)):
+            gate_bias = torch.zeros(1, NUM_VIEWS).index_fill(1, torch.tensor([v]), 100.0)
+            kept = AdapterSlice(torch.zeros(1, 4), gate_bias, torch.zeros(1, 12, 12), torch.zeros(1, 1, 2, 1),
+                                torch.zeros(1, 1, 1, 2))
+            seen = kept.in_frames(torch.tensor([aug.dihedral]), torch.tensor([aug.colours]))
+            out = module(canvas, *grid_extent(canvas), torch.zeros(1, 4), seen.gate_bias)
+            if max(want.shape) < 30:
+                assert torch.equal(out.argmax(-1)[0], torch.from_numpy(encode(aug.grid(want)))), (grid.shape, v)
+
+
+def test_a_class_map_kept_in_the_task_frame_maps_the_augmented_colours():
+    """A per-task colour map a -> s(a), read in a frame that shows colour k as c(k), maps c(a) -> c(s(a)),
+    and leaves the two canvas markers where they are."""
+    rng = np.random.default_rng(0)
+    recolour = rng.permutation(12)
+    recolour[10:] = (10, 11)
+    class_bias = torch.zeros(1, 12, 12)
+    class_bias[0, torch.arange(12), torch.from_numpy(recolour)] = 1.0
+    aug = Augmentation.from_id(1_000_007, n_demos=3)
+    kept = AdapterSlice(torch.zeros(1, 4), torch.zeros(1, NUM_VIEWS), class_bias, torch.zeros(1, 1, 2, 1),
+                        torch.zeros(1, 1, 1, 2))
+    seen = kept.in_frames(torch.tensor([aug.dihedral]), torch.tensor([aug.colours])).class_bias[0]
+    shown = list(aug.colours) + [10, 11]
+    assert aug.colours != tuple(range(10))
+    for a in range(12):
+        assert seen[shown[a]].argmax() == shown[recolour[a]] and seen[shown[a]].sum() == 1
