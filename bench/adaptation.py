@@ -33,31 +33,37 @@ def weight_ttt(steps: int, stop_views: int, lr: float = 1e-3) -> dict:
     return {"latent_starts": 1, "ttt_steps": steps, "ttt_params": "all", "ttt_lr": lr, "ttt_stop_views": stop_views}
 
 
+def search(**flags) -> dict:
+    """The search alone (starts and latent steps), no test-time training."""
+    return {"ttt_steps": 0, "latent_starts": 1, **flags}
+
+
 # name (no commas: --variants lists them) -> flags; the defaults of fixed.py hold where a variant says nothing
 VARIANTS = {
-    "none": {"latent_starts": 1, "view_starts": False},
-    "mean + 3 RL-draw starts": {"latent_starts": 4, "view_starts": False},
-    "mean + 17 view starts": {"latent_starts": 1},
-    "mean + 3 RL + 17 view starts": {"latent_starts": 4},
-    "latent 30 steps from the mean": {"latent_steps": 30, "latent_starts": 1, "view_starts": False},
-    "latent 30 steps from 4 RL starts": {"latent_steps": 30, "latent_starts": 4, "view_starts": False},
-    "view starts + latent 30 steps": {"latent_starts": 1, "latent_steps": 30, "latent_lr": 0.03},
-    "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_batch_size": 4, "ttt_bias_lr": 0.1,
-                                       "ttt_lr": 3e-3, "latent_lr": 0.01},
+    "none": search(view_starts=False),
+    "mean + 3 RL-draw starts": search(latent_starts=4, view_starts=False),
+    "mean + 17 view starts": search(),
+    "mean + 3 RL + 17 view starts": search(latent_starts=4),
+    "latent 30 steps from the mean": search(latent_steps=30, view_starts=False),
+    "latent 30 steps from 4 RL starts": search(latent_steps=30, latent_starts=4, view_starts=False),
+    "view starts + latent 30 steps": search(latent_steps=30, latent_lr=0.03),
+    "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_params": "task", "ttt_batch_size": 4,
+                                       "ttt_bias_lr": 0.1, "ttt_lr": 3e-3, "latent_lr": 0.01},
     "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
                                         "ttt_params": "all", "ttt_lr": 1e-3, "ttt_check_every": 0},
     "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
                                            "ttt_check_every": 0},
     **{f"view starts + all weights {steps} {stop}": weight_ttt(steps, views)
        for steps, stop, views in ((30, "identity stop", 1), (60, "identity stop", 1), (30, "8-view stop", 8),
-                                  (60, "2-view stop", 2), (60, "8-view stop", 8), (100, "8-view stop", 8))},
+                                  (60, "2-view stop", 2), (20, "8-view stop", 8), (60, "8-view stop", 8),
+                                  (100, "8-view stop", 8))},
     "view starts + all weights 60 8-view stop lr 3e-3": weight_ttt(60, 8, lr=3e-3),
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
                                                             "view starts + latent 30 steps"))
 # the training runs' own validations (every epoch) adapt nothing: the variants are the measurement
-CHEAP_VALIDATION = {"latent_starts": 1, "view_starts": False}
+CHEAP_VALIDATION = {**VARIANTS["none"], "eval_augments": 1}
 # a variant starts from the default validation, not from the training run's cheap one
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}

@@ -96,6 +96,6 @@ def test_evaluation_side_is_predicted_without_the_output():
     assert episode_side(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 30
     samples = [{"side": s, "input": torch.zeros(30, 30, dtype=torch.long), "target": torch.zeros(30, 30, dtype=torch.long),
                 "numeric": torch.zeros(15), "relation": torch.zeros(129), "ctrl": torch.zeros(3), "demo_texts": (),
-                "task_id": "t", "task_row": -1, "episode": 0, "where": "test[0]", "augmentation": None} for s in (5, 13)]
+                "task_id": "t", "task_row": -1, "episode": 0, "where": "test[0]", "augmentation": Augmentation()} for s in (5, 13)]
     batch = collate(samples)
     assert batch["input"].shape == batch["target"].shape == (2, 13, 13)
