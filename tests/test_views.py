@@ -113,8 +113,7 @@ def test_a_class_map_kept_in_the_task_frame_maps_the_augmented_colours():
     """A per-task colour map a -> s(a), read in a frame that shows colour k as c(k), maps c(a) -> c(s(a)),
     and leaves the two canvas markers where they are."""
     rng = np.random.default_rng(0)
-    recolour = rng.permutation(12)
-    recolour[10:] = (10, 11)
+    recolour = np.r_[rng.permutation(10), 10, 11]  # a colour permutation; the markers stay
     class_bias = torch.zeros(1, 12, 12)
     class_bias[0, torch.arange(12), torch.from_numpy(recolour)] = 1.0
     aug = Augmentation.from_id(1_000_007, n_demos=3)
