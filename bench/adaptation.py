@@ -58,6 +58,8 @@ VARIANTS = {
                                   (60, "2-view stop", 2), (20, "8-view stop", 8), (60, "8-view stop", 8),
                                   (100, "8-view stop", 8))},
     "view starts + all weights 60 8-view stop lr 3e-3": weight_ttt(60, 8, lr=3e-3),
+    # bf16 autocast for the search, TTT and prediction of an fp32-trained checkpoint (--eval_only --amp bf16)
+    "view starts + all weights 60 8-view stop bf16": {**weight_ttt(60, 8), "amp": "bf16"},
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",

@@ -78,10 +78,13 @@ def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
     assert all(p.grad is None for p in state.model.parameters())
 
 
-def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg):
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg, amp):
     """--ttt_params all after the view-start search: the weights trained under the kept start differ
-    from those trained from the plain mean (the start is used), and both are restored bit for bit."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0)
+    from those trained from the plain mean (the start is used), and both are restored bit for bit,
+    also under bf16 autocast (float32 weights, bf16 arithmetic)."""
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
+                                        amp=amp)
     model, task = state.model, next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     searched = adapt_tasks(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU)
