@@ -71,7 +71,8 @@ EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECT
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
 ARC_VARIANTS = ("none,mean + 17 view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
                 "view starts + all weights 30 steps,view starts + all weights 60 identity stop,"
-                "view starts + all weights 60 8-view stop")
+                "view starts + all weights 60 8-view stop,view starts + all weights 60 8-view stop bf16,"
+                "view starts + all weights 60 8-view stop lr 3e-3")
 
 
 def chosen(names: str, flag: str) -> dict[str, dict]:
