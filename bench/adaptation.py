@@ -60,6 +60,7 @@ VARIANTS = {
     "view starts + all weights 60 8-view stop lr 3e-3": weight_ttt(60, 8, lr=3e-3),
     # bf16 autocast for the search, TTT and prediction of an fp32-trained checkpoint (--eval_only --amp bf16)
     "view starts + all weights 60 8-view stop bf16": {**weight_ttt(60, 8), "amp": "bf16"},
+    "view starts + all weights 60 8-view stop bf16 lr 3e-3": {**weight_ttt(60, 8, lr=3e-3), "amp": "bf16"},
 }
 # what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
 UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
@@ -72,7 +73,7 @@ TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
 ARC_VARIANTS = ("none,mean + 17 view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
                 "view starts + all weights 30 steps,view starts + all weights 60 identity stop,"
                 "view starts + all weights 60 8-view stop,view starts + all weights 60 8-view stop bf16,"
-                "view starts + all weights 60 8-view stop lr 3e-3")
+                "view starts + all weights 60 8-view stop bf16 lr 3e-3")
 
 
 def chosen(names: str, flag: str) -> dict[str, dict]:
