@@ -15,15 +15,7 @@ from torch import nn
 from agents.adapter import AdapterSlice
 from agents.views import PromptedViews
 from data.arc import MAX_SIDE
-from data.canvas import EOG, NUM_CLASSES
-
-
-def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """canvas [B, S, S] int64 -> (h, w) [B] int64, read from the end-of-grid markers (S if none)."""
-    def first(line: torch.Tensor) -> torch.Tensor:
-        hit = line == EOG
-        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], line.shape[1], dtype=torch.long))
-    return first(canvas[:, :, 0]), first(canvas[:, 0, :])
+from data.canvas import NUM_CLASSES, grid_extent
 
 
 class CellPosition(nn.Module):
@@ -61,8 +53,7 @@ class CellEmbedding(nn.Module):
         self.embed = nn.Embedding(NUM_CLASSES, channels)
         self.position = CellPosition(channels)
         self.prompt_in = nn.Linear(prompt_dim, channels)
-        self.views = PromptedViews(prompt_dim) if views else None
-        self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
+        self.views = PromptedViews(prompt_dim, channels) if views else None
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +61,8 @@ class CellEmbedding(nn.Module):
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
-        viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
-        return x + self.view_embed(viewed), viewed
+        embedded, viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
+        return x + embedded, viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The parameters that read the prompt here (test-time training adapts them)."""

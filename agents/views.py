@@ -11,12 +11,19 @@ each view:
     views 10-11 the input scaled down 2x and 3x (every 2nd / 3rd cell)
     view 12     the input cut to the bounding box of its non-background cells (crop to content)
     views 13-16 the non-background cells fallen down, up, right, left, in order (gravity)
+    views 17-18 the input tiled 2x2 and 3x3
+    views 19-22 the input and its mirror images, 2x each side, the copies extending down-right,
+                down-left, up-right, up-left (data.features.mirror_tile)
+    views 23-26 the left, right, top and bottom half of the input (a divider between odd halves dropped)
 
 each as a canvas of its own with its own end-of-grid markers (so a view also proposes an output
-size). The prompt picks among them with a softmax gate; the cell's viewed class goes into its
-embedding and through the prompted class map of the output layer (agents/cells.py). The relation
-features score the same transforms on the demos (data/features.py), so the gate has what it needs
-to choose. This is a prior, like the relation stream, and `views=False` turns it off.
+size). The prompt picks among them with a softmax gate; each view's classes are embedded on their
+own and weighted by the gate, so a mix of two views (an up-scaling and a tiling: a fractal; two
+halves: a cell-wise comparison of them) tells the cell which class came from which view. The
+gate's mix of classes also goes through the prompted class map of the output layer
+(agents/cells.py). The relation features score the same transforms on the demos
+(data/features.py), so the gate has what it needs to choose. This is a prior, like the relation
+stream, and `views=False` turns it off.
 """
 
 from __future__ import annotations
@@ -25,12 +32,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from data.arc import NUM_COLOURS
-from data.canvas import EOG, NUM_CLASSES, PAD
-from data.features import SCALES  # the up- and down-scalings the relation features score
+from data.arc import NUM_COLOURS, ArcPair
+from data.canvas import EOG, NUM_CLASSES, PAD, encode, grid_extent
+from data.features import HALVES, MIRRORS, SCALES  # the transforms the relation features score
 GRAVITY = ((1, 0), (-1, 0), (0, 1), (0, -1))  # views 13-16: the (row, column) direction cells fall in
 FIRST_GRAVITY = 8 + 2 * len(SCALES) + 1
-NUM_VIEWS = FIRST_GRAVITY + len(GRAVITY)
+FIRST_TILE = FIRST_GRAVITY + len(GRAVITY)
+FIRST_MIRROR = FIRST_TILE + len(SCALES)
+FIRST_HALF = FIRST_MIRROR + len(MIRRORS)
+NUM_VIEWS = FIRST_HALF + len(HALVES)
+# Views that mean something together: an up-scaling and the tiling of the same factor (each cell sees
+# its block's class and its place in the block: a fractal), the two halves of each axis (a cell-wise
+# comparison). Per-task adaptation starts from each view alone and from each of these pairs.
+VIEW_PAIRS = (*((8 + k, FIRST_TILE + k) for k in range(len(SCALES))),
+              (FIRST_HALF, FIRST_HALF + 1), (FIRST_HALF + 2, FIRST_HALF + 3))
+VIEW_STARTS = (*((v,) for v in range(NUM_VIEWS)), *VIEW_PAIRS)  # the gate's forced views of each start
 
 
 def _dihedral_matrix(k: int) -> np.ndarray:
@@ -43,14 +59,20 @@ def _dihedral_matrix(k: int) -> np.ndarray:
 def _views_in_frames() -> torch.Tensor:
     """[8, NUM_VIEWS] int64: row d maps each view of a task's own frame to the view doing the same in
     the frame of dihedral transform d (the frame an augmented sample is seen in): a dihedral view v
-    becomes d v d^-1, a gravity direction u becomes d u; scalings and the crop commute with d."""
+    becomes d v d^-1, a direction u (gravity, mirrored tiling, half) becomes d u; scalings, the
+    crop and the tilings commute with d."""
     matrices = [_dihedral_matrix(k) for k in range(8)]
     keys = [m.tobytes() for m in matrices]
+
+    def moved(first: int, directions: tuple[tuple[int, int], ...], md: np.ndarray) -> list[int]:
+        return [first + directions.index(tuple(int(x) for x in md @ np.array(u))) for u in directions]
+
     rows = []
     for md in matrices:  # orthogonal: its inverse is its transpose
         dihedral = [keys.index((md @ mv @ md.T).tobytes()) for mv in matrices]
-        gravity = [FIRST_GRAVITY + GRAVITY.index(tuple(int(x) for x in md @ np.array(u))) for u in GRAVITY]
-        rows.append(dihedral + list(range(8, FIRST_GRAVITY)) + gravity)
+        rows.append(dihedral + list(range(8, FIRST_GRAVITY)) + moved(FIRST_GRAVITY, GRAVITY, md)
+                    + list(range(FIRST_TILE, FIRST_MIRROR)) + moved(FIRST_MIRROR, MIRRORS, md)
+                    + moved(FIRST_HALF, HALVES, md))
     return torch.tensor(rows, dtype=torch.int64)
 
 
@@ -84,9 +106,24 @@ def fallen(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, dim: int, tow
     return (order, cols) if dim == 1 else (rows, order)
 
 
+def _mirrored(i: torch.Tensor, n: torch.Tensor, direction: int) -> torch.Tensor:
+    """Source index along one axis of a mirrored tiling (data.features.mirror_tile) of a side n grid:
+    the original first and its reflection after (direction > 0), or the reflection first."""
+    if direction > 0:
+        return torch.where(i < n, i, 2 * n - 1 - i)
+    return torch.where(i >= n, i - n, n - 1 - i)
+
+
+def _half(i: torch.Tensor, j: torch.Tensor, h: torch.Tensor, w: torch.Tensor, direction: tuple[int, int]):
+    """(source row, source column, height, width) of the half view towards `direction` (data.features.half)."""
+    dr, dc = direction
+    keep_h, keep_w = (h // 2).clamp_min(1) if dr else h, (w // 2).clamp_min(1) if dc else w
+    return i + (h - keep_h if dr > 0 else 0), j + (w - keep_w if dc > 0 else 0), keep_h, keep_w
+
+
 def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """canvas [B, S, S] int64 holding grids of heights h and widths w ([B] int64)
-    -> views [B, 17, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
+    -> views [B, 27, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
     side = canvas.shape[-1]
     i = torch.arange(side, device=canvas.device)[None, :, None]  # output row
     j = torch.arange(side, device=canvas.device)[None, None, :]  # output column
@@ -100,6 +137,9 @@ def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tor
         *((i * s, j * s, (H + s - 1) // s, (W + s - 1) // s) for s in SCALES),
         (i + top, j + left, bottom - top + 1, right - left + 1),
         *((*fallen(canvas, h, w, dim, towards_end), H, W) for dim in (1, 2) for towards_end in (True, False)),
+        *((i % H, j % W, H * s, W * s) for s in SCALES),
+        *((_mirrored(i, H, dr), _mirrored(j, W, dc), 2 * H, 2 * W) for dr, dc in MIRRORS),
+        *(_half(i, j, H, W, direction) for direction in HALVES),
     ]
     flat = canvas.flatten(1)
     views = []
@@ -112,21 +152,38 @@ def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tor
     return torch.stack(views, 1)
 
 
-class PromptedViews(nn.Module):
-    """Input canvas [B, S, S] int64, grid extent (h, w) [B], prompt [B, P] -> viewed classes
-    [B, S, S, 12] float: each cell's class under every view (one-hot), mixed by the prompt's softmax
-    gate over views. One-hot in, so embedding the mix equals mixing the views' embeddings."""
+def starts_fitting(demos: tuple[ArcPair, ...]) -> list[bool]:
+    """For each of VIEW_STARTS, whether every view it forces proposes (by its end-of-grid markers)
+    each demo output's shape from that demo's input. A view that sizes some demo wrong is not the
+    task's rule, and its start is not worth a forward pass. A view beyond 30 cells reads as 30."""
+    canvas = torch.from_numpy(np.stack([encode(d.input) for d in demos]))
+    views = view_canvases(canvas, *grid_extent(canvas))  # [D, V, 30, 30]
+    h, w = grid_extent(views.flatten(0, 1))
+    proposed = torch.stack([h, w], -1).view(len(demos), NUM_VIEWS, 2)
+    wanted = torch.tensor([d.output.shape for d in demos])[:, None, :]
+    fits = (proposed == wanted).all(-1).all(0)  # [V]
+    return [bool(fits[list(views)].all()) for views in VIEW_STARTS]
 
-    def __init__(self, prompt_dim: int):
+
+class PromptedViews(nn.Module):
+    """Input canvas [B, S, S] int64, grid extent (h, w) [B], prompt [B, P] -> (embedded views
+    [B, S, S, C], viewed classes [B, S, S, 12] float32). Each cell's class under every view
+    (one-hot) is weighted by the prompt's softmax gate over views; the embedding reads every view's
+    weighted classes with weights of its own, the viewed classes are their sum (a decided gate
+    gives one view's one-hot classes)."""
+
+    def __init__(self, prompt_dim: int, channels: int):
         super().__init__()
         self.gate = nn.Linear(prompt_dim, NUM_VIEWS)
         nn.init.zeros_(self.gate.weight)  # start from an even mix
         nn.init.zeros_(self.gate.bias)
+        self.embed = nn.Linear(NUM_VIEWS * NUM_CLASSES, channels, bias=False)
 
     def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, prompt: torch.Tensor,
-                gate_bias: torch.Tensor | None = None) -> torch.Tensor:
+                gate_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`gate_bias` [B, V]: added to the gate's logits (a per-task adapter, agents/adapter.py)."""
         logits = self.gate(prompt).float()
         gate = (logits if gate_bias is None else logits + gate_bias.float()).softmax(-1)  # [B, V]
         views = nn.functional.one_hot(view_canvases(canvas, h, w), NUM_CLASSES).float()  # [B, V, S, S, 12]
-        return torch.einsum("bv,bvijk->bijk", gate, views)
+        weighted = views * gate[:, :, None, None, None]
+        return self.embed(weighted.permute(0, 2, 3, 1, 4).flatten(3)), weighted.sum(1)

@@ -42,8 +42,8 @@ def search(**flags) -> dict:
 VARIANTS = {
     "none": search(view_starts=False),
     "mean + 3 RL-draw starts": search(latent_starts=4, view_starts=False),
-    "mean + 17 view starts": search(),
-    "mean + 3 RL + 17 view starts": search(latent_starts=4),
+    "mean + view starts": search(),
+    "mean + 3 RL + view starts": search(latent_starts=4),
     "latent 30 steps from the mean": search(latent_steps=30, view_starts=False),
     "latent 30 steps from 4 RL starts": search(latent_steps=30, latent_starts=4, view_starts=False),
     "view starts + latent 30 steps": search(latent_steps=30, latent_lr=0.03),
@@ -82,7 +82,7 @@ CHEAP_VALIDATION = {**VARIANTS["none"], "eval_augments": 1}
 # a variant starts from the default validation, not from the training run's cheap one
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
-ARC_VARIANTS = ("none,mean + 17 view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
+ARC_VARIANTS = ("none,mean + view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
                 "view starts + all weights 30 steps,view starts + all weights 60 identity stop,"
                 "view starts + all weights 60 8-view stop,view starts + all weights 60 8-view stop bf16,"
                 "view starts + all weights 60 8-view stop bf16 lr 3e-3,"

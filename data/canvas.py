@@ -68,6 +68,14 @@ def _first(line: np.ndarray, value: int) -> int:
     return int(hits[0]) if hits.size else len(line)
 
 
+def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """canvas [B, S, S] int64 -> (h, w) [B] int64, read from the end-of-grid markers (S if none)."""
+    def first(line: torch.Tensor) -> torch.Tensor:
+        hit = line == EOG
+        return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], line.shape[1], dtype=torch.long))
+    return first(canvas[:, :, 0]), first(canvas[:, 0, :])
+
+
 def decode(canvas: np.ndarray) -> Grid:
     """Canvas [S, S] int64 -> grid [h, w] int64; the exact inverse of `encode` (cut to any S that
     holds the grid and its markers).

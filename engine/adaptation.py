@@ -7,6 +7,9 @@ read. The shared weights end exactly as they started.
 - Latent search (`--latent_steps`, `--latent_lr`, `--latent_starts K`): each task gets K latents,
   added to the refined prompt: the mean refinement (0) and K-1 draws of the RL head's Gaussian. Adam
   moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
+- View starts (`--view_starts`): a start per input view, and per pair of views meant together
+  (agents/views.VIEW_STARTS), the view gate forced towards them; only the starts whose views give
+  every demo output its shape are tried.
 - Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_schedule`, `--ttt_params`), after the search:
   `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
   `--ttt_rank` update of the cell states after every block) trained from the kept start;
@@ -30,6 +33,7 @@ import numpy as np
 import torch
 
 from agents.adapter import TaskAdapters
+from agents.views import VIEW_STARTS, starts_fitting
 from data.arc import ArcTask
 from data.augment import view_ids
 from data.episodes import EpisodeDataset, collate, training_episodes
@@ -158,18 +162,23 @@ def frozen(model: ArcModel):
             p.requires_grad_(flag)
 
 
+def _view_starts(model: ArcModel, cfg: Config) -> tuple[tuple[int, ...], ...]:
+    """The views each view start forces (agents/views.VIEW_STARTS): none without views or `--view_starts`."""
+    return VIEW_STARTS if model.agent.num_views and cfg.eval.view_starts else ()
+
+
 def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task: int, cfg: Config) -> None:
     """Initialise each task's start rows: the mean refinement, `--latent_starts` - 1 RL-head draws,
-    then (with `--view_starts`) one row per view with the gate forced towards that view."""
+    then (with `--view_starts`) one row per view, and per pair of views meant together, with the
+    gate forced towards them."""
     generator = torch.Generator().manual_seed(cfg.run.seed)
-    views = model.agent.num_views if cfg.eval.view_starts else 0
     with torch.no_grad():
         for task in usable:
             first = task * per_task
             draws = model.policy.draw_deltas(cfg.eval.latent_starts - 1, generator)
             adapters.latent[first + 1:first + cfg.eval.latent_starts] = draws.to(adapters.latent.device)
-            for v in range(views):
-                adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
+            for k, views in enumerate(_view_starts(model, cfg)):
+                adapters.gate_bias[first + cfg.eval.latent_starts + k, list(views)] = VIEW_START_LOGIT
 
 
 def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
@@ -177,8 +186,7 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     """Search (starts, latent steps), keep each task's best start, then train its adapter
     (`--ttt_params task`); all of `tasks` together."""
     e = cfg.eval
-    views = model.agent.num_views if e.view_starts else 0
-    per_task = e.latent_starts + views
+    per_task = e.latent_starts + len(_view_starts(model, cfg))
     tune = e.ttt_steps > 0 and e.ttt_params == "task"
     unadapted = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)},
                              {t.task_id: float("nan") for t in tasks})
@@ -189,15 +197,17 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     if not usable:
         return unadapted
     adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
-    rows = {task * per_task + k: task for task in usable for k in range(per_task)}  # row -> task
+    rows = {}  # row -> task: every latent start, and the view starts whose views size the task's demos right
+    for task in usable:
+        fits = [True] * e.latent_starts + (starts_fitting(tasks[task].train) if per_task > e.latent_starts else [])
+        rows.update({task * per_task + k: task for k in range(per_task) if fits[k]})
     with frozen(model):
         _starts(model, adapters, usable, per_task, cfg)
         if e.latent_steps:
             _train(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
                    steps=e.latent_steps, schedule="constant", cfg=cfg, device=device)
         loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
-        best = {task: min(range(task * per_task, (task + 1) * per_task), key=lambda r: float(loss[r]))
-                for task in usable}
+        best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
         if per_task > 1:  # one row per task from here on: its best start
             kept = model.task_adapters(len(tasks), rank=e.ttt_rank, seed=cfg.run.seed)
             with torch.no_grad():

