@@ -53,7 +53,8 @@ class CellEmbedding(nn.Module):
         self.embed = nn.Embedding(NUM_CLASSES, channels)
         self.position = CellPosition(channels)
         self.prompt_in = nn.Linear(prompt_dim, channels)
-        self.views = PromptedViews(prompt_dim, channels) if views else None
+        self.views = PromptedViews(prompt_dim) if views else None
+        self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +62,8 @@ class CellEmbedding(nn.Module):
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
-        embedded, viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
-        return x + embedded, viewed
+        viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
+        return x + self.view_embed(viewed), viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The parameters that read the prompt here (test-time training adapts them)."""

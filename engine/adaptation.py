@@ -7,9 +7,8 @@ read. The shared weights end exactly as they started.
 - Latent search (`--latent_steps`, `--latent_lr`, `--latent_starts K`): each task gets K latents,
   added to the refined prompt: the mean refinement (0) and K-1 draws of the RL head's Gaussian. Adam
   moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
-- View starts (`--view_starts`): a start per input view, and per pair of views meant together
-  (agents/views.VIEW_STARTS), the view gate forced towards them; only the starts whose views give
-  every demo output its shape are tried.
+- View starts (`--view_starts`): a start per input view, the view gate forced towards it; only
+  the views that give every demo output its shape are tried.
 - Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_schedule`, `--ttt_params`), after the search:
   `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
   `--ttt_rank` update of the cell states after every block) trained from the kept start;
@@ -33,7 +32,7 @@ import numpy as np
 import torch
 
 from agents.adapter import TaskAdapters
-from agents.views import VIEW_STARTS, starts_fitting
+from agents.views import views_fitting
 from data.arc import ArcTask
 from data.augment import view_ids
 from data.episodes import EpisodeDataset, collate, training_episodes
@@ -162,23 +161,17 @@ def frozen(model: ArcModel):
             p.requires_grad_(flag)
 
 
-def _view_starts(model: ArcModel, cfg: Config) -> tuple[tuple[int, ...], ...]:
-    """The views each view start forces (agents/views.VIEW_STARTS): none without views or `--view_starts`."""
-    return VIEW_STARTS if model.agent.num_views and cfg.eval.view_starts else ()
-
-
 def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task: int, cfg: Config) -> None:
     """Initialise each task's start rows: the mean refinement, `--latent_starts` - 1 RL-head draws,
-    then (with `--view_starts`) one row per view, and per pair of views meant together, with the
-    gate forced towards them."""
+    then (with `--view_starts`) one row per view with the gate forced towards that view."""
     generator = torch.Generator().manual_seed(cfg.run.seed)
     with torch.no_grad():
         for task in usable:
             first = task * per_task
             draws = model.policy.draw_deltas(cfg.eval.latent_starts - 1, generator)
             adapters.latent[first + 1:first + cfg.eval.latent_starts] = draws.to(adapters.latent.device)
-            for k, views in enumerate(_view_starts(model, cfg)):
-                adapters.gate_bias[first + cfg.eval.latent_starts + k, list(views)] = VIEW_START_LOGIT
+            for v in range(model.agent.num_views if cfg.eval.view_starts else 0):
+                adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
 
 
 def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
@@ -186,7 +179,8 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     """Search (starts, latent steps), keep each task's best start, then train its adapter
     (`--ttt_params task`); all of `tasks` together."""
     e = cfg.eval
-    per_task = e.latent_starts + len(_view_starts(model, cfg))
+    views = model.agent.num_views if e.view_starts else 0
+    per_task = e.latent_starts + views
     tune = e.ttt_steps > 0 and e.ttt_params == "task"
     unadapted = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)},
                              {t.task_id: float("nan") for t in tasks})
@@ -199,7 +193,7 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
     rows = {}  # row -> task: every latent start, and the view starts whose views size the task's demos right
     for task in usable:
-        fits = [True] * e.latent_starts + (starts_fitting(tasks[task].train) if per_task > e.latent_starts else [])
+        fits = [True] * e.latent_starts + (views_fitting(tasks[task].train) if views else [])
         rows.update({task * per_task + k: task for k in range(per_task) if fits[k]})
     with frozen(model):
         _starts(model, adapters, usable, per_task, cfg)

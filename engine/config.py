@@ -227,9 +227,8 @@ class EvalCfg:
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos (0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
     latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
-    view_starts: bool = flag(True, "search also starts from each input view forced by the gate, and from pairs of "
-                                   "views meant together (a view the prompt never picked in training is then one "
-                                   "start away)")
+    view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
+                                   "never picked in training is then one start away), if it sizes every demo right")
     ttt_steps: int = flag(60, "test-time training steps (at most: see --ttt_check_every) on each evaluation "
                               "task's demos (0: off, the search alone); on 2 CPU cores about 0.8 s a task where "
                               "the demos get solved, 6 s on ARC-AGI-1")

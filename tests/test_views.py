@@ -6,8 +6,8 @@ import torch
 
 from agents.adapter import AdapterSlice
 from agents.conv_agent import FiLMConvAgent
-from agents.views import FIRST_HALF, FIRST_MIRROR, FIRST_TILE, NUM_VIEWS, SCALES, VIEW_STARTS, PromptedViews, \
-    starts_fitting, view_canvases
+from agents.views import FIRST_HALF, FIRST_MIRROR, FIRST_TILE, NUM_VIEWS, SCALES, PromptedViews, view_canvases, \
+    views_fitting
 from data.arc import ArcPair
 from data.augment import Augmentation, dihedral
 from data.canvas import encode, grid_extent
@@ -44,30 +44,34 @@ def test_views_match_the_numpy_transforms(side):
 def test_a_one_hot_gate_shows_that_view_alone():
     """The gate's mix is of one-hot classes, so a decided gate gives exactly one view's classes."""
     torch.manual_seed(0)
-    module = PromptedViews(prompt_dim=NUM_VIEWS, channels=4)
+    module = PromptedViews(prompt_dim=NUM_VIEWS)
     with torch.no_grad():
         module.gate.weight.copy_(100 * torch.eye(NUM_VIEWS))
     grid = np.arange(6).reshape(2, 3)
     canvas = torch.from_numpy(encode(grid))[None, :8, :8]
     h, w = grid_extent(canvas)
-    embedded, out = module(canvas, h, w, torch.eye(NUM_VIEWS)[[4]])  # view 4: the transpose
+    out = module(canvas, h, w, torch.eye(NUM_VIEWS)[[4]])  # view 4: the transpose
     want = torch.nn.functional.one_hot(torch.from_numpy(encode(grid.T))[None, :8, :8], 12).float()
     assert torch.allclose(out, want, atol=1e-5)
-    assert embedded.shape == (1, 8, 8, 4)
 
 
-def test_a_mix_of_two_views_tells_which_class_came_from_which():
-    """Each view's classes are embedded with weights of their own: an even mix of two views tells
-    (a from the first, b from the second) from (b from the first, a from the second), which a
-    shared embedding of the mixed classes cannot."""
+def test_the_gate_mixes_the_views_one_hot_classes():
+    """The mix is sum_v gate_v * one_hot(class under view v), gradients to the gate included."""
     torch.manual_seed(0)
-    module = PromptedViews(prompt_dim=4, channels=8)
-    grid = np.array([[1, 2]])  # view 0 (identity) and view 5 (left-right flip) swap the two cells
-    canvas = torch.from_numpy(encode(grid))[None, :3, :3]
-    gate_bias = torch.zeros(1, NUM_VIEWS).index_fill(1, torch.tensor([0, 5]), 100.0)
-    embedded, viewed = module(canvas, *grid_extent(canvas), torch.zeros(1, 4), gate_bias)
-    assert torch.allclose(viewed[0, 0, 0], viewed[0, 0, 1])  # the same mixed classes in both cells
-    assert not torch.allclose(embedded[0, 0, 0], embedded[0, 0, 1], atol=1e-3)
+    module = PromptedViews(prompt_dim=4)
+    with torch.no_grad():
+        module.gate.weight.normal_()
+    rng = np.random.default_rng(0)
+    canvas = torch.from_numpy(np.stack([encode(rng.integers(0, 10, (5, 7))) for _ in range(3)]))[:, :15, :15]
+    prompt = torch.randn(3, 4)
+    out = module(canvas, *grid_extent(canvas), prompt)
+    gate = module.gate(prompt).softmax(-1)
+    views = torch.nn.functional.one_hot(view_canvases(canvas, *grid_extent(canvas)), 12).float()
+    want = torch.einsum("bv,bvijk->bijk", gate, views)
+    torch.testing.assert_close(out, want)
+    grad, = torch.autograd.grad((out * torch.arange(12.0)).sum(), module.gate.weight)
+    want_grad, = torch.autograd.grad((want * torch.arange(12.0)).sum(), module.gate.weight)
+    torch.testing.assert_close(grad, want_grad)
 
 
 def flip_batches(rng: np.random.Generator, n: int, side: int = 9):
@@ -114,7 +118,7 @@ def test_an_adapter_kept_in_the_task_frame_shows_each_view_in_every_augmented_fr
     patch[1:5, 2:9] = rng.integers(0, 10, size=(4, 7))
     grids = [rng.integers(0, 10, size=(7, 13)), patch, rng.integers(0, 3, size=(13, 7))]
     aug = Augmentation.from_id(aug_id, n_demos=3)
-    module = PromptedViews(prompt_dim=4, channels=4)
+    module = PromptedViews(prompt_dim=4)
     for grid in grids:
         canvas = torch.from_numpy(encode(aug.grid(grid)))[None]
         for v, want in enumerate(expected_views(grid)):
@@ -122,7 +126,7 @@ def test_an_adapter_kept_in_the_task_frame_shows_each_view_in_every_augmented_fr
             kept = AdapterSlice(torch.zeros(1, 4), gate_bias, torch.zeros(1, 12, 12), torch.zeros(1, 1, 2, 1),
                                 torch.zeros(1, 1, 1, 2))
             seen = kept.in_frames(torch.tensor([aug.dihedral]), torch.tensor([aug.colours]))
-            out = module(canvas, *grid_extent(canvas), torch.zeros(1, 4), seen.gate_bias)[1]
+            out = module(canvas, *grid_extent(canvas), torch.zeros(1, 4), seen.gate_bias)
             if max(want.shape) < 30:
                 assert torch.equal(out.argmax(-1)[0], torch.from_numpy(encode(aug.grid(want)))), (grid.shape, v)
 
@@ -144,17 +148,14 @@ def test_a_class_map_kept_in_the_task_frame_maps_the_augmented_colours():
         assert seen[shown[a]].argmax() == shown[recolour[a]] and seen[shown[a]].sum() == 1
 
 
-def test_only_the_starts_whose_views_size_every_demo_right_are_tried():
+def test_only_the_views_that_size_every_demo_right_fit():
     rng = np.random.default_rng(0)
     grids = [rng.integers(1, 10, size=(2, 3)), rng.integers(1, 10, size=(3, 2))]  # no background: crop keeps all
-    doubled = starts_fitting(tuple(ArcPair(g, np.tile(g, (2, 2))) for g in grids))
-    # 2x each side: the 2x up-scaling (view 8), the 2x2 tiling, the 4 mirrored tilings, their pair
-    assert [VIEW_STARTS[k] for k, fit in enumerate(doubled) if fit] == \
-        [(8,), (FIRST_TILE,), *((FIRST_MIRROR + m,) for m in range(4)), (8, FIRST_TILE)]
-    same = starts_fitting(tuple(ArcPair(g, g[::-1]) for g in grids))
+    doubled = views_fitting(tuple(ArcPair(g, np.tile(g, (2, 2))) for g in grids))
+    # 2x each side: the 2x up-scaling (view 8), the 2x2 tiling, the 4 mirrored tilings
+    assert [v for v, fit in enumerate(doubled) if fit] == [8, FIRST_TILE, *range(FIRST_MIRROR, FIRST_MIRROR + 4)]
+    same = views_fitting(tuple(ArcPair(g, g[::-1]) for g in grids))
     # the shape kept: identity, half turn and the two flips (2x3 stays 2x3), crop, gravity
-    assert [VIEW_STARTS[k] for k, fit in enumerate(same) if fit] == [(0,), (2,), (5,), (7,), (12,), (13,), (14,),
-                                                                      (15,), (16,)]
-    halves = starts_fitting((ArcPair(rng.integers(1, 10, size=(4, 5)), np.zeros((4, 2), dtype=np.int64)),))
-    assert [VIEW_STARTS[k] for k, fit in enumerate(halves) if fit] == [(FIRST_HALF,), (FIRST_HALF + 1,),
-                                                                        (FIRST_HALF, FIRST_HALF + 1)]
+    assert [v for v, fit in enumerate(same) if fit] == [0, 2, 5, 7, 12, 13, 14, 15, 16]
+    halves = views_fitting((ArcPair(rng.integers(1, 10, size=(4, 5)), np.zeros((4, 2), dtype=np.int64)),))
+    assert [v for v, fit in enumerate(halves) if fit] == [FIRST_HALF, FIRST_HALF + 1]
