@@ -48,7 +48,7 @@ class ArcModel(nn.Module):
 
     def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
                 adapter: AdapterSlice | None = None) -> Prediction:
-        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 139], ctrl [B, 3] float32,
+        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
         task_row [B] int64 (with a task embedding), dihedral [B] and colours [B, 10] int64 (with an
         adapter: each sample's augmentation, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool

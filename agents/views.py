@@ -11,10 +11,6 @@ each view:
     views 10-11 the input scaled down 2x and 3x (every 2nd / 3rd cell)
     view 12     the input cut to the bounding box of its non-background cells (crop to content)
     views 13-16 the non-background cells fallen down, up, right, left, in order (gravity)
-    views 17-18 the input tiled 2x2 and 3x3
-    views 19-22 the input and its mirror images, 2x each side, the copies extending down-right,
-                down-left, up-right, up-left (data.features.mirror_tile)
-    views 23-26 the left, right, top and bottom half of the input (a divider between odd halves dropped)
 
 each as a canvas of its own with its own end-of-grid markers (so a view also proposes an output
 size). The prompt picks among them with a softmax gate; the cell's viewed class goes into its
@@ -31,13 +27,10 @@ from torch import nn
 
 from data.arc import NUM_COLOURS, ArcPair
 from data.canvas import EOG, NUM_CLASSES, PAD, encode, grid_extent
-from data.features import HALVES, MIRRORS, SCALES  # the transforms the relation features score
+from data.features import SCALES  # the up- and down-scalings the relation features score
 GRAVITY = ((1, 0), (-1, 0), (0, 1), (0, -1))  # views 13-16: the (row, column) direction cells fall in
 FIRST_GRAVITY = 8 + 2 * len(SCALES) + 1
-FIRST_TILE = FIRST_GRAVITY + len(GRAVITY)
-FIRST_MIRROR = FIRST_TILE + len(SCALES)
-FIRST_HALF = FIRST_MIRROR + len(MIRRORS)
-NUM_VIEWS = FIRST_HALF + len(HALVES)
+NUM_VIEWS = FIRST_GRAVITY + len(GRAVITY)
 
 
 def _dihedral_matrix(k: int) -> np.ndarray:
@@ -50,20 +43,14 @@ def _dihedral_matrix(k: int) -> np.ndarray:
 def _views_in_frames() -> torch.Tensor:
     """[8, NUM_VIEWS] int64: row d maps each view of a task's own frame to the view doing the same in
     the frame of dihedral transform d (the frame an augmented sample is seen in): a dihedral view v
-    becomes d v d^-1, a direction u (gravity, mirrored tiling, half) becomes d u; scalings, the
-    crop and the tilings commute with d."""
+    becomes d v d^-1, a gravity direction u becomes d u; scalings and the crop commute with d."""
     matrices = [_dihedral_matrix(k) for k in range(8)]
     keys = [m.tobytes() for m in matrices]
-
-    def moved(first: int, directions: tuple[tuple[int, int], ...], md: np.ndarray) -> list[int]:
-        return [first + directions.index(tuple(int(x) for x in md @ np.array(u))) for u in directions]
-
     rows = []
     for md in matrices:  # orthogonal: its inverse is its transpose
         dihedral = [keys.index((md @ mv @ md.T).tobytes()) for mv in matrices]
-        rows.append(dihedral + list(range(8, FIRST_GRAVITY)) + moved(FIRST_GRAVITY, GRAVITY, md)
-                    + list(range(FIRST_TILE, FIRST_MIRROR)) + moved(FIRST_MIRROR, MIRRORS, md)
-                    + moved(FIRST_HALF, HALVES, md))
+        gravity = [FIRST_GRAVITY + GRAVITY.index(tuple(int(x) for x in md @ np.array(u))) for u in GRAVITY]
+        rows.append(dihedral + list(range(8, FIRST_GRAVITY)) + gravity)
     return torch.tensor(rows, dtype=torch.int64)
 
 
@@ -97,24 +84,9 @@ def fallen(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, dim: int, tow
     return (order, cols) if dim == 1 else (rows, order)
 
 
-def _mirrored(i: torch.Tensor, n: torch.Tensor, direction: int) -> torch.Tensor:
-    """Source index along one axis of a mirrored tiling (data.features.mirror_tile) of a side n grid:
-    the original first and its reflection after (direction > 0), or the reflection first."""
-    if direction > 0:
-        return torch.where(i < n, i, 2 * n - 1 - i)
-    return torch.where(i >= n, i - n, n - 1 - i)
-
-
-def _half(i: torch.Tensor, j: torch.Tensor, h: torch.Tensor, w: torch.Tensor, direction: tuple[int, int]):
-    """(source row, source column, height, width) of the half view towards `direction` (data.features.half)."""
-    dr, dc = direction
-    keep_h, keep_w = (h // 2).clamp_min(1) if dr else h, (w // 2).clamp_min(1) if dc else w
-    return i + (h - keep_h if dr > 0 else 0), j + (w - keep_w if dc > 0 else 0), keep_h, keep_w
-
-
 def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """canvas [B, S, S] int64 holding grids of heights h and widths w ([B] int64)
-    -> views [B, 27, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
+    -> views [B, 17, S, S] int64: each view encoded like a canvas (colours, EOG markers, PAD), cut to S."""
     side = canvas.shape[-1]
     i = torch.arange(side, device=canvas.device)[None, :, None]  # output row
     j = torch.arange(side, device=canvas.device)[None, None, :]  # output column
@@ -128,9 +100,6 @@ def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tor
         *((i * s, j * s, (H + s - 1) // s, (W + s - 1) // s) for s in SCALES),
         (i + top, j + left, bottom - top + 1, right - left + 1),
         *((*fallen(canvas, h, w, dim, towards_end), H, W) for dim in (1, 2) for towards_end in (True, False)),
-        *((i % H, j % W, H * s, W * s) for s in SCALES),
-        *((_mirrored(i, H, dr), _mirrored(j, W, dc), 2 * H, 2 * W) for dr, dc in MIRRORS),
-        *(_half(i, j, H, W, direction) for direction in HALVES),
     ]
     flat = canvas.flatten(1)
     views = []
@@ -173,6 +142,6 @@ class PromptedViews(nn.Module):
         gate = (logits if gate_bias is None else logits + gate_bias.float()).softmax(-1)  # [B, V]
         classes = view_canvases(canvas, h, w).permute(0, 2, 3, 1)  # [B, S, S, V]
         # each view's gate weight added at its class: the mix of one-hots without building them
-        # (one_hot of [B, V, S, S] took 19 of 25 ms a batch of 16 at S = 30)
+        # (forward + backward, a batch of 16 at S = 30: 11 ms with one_hot and einsum, 6 ms so)
         mixed = torch.zeros(*classes.shape[:3], NUM_CLASSES, device=canvas.device)
         return mixed.scatter_add(-1, classes, gate[:, None, None, :].expand(classes.shape))

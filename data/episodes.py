@@ -130,7 +130,7 @@ class EpisodeDataset(Dataset):
 def collate(samples: list[dict]) -> dict:
     """Stack a list of samples into a batch, its canvases cut to the largest side S among them.
 
-    Returns: input, target [B, S, S] int64; numeric [B, 15], relation [B, 139], ctrl [B, 3]
+    Returns: input, target [B, S, S] int64; numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
     task_id, episode, where, augmentation lists of length B.
     An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.

@@ -41,7 +41,7 @@ class QwenHybridPrompt(nn.Module):
 
     def forward(self, numeric: torch.Tensor, relation: torch.Tensor, qwen: torch.Tensor | None = None,
                 qwen_present: torch.Tensor | None = None) -> torch.Tensor:
-        """numeric [B, 15], relation [B, 139] float32; qwen [B, hidden] float32 and qwen_present [B]
+        """numeric [B, 15], relation [B, 129] float32; qwen [B, hidden] float32 and qwen_present [B]
         bool (a sample without a Qwen feature fuses its other streams), required when the Qwen
         stream is on. -> prompt [B, P] (float32, or the autocast dtype)."""
         streams, weights = [], []  # weights [B]: 1 where a sample has that stream

