@@ -105,7 +105,6 @@ def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: d
     print(f"\n## {title}")
     print(f"{'method':<40}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'hedged':>8}{'oracle':>8}{'s/task':>8}{'steps':>7}"
           + "".join(f"{f:>10}" for f in families))
-    m = {}
     for name, flags in variants.items():
         by_family: dict[str, float] = {}
         m = evaluate_variant(cfg.replace(**{**EVAL_DEFAULTS, **common, **flags}), run_dir,
@@ -115,8 +114,8 @@ def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: d
               f"{fmt(m['eval/pass2_hedged']):>8}"
               f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}{steps:>7}"
               + "".join(f"{fmt(by_family[f]) if f in by_family else '-':>10}" for f in families), flush=True)
-    if m:  # the same tasks in every row
-        print(f"{'copy the input (baseline)':<40}{fmt(m['eval/copy_exact']):>8}{fmt(m['eval/copy_pass2']):>8}")
+    # the same tasks in every row (`chosen` never gives an empty list)
+    print(f"{'copy the input (baseline)':<40}{fmt(m['eval/copy_exact']):>8}{fmt(m['eval/copy_pass2']):>8}")
 
 
 def main() -> None:

@@ -231,7 +231,7 @@ class EvalCfg:
                                    "never picked in training is then one start away), if it sizes every demo right")
     ttt_steps: int = flag(60, "test-time training steps (at most: see --ttt_check_every) on each evaluation "
                               "task's demos (0: off, the search alone); on 2 CPU cores about 0.8 s a task where "
-                              "the demos get solved, 6 s on ARC-AGI-1")
+                              "the demos get solved, 3-6 s on ARC-AGI-1")
     ttt_lr: float = flag(1e-3, "test-time training learning rate (of named groups; of the task adapter's "
                                "low-rank update)")
     ttt_schedule: str = flag("constant", "test-time training learning rate over the steps: constant, or cosine "
