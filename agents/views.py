@@ -135,11 +135,15 @@ class PromptedViews(nn.Module):
         nn.init.zeros_(self.gate.weight)  # start from an even mix
         nn.init.zeros_(self.gate.bias)
 
+    def weights(self, prompt: torch.Tensor, gate_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """prompt [B, P], gate_bias [B, V] or None -> each view's share of the mix [B, V] float32."""
+        logits = self.gate(prompt).float()
+        return (logits if gate_bias is None else logits + gate_bias.float()).softmax(-1)
+
     def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, prompt: torch.Tensor,
                 gate_bias: torch.Tensor | None = None) -> torch.Tensor:
         """`gate_bias` [B, V]: added to the gate's logits (a per-task adapter, agents/adapter.py)."""
-        logits = self.gate(prompt).float()
-        gate = (logits if gate_bias is None else logits + gate_bias.float()).softmax(-1)  # [B, V]
+        gate = self.weights(prompt, gate_bias)
         classes = view_canvases(canvas, h, w).permute(0, 2, 3, 1)  # [B, S, S, V]
         # each view's gate weight added at its class: the mix of one-hots without building them
         # (forward + backward, a batch of 16 at S = 30: 11 ms with one_hot and einsum, 6 ms so)

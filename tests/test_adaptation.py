@@ -13,7 +13,8 @@ from agents.views import views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from engine.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, adapt_tasks,
+from agents.views import NUM_VIEWS
+from engine.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
                                adapted_weights, scheduled_lr)
 from engine.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
@@ -91,6 +92,22 @@ def test_the_kept_start_is_one_whose_views_size_the_demos_right(small_cfg):
     kept = adapt_tasks(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU).adapters.gate_bias[0]
     forced = {int(v) for v in torch.nonzero(kept).flatten()}
     assert forced in ({10}, set())
+
+
+def test_a_view_start_gives_its_view_the_whole_gate_against_a_trained_gate(small_cfg):
+    """A trained gate favours the views its training used (+10) and shuns the others (-5); a view
+    start must still hand its own view the whole mix, or the agent reads a blend of views (a flip
+    start once kept 13-89% of the gate and its flips failed)."""
+    cfg, state, _, _ = setup(small_cfg, latent_starts=1)
+    views = state.model.agent.cells.views
+    with torch.no_grad():
+        views.gate.bias.copy_(torch.linspace(10.0, -5.0, NUM_VIEWS))
+    adapters = state.model.task_adapters(1 + NUM_VIEWS, rank=4)
+    _starts(state.model, adapters, [0], 1 + NUM_VIEWS, cfg)
+    prompt = torch.randn(1, cfg.prompt.prompt_dim)
+    for v in range(NUM_VIEWS):
+        share = views.weights(prompt, adapters.gate_bias[1 + v][None])[0, v]
+        assert share > 0.99, (v, float(share))
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
