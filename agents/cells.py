@@ -2,7 +2,7 @@
 
 A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
 input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input
-(agents/views.py). The output layer adds to a fixed linear map one generated from the prompt and a
+and a mark on its enclosed background cells (agents/views.py). The output layer adds to a fixed linear map one generated from the prompt and a
 prompted class map of each cell's viewed class, so a per-task colour map can be applied (a fixed
 output layer cannot recolour by a rule read from the prompt: recolour stayed at 0% without it).
 """
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice
-from agents.views import PromptedViews
+from agents.views import PromptedViews, enclosed_background
 from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES, grid_extent
 
@@ -55,6 +55,9 @@ class CellEmbedding(nn.Module):
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.views = PromptedViews(prompt_dim) if views else None
         self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
+        # added at each enclosed background cell: a conv's reach cannot tell a hole from open
+        # background when the region is larger than the demos' (fill rules missed by extrapolation)
+        self.enclosed_embed = nn.Parameter(torch.randn(channels) * 0.02) if views else None
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +66,8 @@ class CellEmbedding(nn.Module):
         if self.views is None:
             return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
         viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
-        return x + self.view_embed(viewed), viewed
+        enclosed = enclosed_background(input_canvas, h, w)[..., None].to(x.dtype) * self.enclosed_embed
+        return x + self.view_embed(viewed) + enclosed, viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The parameters that read the prompt here (test-time training adapts them)."""

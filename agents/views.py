@@ -16,7 +16,11 @@ each as a canvas of its own with its own end-of-grid markers (so a view also pro
 size). The prompt picks among them with a softmax gate; the cell's viewed class goes into its
 embedding and through the prompted class map of the output layer (agents/cells.py). The relation
 features score the same transforms on the demos (data/features.py), so the gate has what it needs
-to choose. This is a prior, like the relation stream, and `views=False` turns it off.
+to choose. Each cell is also told whether it is background enclosed by other colours (no path of
+background joins it to the grid's edge): filling holes is common in ARC, and convolutions a few
+cells wide cannot tell a large hole from open background (a fill family trained in by test-time
+training filled holes no larger than the demos'). These are priors, like the relation stream, and
+`views=False` turns them off.
 """
 
 from __future__ import annotations
@@ -82,6 +86,29 @@ def fallen(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, dim: int, tow
     order = torch.sort(key, dim=dim, stable=True).indices
     rows, cols = idx[None, :, None].expand_as(order), idx[None, None, :].expand_as(order)
     return (order, cols) if dim == 1 else (rows, order)
+
+
+@torch.compiler.disable  # a loop as long as the longest path to the edge: eager under --compile
+def enclosed_background(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[B, S, S] bool: the background cells of each grid that no 4-connected path of background
+    cells joins to its edge (the holes a fill rule fills: data.synthetic._fill_enclosed)."""
+    side = canvas.shape[-1]
+    idx = torch.arange(side, device=canvas.device)
+    rows, cols = idx[None, :, None], idx[None, None, :]
+    H, W = h[:, None, None], w[:, None, None]
+    background = (canvas == 0) & (rows < H) & (cols < W)
+    edge = (rows == 0) | (cols == 0) | (rows == H - 1) | (cols == W - 1)
+    outside = background & edge
+    while True:  # grow `outside` through background cells, one step in each direction a round
+        grown = outside.clone()
+        grown[:, 1:] |= outside[:, :-1]
+        grown[:, :-1] |= outside[:, 1:]
+        grown[:, :, 1:] |= outside[:, :, :-1]
+        grown[:, :, :-1] |= outside[:, :, 1:]
+        grown &= background
+        if torch.equal(grown, outside):
+            return background & ~outside
+        outside = grown
 
 
 def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

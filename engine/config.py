@@ -157,7 +157,7 @@ class AgentCfg:
     agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
-                                   "directions (see agents/views.py)")
+                                   "directions, and which background cells are enclosed (see agents/views.py)")
     compile: bool = flag(False, "torch.compile the agent, with --canvas full (compiled at its first batches, again "
                                  "once for a second batch size; see make bench-step)")
 

@@ -1,4 +1,5 @@
-"""The geometric views the agents see equal the numpy transforms they name, canvas-encoded."""
+"""The geometric views the agents see equal the numpy transforms they name, canvas-encoded, and
+the enclosed-background bit marks exactly the cells a fill rule fills."""
 
 import numpy as np
 import pytest
@@ -6,12 +7,12 @@ import torch
 
 from agents.adapter import AdapterSlice
 from agents.conv_agent import FiLMConvAgent
-from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases, views_fitting
+from agents.views import NUM_VIEWS, SCALES, PromptedViews, enclosed_background, view_canvases, views_fitting
 from data.arc import ArcPair
 from data.augment import Augmentation, dihedral
 from data.canvas import encode, grid_extent
 from data.features import crop_to_content
-from data.synthetic import gravity
+from data.synthetic import _fill_enclosed, _outlines, gravity
 
 
 def expected_views(grid: np.ndarray) -> list[np.ndarray]:
@@ -36,6 +37,28 @@ def test_views_match_the_numpy_transforms(side):
         for v, want in enumerate(expected_views(grid)):
             if max(want.shape) < side:  # else the view is cut by the canvas, like any grid
                 assert np.array_equal(views[b, v], encode(want)[:side, :side]), (grid.shape, v)
+
+
+@pytest.mark.parametrize("side", [30, 21])
+def test_enclosed_background_is_what_a_fill_rule_fills(side):
+    """Hollow rectangles (the fill family's inputs, holes up to 17x17 and one snaking hole) and
+    random sparse grids; the canvas may be cut below 30 (a batch's side)."""
+    rng = np.random.default_rng(0)
+    grids = [_outlines(rng, int(rng.integers(3, 20)), int(rng.integers(3, 20))) for _ in range(60)]
+    grids += [rng.integers(0, 3, size=(int(rng.integers(1, 20)), int(rng.integers(1, 20)))) for _ in range(60)]
+    closed = np.ones((9, 9), dtype=np.int64)  # a corridor of background winding down the grid
+    closed[1::2, 1:8] = 0
+    closed[2, 7] = closed[4, 1] = closed[6, 7] = 0
+    opened = closed.copy()
+    opened[1, 0] = 0  # the same corridor reaching the edge: outside, found ~30 steps from it
+    grids += [closed, opened, np.zeros((5, 5), dtype=np.int64)]
+    canvas = torch.from_numpy(np.stack([encode(g) for g in grids]))[:, :side, :side]
+    enclosed = enclosed_background(canvas, *grid_extent(canvas)).numpy()
+    for b, grid in enumerate(grids):
+        want = _fill_enclosed(grid, 1) != grid
+        assert np.array_equal(enclosed[b, :grid.shape[0], :grid.shape[1]], want), b
+        assert enclosed[b].sum() == want.sum(), b  # nothing marked outside the grid
+    assert enclosed[len(grids) - 3].sum() == 31 and enclosed[len(grids) - 2].sum() == 0
 
 
 def test_a_one_hot_gate_shows_that_view_alone():
