@@ -2,9 +2,10 @@
 
 A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
 input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input
-and a mark on its enclosed background cells (agents/views.py). The output layer adds to a fixed linear map one generated from the prompt and a
-prompted class map of each cell's viewed class, so a per-task colour map can be applied (a fixed
-output layer cannot recolour by a rule read from the prompt: recolour stayed at 0% without it).
+and a mark on its enclosed background cells (agents/views.py). The output layer adds to a fixed
+linear map one generated from the prompt and a prompted class map of each cell's viewed class, so a
+per-task colour map can be applied (a fixed output layer cannot recolour by a rule read from the
+prompt: recolour stayed at 0% without it).
 """
 
 from __future__ import annotations
