@@ -57,8 +57,10 @@ class CellEmbedding(nn.Module):
         self.views = PromptedViews(prompt_dim) if views else None
         self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
         # added at each enclosed background cell: a conv's reach cannot tell a hole from open
-        # background when the region is larger than the demos' (fill rules missed by extrapolation)
-        self.enclosed_embed = nn.Parameter(torch.randn(channels) * 0.02) if views else None
+        # background when the region is larger than the demos' (fill rules missed by extrapolation).
+        # As large as a colour's embedding (nn.Embedding: N(0, 1)): no training family needs it, so
+        # it stays near its start, and at the positions' 0.02 test-time training could not see it.
+        self.enclosed_embed = nn.Parameter(torch.randn(channels)) if views else None
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
