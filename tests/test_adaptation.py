@@ -68,7 +68,7 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
 
 
 def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
-    cfg, state, eval_set, tasks = setup(small_cfg, latent_starts=3, latent_lr=0.1)
+    cfg, state, eval_set, tasks = setup(small_cfg, latent_starts=3, latent_lr=0.03)  # 0.1 overshoots one task
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     start = adapt_tasks(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(latent_steps=1, latent_lr=0.0),
                         device=CPU)
@@ -117,10 +117,12 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     also under bf16 autocast (float32 weights, bf16 arithmetic)."""
     cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
                                         amp=amp)
-    model, task = state.model, next(t for t in tasks if len(t.train) > 1)
+    model = state.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    searched = adapt_tasks(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU)
-    assert searched.adapters is not None and searched.adapters.gate_bias.abs().sum() > 0  # a view start won
+    searches = ((t, adapt_tasks(model, state.prompts, [t], eval_set, cfg=cfg, device=CPU))
+                for t in tasks if len(t.train) > 1)
+    # a task whose search kept a view start (which one does depends on the untrained weights)
+    task, searched = next((t, s) for t, s in searches if s.adapters.gate_bias.abs().sum() > 0)
     trained = []
     for start in (None, searched):
         with adapted_weights(model, state.prompts, task, eval_set, cfg=cfg, device=CPU, searched=start):
