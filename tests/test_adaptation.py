@@ -9,11 +9,10 @@ import pytest
 import torch
 
 import fixed
-from agents.views import views_fitting
+from agents.views import NUM_VIEWS, views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from agents.views import NUM_VIEWS
 from engine.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
                                adapted_weights, scheduled_lr)
 from engine.scoring import Candidates, grid_logprob

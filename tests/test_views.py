@@ -41,8 +41,8 @@ def test_views_match_the_numpy_transforms(side):
 
 @pytest.mark.parametrize("side", [30, 21])
 def test_enclosed_background_is_what_a_fill_rule_fills(side):
-    """Hollow rectangles (the fill family's inputs, holes up to 17x17 and one snaking hole) and
-    random sparse grids; the canvas may be cut below 30 (a batch's side)."""
+    """Hollow rectangles (the fill family's inputs, holes up to 17x17), random sparse grids and a
+    winding corridor, closed and open to the edge; the canvas may be cut below 30 (a batch's side)."""
     rng = np.random.default_rng(0)
     grids = [_outlines(rng, int(rng.integers(3, 20)), int(rng.integers(3, 20))) for _ in range(60)]
     grids += [rng.integers(0, 3, size=(int(rng.integers(1, 20)), int(rng.integers(1, 20)))) for _ in range(60)]
