@@ -66,7 +66,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     d = cfg.data
     synthetic = SyntheticOptions(seed=cfg.run.seed, rules=d.synthetic_families(True),
                                  eval_rules=d.synthetic_families(False), size=d.synthetic_sizes())
-    splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic)
+    splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic, drop_overlap=d.drop_overlap)
     tasks = splits.training
     if d.train_on_eval_demos:  # transductive: the evaluation tasks' demos only, never their test pairs
         tasks = tasks + tuple(ArcTask(t.task_id, t.train, ()) for t in splits.evaluation)

