@@ -28,7 +28,8 @@ class CellPosition(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
         self.row, self.col = nn.Embedding(MAX_SIDE, channels), nn.Embedding(MAX_SIDE, channels)
-        self.row_from_end, self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels), nn.Embedding(MAX_SIDE + 1, channels)
+        self.row_from_end = nn.Embedding(MAX_SIDE + 1, channels)
+        self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels)
         for e in (self.row, self.col, self.row_from_end, self.col_from_end):
             nn.init.normal_(e.weight, std=0.02)
 

@@ -226,7 +226,8 @@ class EvalCfg:
                                          "log-probability); the candidate's log-probability summed over every "
                                          "view; or hedged, the votes' first and the log-probability's first",
                                 ("votes", "logprob", "hedged"))
-    latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos (0: off)")
+    latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
+                                "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
     latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
     view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "

@@ -68,7 +68,8 @@ class EvalResult:
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
 
 
-def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: EpisodeDataset, size: int) -> list[list[str]]:
+def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: EpisodeDataset,
+                size: int) -> list[list[str]]:
     """Tasks adapted together: `size` at a time, alike in canvas side (a batch is cut to its largest)."""
     ordered = sorted(task_ids, key=lambda t: (max(dataset.sides[i] for i in by_task[t]), t))
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]

