@@ -13,6 +13,7 @@ RL head's own update on detached tensors. Everything else here is orchestration:
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 import time
@@ -38,6 +39,7 @@ from engine.loop import StopRequest, TrainingStopped, epoch_windows, seed_everyt
 from engine.precision import MixedPrecision, check_master_weights
 from engine.run_logger import RunLogger
 from engine.run_state import TrainState, plan_run_dir, restore_run_state, save_run_state
+from engine.schedule import TrainingSchedule
 from loss_function import training_loss
 from model import build_model
 from policy_refined import RLInfo
@@ -199,6 +201,10 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     run_dir = plan_run_dir(cfg.run, resumed_from)
     state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
+    n_batches = data.batches_in_epoch(cfg.run.max_batches)
+    schedule = TrainingSchedule(cfg.optim.lr_schedule, [state.optimizer, state.rl_optimizer],
+                                total_steps=cfg.run.epochs * math.ceil(n_batches / cfg.optim.grad_accum),
+                                budget_seconds=60 * cfg.run.max_minutes)
     if resumed_from is not None:
         restore_run_state(state, resumed_from, cfg.flags(), dist)
     counters = state.counters
@@ -213,18 +219,19 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
         save_run_state(state, cfg.flags(), run_dir, cfg.run.keep_checkpoints, dist)
 
     started, eval_metrics, qwen_norm = time.time(), {}, 0.0
-    deadline = started + 60 * cfg.run.max_minutes if cfg.run.max_minutes else float("inf")
+    seconds = 0.0  # this invocation's training clock, rank 0's on every rank (the lr and the deadline follow it)
     state.model.train(True)
     with StopRequest() as stop:
         for epoch in range(counters.epoch, cfg.run.epochs):
-            n_batches = data.batches_in_epoch(cfg.run.max_batches)
             data.sampler.set_epoch(epoch, counters.micro_batches_in_epoch)
             bar = tqdm(total=n_batches, initial=counters.micro_batches_in_epoch, desc=f"epoch {epoch + 1}/"
                        f"{cfg.run.epochs}", unit="batch", dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main)
             windows = epoch_windows(data.loader, n_batches - counters.micro_batches_in_epoch, cfg.optim.grad_accum,
                                     device)
             for window in windows:
+                lr_factor = schedule.apply(counters.optimizer_steps, seconds)
                 stats = train_step(state, window, cfg, dist)
+                stats["optim/lr_factor"] = lr_factor
                 bar.update(len(window))
                 qwen_norm = stats.pop("grad/qwen_norm", 0.0) or qwen_norm  # non-zero on refresh steps only
                 if logger is not None:
@@ -245,7 +252,8 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
                                           f"{run_dir}", 128 + signum)
                 if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
                     checkpoint()
-                if dist.any(time.time() > deadline):
+                seconds = dist.sum_int(round(1000 * (time.time() - started)) if dist.is_main else 0) / 1000
+                if cfg.run.max_minutes and seconds > 60 * cfg.run.max_minutes:
                     break
             bar.close()
             if logger is not None:

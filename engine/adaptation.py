@@ -23,7 +23,6 @@ read. The shared weights end exactly as they started.
 
 from __future__ import annotations
 
-import math
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -36,9 +35,10 @@ from agents.views import views_fitting
 from data.arc import ArcTask
 from data.augment import view_ids
 from data.episodes import EpisodeDataset, collate, training_episodes
-from engine.config import TTT_SCHEDULES, Config
+from engine.config import Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
+from engine.schedule import lr_factor, set_lrs
 from loss_function import efe_loss
 from model import ArcModel
 from prompt import QwenFeatures, with_qwen_features
@@ -100,19 +100,9 @@ class DemoEpisodes:
         return collate(samples), torch.tensor(of)
 
 
-def scheduled_lr(lr: float, step: int, steps: int, schedule: str) -> float:
-    """The learning rate of test-time training step `step` (0-based) of `steps` under `--ttt_schedule`."""
-    if schedule == "constant":
-        return lr
-    if schedule == "cosine":  # the last step still moves: step `steps` would be the zero
-        return lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-    raise ValueError(f"ttt_schedule={schedule!r}: choose one of {', '.join(TTT_SCHEDULES)}")
-
-
 def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int, steps: int, schedule: str) -> None:
     """Every group's lr for this step: its base lr (`base`, in group order) under the schedule."""
-    for group, lr in zip(optimizer.param_groups, base):
-        group["lr"] = scheduled_lr(lr, step, steps, schedule)
+    set_lrs(optimizer, base, lr_factor(schedule, step / steps))
 
 
 def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, batch: dict,

@@ -22,7 +22,7 @@ from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
 
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
-TTT_SCHEDULES = ("constant", "cosine")  # test-time training's learning rate over its steps (engine/adaptation.py)
+LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 
 
 class ConfigError(ValueError):
@@ -198,6 +198,9 @@ class OptimCfg:
     qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
     rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
     task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)")
+    lr_schedule: str = flag("constant", "every training learning rate over the run: constant, or cosine from its "
+                                        "base down to a tenth at the end of --epochs or --max_minutes, whichever "
+                                        "comes first", LR_SCHEDULES)
     weight_decay: float = flag(0.01, "AdamW weight decay")
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
     grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
@@ -238,7 +241,7 @@ class EvalCfg:
     ttt_lr: float = flag(1e-3, "test-time training learning rate (of named groups; of the task adapter's "
                                "low-rank update)")
     ttt_schedule: str = flag("constant", "test-time training learning rate over the steps: constant, or cosine "
-                                         "(from --ttt_lr down to 0 at --ttt_steps)", TTT_SCHEDULES)
+                                         "(from --ttt_lr down to 0 at --ttt_steps)", LR_SCHEDULES)
     ttt_bias_lr: float = flag(0.1, "task adapter: learning rate of its view-gate and class-map biases (logits)")
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
                                   "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))

@@ -57,14 +57,17 @@ def test_same_seed_same_losses(small_cfg, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_mid_epoch_gives_the_same_weights(small_cfg, tmp_path):
-    """docs/invariants.md #9, second half: 4 steps straight == 2 steps, resume, 2 more (bit-identical)."""
-    straight = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4), torch.device("cpu"))
-    half = small_cfg(run_dir=str(tmp_path / "b"), max_batches=4, save_every=2)
+@pytest.mark.parametrize("lr_schedule", ["constant", "cosine"])
+def test_resume_mid_epoch_gives_the_same_weights(small_cfg, tmp_path, lr_schedule):
+    """docs/invariants.md #9, second half: 4 steps straight == 2 steps, resume, 2 more (bit-identical);
+    under a decaying lr too (the checkpoint holds decayed lrs; the schedule's base is the flags')."""
+    straight = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, lr_schedule=lr_schedule),
+                           torch.device("cpu"))
+    half = small_cfg(run_dir=str(tmp_path / "b"), max_batches=4, save_every=2, lr_schedule=lr_schedule)
     fixed.train(half, torch.device("cpu"))
     ckpt_2 = tmp_path / "b" / "checkpoints" / "step_00000002"
-    resumed = fixed.train(small_cfg(run_dir=str(tmp_path / "c"), max_batches=4, resume=str(ckpt_2)),
-                          torch.device("cpu"))
+    resumed = fixed.train(small_cfg(run_dir=str(tmp_path / "c"), max_batches=4, resume=str(ckpt_2),
+                                    lr_schedule=lr_schedule), torch.device("cpu"))
     assert straight["steps"] == resumed["steps"] == 4
     wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000004" / "model.safetensors"))
     wc = load_file(str(tmp_path / "c" / "checkpoints" / "step_00000004" / "model.safetensors"))

@@ -1,0 +1,62 @@
+"""Learning rates over time: training's (`--lr_schedule`) and test-time training's (`--ttt_schedule`).
+
+Both are a factor on each optimizer group's own base lr, recomputed before every step from a
+counter the run already checkpoints, so a resumed run continues on the same curve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from engine.config import LR_SCHEDULES
+
+TRAIN_LR_FLOOR = 0.1  # training's cosine ends at a tenth of the base lr (nanoGPT's min_lr), not at 0
+
+
+def cosine_factor(progress: float, floor: float = 0.0) -> float:
+    """1 at progress 0, `floor` at progress >= 1, half a cosine between."""
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
+def lr_factor(schedule: str, progress: float, floor: float = 0.0) -> float:
+    """The factor on the base lr at `progress` (0: the first step, 1: the end) under `schedule`."""
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        return cosine_factor(progress, floor)
+    raise ValueError(f"schedule {schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
+
+
+def set_lrs(optimizer: torch.optim.Optimizer, base: list[float], factor: float) -> None:
+    """Every group's lr: its base lr (`base`, in group order) times `factor`."""
+    for group, lr in zip(optimizer.param_groups, base, strict=True):
+        group["lr"] = lr * factor
+
+
+def run_progress(step: int, total_steps: int, seconds: float = 0.0, budget_seconds: float = 0.0) -> float:
+    """How far a training run is, 0 to 1: by optimizer steps of `total_steps`, or by the clock of a
+    `--max_minutes` budget when that is further along (the run stops at whichever ends first)."""
+    by_steps = step / total_steps if total_steps else 0.0
+    by_clock = seconds / budget_seconds if budget_seconds else 0.0
+    return min(max(by_steps, by_clock), 1.0)
+
+
+class TrainingSchedule:
+    """Every training lr under `--lr_schedule`: each optimizer group's base lr times the factor at the
+    run's progress. Built before a resume loads the optimizers' saved (already decayed) lrs."""
+
+    def __init__(self, schedule: str, optimizers: list[torch.optim.Optimizer], total_steps: int,
+                 budget_seconds: float = 0.0):
+        self.schedule, self.total_steps, self.budget_seconds = schedule, total_steps, budget_seconds
+        self.optimizers = optimizers
+        self.base = [[g["lr"] for g in o.param_groups] for o in optimizers]
+
+    def apply(self, step: int, seconds: float) -> float:
+        """Set the lrs of optimizer step `step` (0-based), `seconds` into the run's clock budget. -> the factor."""
+        factor = lr_factor(self.schedule, run_progress(step, self.total_steps, seconds, self.budget_seconds),
+                           TRAIN_LR_FLOOR)
+        for optimizer, base in zip(self.optimizers, self.base, strict=True):
+            set_lrs(optimizer, base, factor)
+        return factor
