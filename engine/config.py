@@ -198,7 +198,7 @@ class OptimCfg:
     qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
     rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
     task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)")
-    lr_schedule: str = flag("cosine", "every training learning rate over the run: constant, or cosine from its "
+    lr_schedule: str = flag("constant", "every training learning rate over the run: constant, or cosine from its "
                                         "base down to a tenth at the end of --epochs or --max_minutes, whichever "
                                         "comes first", LR_SCHEDULES)
     weight_decay: float = flag(0.01, "AdamW weight decay")
