@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-data bench-cache bench-learn bench-adapt bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ bench-learn: $(STAMP)
 
 bench-adapt: $(STAMP)
 	$(PY) -m bench.adaptation --sections unseen,arc,arc-transductive
+
+# a finished run's folder: make bench-ttt-curve RUN=runs/<name>
+bench-ttt-curve: $(STAMP)
+	$(PY) -m bench.ttt_curve $(RUN)
 
 bench-step: $(STAMP)
 	$(PY) -m bench.step_profile

@@ -24,13 +24,14 @@ read. The shared weights end exactly as they started.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from agents.adapter import TaskAdapters
+from agents.adapter import AdapterSlice, TaskAdapters
 from agents.views import views_fitting
 from data.arc import ArcTask
 from data.augment import view_ids
@@ -229,11 +230,13 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpis
 
 @contextmanager
 def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
-                    cfg: Config, device: torch.device, searched: AdaptedTasks | None = None):
+                    cfg: Config, device: torch.device, searched: AdaptedTasks | None = None,
+                    observe: Callable[[int, AdapterSlice | None], None] | None = None):
     """`--ttt_params all|late|adapter|prompt`: train named groups of the shared weights on one task's
     demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit.
     Yields the steps taken: `--ttt_steps`, fewer when `--ttt_check_every` finds the demos solved (a
-    task the search already solves takes none)."""
+    task the search already solves takes none). `observe(steps, kept start)`, when given, is called
+    before the first step and after every step (bench/ttt_curve.py measures the weights there)."""
     demos = None  # built only when something trains: this runs for every task group of every validation
     if cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task":
         demos = DemoEpisodes([task], eval_set, cfg.run.seed, cfg.eval.ttt_views)
@@ -256,6 +259,8 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
     amp = MixedPrecision(cfg.optim.amp, device)
     try:
         steps = 0
+        if observe is not None:
+            observe(steps, kept)
         while steps < cfg.eval.ttt_steps and not (check and steps % check == 0 and
                                                   _solves_demos(model, prompts, demos, kept, cfg, device)):
             _set_step_lr(optimizer, base, steps, cfg.eval.ttt_steps, cfg.eval.ttt_schedule)
@@ -268,6 +273,8 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
                                 cfg=cfg.loss).per_sample.mean()
             amp.backward(loss)
             amp.step(optimizer, cfg.optim.clip)
+            if observe is not None:
+                observe(steps, kept)
         yield steps
     finally:
         with torch.no_grad():

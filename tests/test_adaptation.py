@@ -151,6 +151,40 @@ def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
         assert steps == 7
 
 
+def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_every_step(small_cfg):
+    """`observe(steps, kept)` sees 0 (the weights as trained) and then each step's weights: each call's
+    weights differ from the last; after the context the weights are the trained ones again."""
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0)
+    task = next(t for t in tasks if len(t.train) > 1)
+    weight = state.model.agent.head.out.weight
+    trained, seen = weight.detach().clone(), []
+    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg, device=CPU,
+                         observe=lambda steps, kept: seen.append((steps, weight.detach().clone()))):
+        pass
+    assert [s for s, _ in seen] == [0, 1, 2, 3]
+    assert torch.equal(seen[0][1], trained) and torch.equal(weight, trained)
+    assert all(not torch.equal(a, b) for (_, a), (_, b) in zip(seen, seen[1:]))
+
+
+def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_cfg, tmp_path):
+    """bench/ttt_curve.py on a short run: at each mark, one score per leave-one-out demo episode and per
+    test pair of the tasks with more than one demo, each in [0, 1]; the run's weights stay as saved."""
+    from bench.ttt_curve import COLUMNS, curve
+    cfg = small_cfg(epochs=1, max_batches=2)
+    fixed.train(cfg, CPU)
+    eval_set = fixed.build_data(cfg, CPU).eval_set
+    every = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())
+    tasks = [t for t in every if len(t.train) > 1]
+    assert tasks
+    table = curve(cfg.run.run_dir, tasks=len(every), marks=[0, 2], settings={"ttt_lr": 1e-2})
+    assert sorted(table) == [0, 2]
+    for cols in table.values():
+        assert sorted(cols) == sorted(f"{w}_{c}" for w in ("demo", "test") for c in COLUMNS)
+        assert all(len(cols[f"demo_{c}"]) == sum(len(t.train) for t in tasks) for c in COLUMNS)
+        assert all(len(cols[f"test_{c}"]) == sum(len(t.test) for t in tasks) for c in COLUMNS)
+        assert all(((v >= 0) & (v <= 1)).all() for v in cols.values())
+
+
 def test_grid_logprob_hand_worked():
     """A 1x1 grid [[3]] on a 2x2 canvas: the colour at (0, 0) and end-of-grid markers at (0, 1),
     (1, 0) and (1, 1). With log p = -1 for those four classes there and -5 elsewhere, the grid scores

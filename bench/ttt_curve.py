@@ -1,0 +1,129 @@
+"""What test-time training fits and what it generalizes, step by step, on a trained run.
+
+    python -m bench.ttt_curve RUN [--tasks 30] [--marks 0,10,20,40,60,100,150] [--set ttt_lr=3e-3 ...]
+
+For each of the first `--tasks` evaluation tasks of the run (its own data flags, from the
+checkpoint), the default search keeps a start, then weight TTT runs `max(--marks)` steps with no
+early stop. At every mark the adapting weights predict, under the identity view alone (argmax, no
+voting), every leave-one-out demo episode (what TTT trains on) and every test input (what it is
+scored on; the test outputs are read here only, to score). The table averages over pairs:
+
+    cell     share of the target's cells right (0 when the shape is wrong)
+    changed  the same over the cells where the target differs from the input: the rule's part
+    exact    whole grid right
+
+Demo columns rising while test columns stay flat is memorisation: the steps past that point buy
+nothing on the test inputs. The scores of `make bench-adapt` vote over views; these do not, so
+compare rows within this table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import fixed
+from agents.adapter import AdapterSlice
+from bench.learnability import CPU, parse_settings
+from data.canvas import decode_logits
+from data.episodes import EpisodeDataset, collate
+from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
+from engine.checkpoint import find_checkpoint, load_checkpoint
+from engine.config import Config
+from engine.distributed import Dist
+from engine.loop import to_device
+from engine.precision import autocast
+from engine.run_state import restore_run_state
+from engine.scoring import pair_metrics
+from model import ArcModel
+from prompt import QwenFeatures, with_qwen_features
+
+COLUMNS = ("cell_acc", "changed_cell_acc", "exact")
+
+
+@torch.no_grad()
+def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int],
+                    kept: AdapterSlice | None, cfg: Config) -> list[dict[str, float]]:
+    """pair_metrics of each episode's identity-view prediction (argmax) against its query output."""
+    batch = with_qwen_features(to_device(collate([dataset[(i, 0)] for i in episodes]), CPU), prompts, 0,
+                               training=False)
+    with autocast(cfg.optim.amp, CPU.type):
+        logits = model(batch, "mean", None if kept is None else kept.repeat(len(episodes))).logits[0]
+    out = []
+    for b, i in enumerate(episodes):
+        grid, query = decode_logits(logits[b].float()), dataset.episodes[i].query
+        out.append(pair_metrics((grid, grid), query.output, query.input))
+    return out
+
+
+def curve(run: str, tasks: int, marks: list[int], settings: dict) -> dict[int, dict[str, np.ndarray]]:
+    """{mark: {"demo_<column>" / "test_<column>": per-pair values}} over the first `tasks` tasks."""
+    folder = find_checkpoint(run)
+    _, saved = load_checkpoint(folder)
+    cfg = Config.from_flags(**{**saved["config"], "eval_tasks": tasks, **settings, "ttt_steps": max(marks),
+                               "ttt_check_every": 0})
+    if cfg.eval.ttt_params == "task":
+        raise SystemExit("--set ttt_params=task: the per-task adapter trains outside adapted_weights; "
+                         "choose all, late, adapter or prompt")
+    fixed.seed_everything(cfg.run.seed)
+    data = fixed.build_data(cfg, CPU)
+    evals = data.eval_set
+    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent),
+                                    tasks=len(data.task_ids))
+    restore_run_state(state, folder, cfg.flags(), Dist())
+    model = state.model.train(False)
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, ep in enumerate(evals.episodes):
+        by_task[ep.task.task_id].append(i)
+    table: dict[int, dict[str, list[float]]] = {m: defaultdict(list) for m in marks}
+
+    for task_id in sorted(by_task):
+        task = evals.episodes[by_task[task_id][0]].task
+        demos = DemoEpisodes([task], evals, cfg.run.seed, views=1)
+        if not demos.episodes[0]:  # one demo: nothing to train on
+            continue
+
+        def observe(steps: int, kept: AdapterSlice | None) -> None:
+            if steps not in table:
+                return
+            for where, dataset, episodes in (("demo", demos.dataset, range(len(demos.dataset))),
+                                             ("test", evals, by_task[task_id])):
+                for scores in identity_scores(model, state.prompts, dataset, list(episodes), kept, cfg):
+                    for column in COLUMNS:
+                        table[steps][f"{where}_{column}"].append(scores[column])
+
+        searched = adapt_tasks(model, state.prompts, [task], evals, cfg=cfg, device=CPU)
+        with adapted_weights(model, state.prompts, task, evals, cfg=cfg, device=CPU, searched=searched,
+                             observe=observe):
+            pass
+    return {m: {k: np.asarray(v) for k, v in cols.items()} for m, cols in table.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a run folder or one of its checkpoints")
+    ap.add_argument("--tasks", type=int, default=30, help="the first N evaluation tasks")
+    ap.add_argument("--marks", default="0,10,20,40,60,100,150", help="steps at which to measure")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a fixed.py setting (ttt_lr, ttt_params, amp, ...) over the run's own")
+    args = ap.parse_args()
+    marks = sorted({int(m) for m in args.marks.split(",")})
+    if marks[0] < 0:
+        raise SystemExit(f"--marks {args.marks}: steps must be >= 0")
+    started = time.perf_counter()
+    table = curve(args.run, args.tasks, marks, parse_settings(args.set))
+    pairs = (len(table[marks[0]]["demo_exact"]), len(table[marks[0]]["test_exact"]))
+    print(f"## test-time training, step by step: {args.run}, first {args.tasks} evaluation tasks "
+          f"({pairs[0]} demo episodes, {pairs[1]} test pairs), identity view, {time.perf_counter() - started:.0f} s")
+    print(f"{'step':>6}" + "".join(f"{w + ' ' + c.split('_')[0]:>14}" for w in ("demo", "test") for c in COLUMNS))
+    for m in marks:
+        print(f"{m:>6}" + "".join(f"{table[m][f'{w}_{c}'].mean():>14.3f}" for w in ("demo", "test") for c in COLUMNS))
+
+
+if __name__ == "__main__":
+    main()
