@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,7 +33,7 @@ from data.canvas import decode_logits
 from data.episodes import EpisodeDataset, collate
 from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
 from engine.checkpoint import find_checkpoint, load_checkpoint
-from engine.config import Config
+from engine.config import Config, ConfigError
 from engine.distributed import Dist
 from engine.loop import to_device
 from engine.precision import autocast
@@ -113,10 +112,13 @@ def main() -> None:
                     help="a fixed.py setting (ttt_lr, ttt_params, amp, ...) over the run's own")
     args = ap.parse_args()
     marks = sorted({int(m) for m in args.marks.split(",")})
-    if marks[0] < 0:
-        raise SystemExit(f"--marks {args.marks}: steps must be >= 0")
+    if marks[0] < 0 or marks[-1] == 0:
+        raise SystemExit(f"--marks {args.marks}: steps must be >= 0, and one of them > 0")
     started = time.perf_counter()
-    table = curve(args.run, args.tasks, marks, parse_settings(args.set))
+    try:
+        table = curve(args.run, args.tasks, marks, parse_settings(args.set))
+    except ConfigError as err:  # a bad run folder or setting: one line, not a traceback
+        raise SystemExit(f"bench.ttt_curve {args.run}: {err}") from None
     pairs = (len(table[marks[0]]["demo_exact"]), len(table[marks[0]]["test_exact"]))
     print(f"## test-time training, step by step: {args.run}, first {args.tasks} evaluation tasks "
           f"({pairs[0]} demo episodes, {pairs[1]} test pairs), identity view, {time.perf_counter() - started:.0f} s")
