@@ -166,9 +166,9 @@ def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_e
     assert all(not torch.equal(a, b) for (_, a), (_, b) in zip(seen, seen[1:]))
 
 
-def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_cfg, tmp_path):
+def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_cfg):
     """bench/ttt_curve.py on a short run: at each mark, one score per leave-one-out demo episode and per
-    test pair of the tasks with more than one demo, each in [0, 1]; the run's weights stay as saved."""
+    test pair of the tasks with more than one demo, each in [0, 1]."""
     from bench.ttt_curve import COLUMNS, curve
     cfg = small_cfg(epochs=1, max_batches=2)
     fixed.train(cfg, CPU)
