@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from engine.config import SECTION_OF, ConfigError, RunCfg
+from engine.config import SECTION_OF, Config, ConfigError, RunCfg
 from engine.distributed import Dist
 from engine.precision import MixedPrecision
 from model import ArcModel
@@ -124,7 +124,11 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist)
     if isinstance(state.prompts, PromptCache) and mine["prompt_cache"] is not None:
         state.prompts.load_state_dict(mine["prompt_cache"])
     set_rng_state(mine["rng"])
-    changed = [k for k, v in config.items() if k not in RESUME_FREE and saved["config"].get(k) != v]
+    # a flag the checkpoint does not name was added to the suite after it was written: that run ran
+    # with the flag's default, so only a value other than the default is a change
+    defaults = Config().flags()
+    changed = [k for k, v in config.items()
+               if k not in RESUME_FREE and saved["config"].get(k, defaults.get(k)) != v]
     if changed and dist.is_main:
         print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
     state.counters = Counters(**saved["counters"])

@@ -1,6 +1,7 @@
 """The loop under every precision and fault: no scaler assertion anywhere, NaN storms stop with a
 checkpoint, signals checkpoint and exit, a killed run resumes to the same weights."""
 
+import json
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import fixed
-from engine.checkpoint import find_checkpoint
+from engine.checkpoint import CHECKSUMS_FILE, MODEL_FILE, STATE_FILE, _sha256, find_checkpoint
 from engine.precision import MixedPrecision
 from tests.conftest import ROOT
 
@@ -108,6 +109,22 @@ def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp
                           resume=str(tmp_path / "a")), torch.device("cpu"))
     err = capsys.readouterr().err
     assert "resuming with a different config: agent_lr, clip" in err
+
+
+def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_default(small_cfg, tmp_path, capsys):
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    ckpt = find_checkpoint(str(tmp_path / "a"))
+    state = torch.load(ckpt / STATE_FILE, weights_only=False)
+    del state["config"]["clip"]  # as a checkpoint written before the flag existed
+    torch.save(state, ckpt / STATE_FILE)
+    (ckpt / CHECKSUMS_FILE).write_text(json.dumps({f: _sha256(ckpt / f) for f in (MODEL_FILE, STATE_FILE)}))
+    capsys.readouterr()
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=3, resume=str(tmp_path / "a")),
+                torch.device("cpu"))
+    assert "different config" not in capsys.readouterr().err
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, clip=0.5, resume=str(ckpt)),
+                torch.device("cpu"))
+    assert "resuming with a different config: clip" in capsys.readouterr().err
 
 
 def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
