@@ -282,7 +282,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dic
     run_dir = plan_run_dir(cfg.run, checkpoint)
     state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
     if checkpoint is not None:
-        restore_run_state(state, checkpoint, cfg.flags(), dist)
+        restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
     logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {checkpoint or 'fresh weights'}")
     started = time.time()
     metrics = validate(state, data.eval_set, cfg, device, dist, logger)

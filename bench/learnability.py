@@ -69,7 +69,7 @@ def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) 
     data = fixed.build_data(cfg, CPU)
     eval_set = data.eval_set
     state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=run_dir.parent / "cache", tasks=len(data.task_ids))
-    restore_run_state(state, find_checkpoint(str(run_dir)), cfg.flags(), Dist())
+    restore_run_state(state, find_checkpoint(str(run_dir)), cfg.flags(), Dist(), evaluating=True)
     result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     metrics, submission = result.metrics, result.submission
     if by_family is not None:

@@ -74,7 +74,7 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict) -> dict[int, d
     evals = data.eval_set
     state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent),
                                     tasks=len(data.task_ids))
-    restore_run_state(state, folder, cfg.flags(), Dist())
+    restore_run_state(state, folder, cfg.flags(), Dist(), evaluating=True)
     model = state.model.train(False)
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(evals.episodes):

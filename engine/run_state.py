@@ -109,8 +109,10 @@ def restore_weights(model: ArcModel, folder: Path) -> dict:
     return saved
 
 
-def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist) -> None:
-    """Everything of a checkpoint back in place: weights, optimizers, scaler, RNG and counters."""
+def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist, *, evaluating: bool = False) -> None:
+    """Everything of a checkpoint back in place: weights, optimizers, scaler, RNG and counters.
+    `evaluating`: nothing will train on, so the optimizer section (how the weights were trained; its
+    --amp is the precision evaluation runs in, chosen on purpose) may differ without a warning."""
     saved = restore_weights(state.model, folder)
     state.optimizer.load_state_dict(saved["optimizer"])
     state.rl_optimizer.load_state_dict(saved["rl_optimizer"])
@@ -128,7 +130,8 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist)
     # with the flag's default, so only a value other than the default is a change
     defaults = Config().flags()
     changed = [k for k, v in config.items()
-               if k not in RESUME_FREE and saved["config"].get(k, defaults.get(k)) != v]
+               if k not in RESUME_FREE and not (evaluating and SECTION_OF[k] == "optim")
+               and saved["config"].get(k, defaults.get(k)) != v]
     if changed and dist.is_main:
         print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
     state.counters = Counters(**saved["counters"])

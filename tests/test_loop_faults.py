@@ -127,6 +127,17 @@ def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_defa
     assert "resuming with a different config: clip" in capsys.readouterr().err
 
 
+def test_evaluating_a_checkpoint_under_other_optimizer_flags_is_no_change(small_cfg, tmp_path, capsys):
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    capsys.readouterr()
+    fixed.train(small_cfg(run_dir=str(tmp_path / "b"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
+                          agent_lr=3e-4, eval_tasks=1, ttt_steps=1), torch.device("cpu"))
+    assert "different config" not in capsys.readouterr().err
+    fixed.train(small_cfg(run_dir=str(tmp_path / "c"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
+                          lambda_c=0.5, eval_tasks=1, ttt_steps=1), torch.device("cpu"))
+    assert "resuming with a different config: lambda_c" in capsys.readouterr().err  # TTT trains on the loss
+
+
 def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
     run = tmp_path / "a"
     fixed.train(small_cfg(run_dir=str(run), max_batches=2), torch.device("cpu"))
