@@ -57,6 +57,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def write_checksums(folder: Path) -> None:
+    """Record the sha256 of a checkpoint folder's model and state files (what `damage` checks)."""
+    sums = {f: _sha256(folder / f) for f in (MODEL_FILE, STATE_FILE)}
+    (folder / CHECKSUMS_FILE).write_text(json.dumps(sums, indent=1) + "\n")
+
+
 def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
     """Write checkpoint `step` (the optimizer step) and point `latest` at it; keep the newest `keep`."""
     root = run_dir / "checkpoints"
@@ -67,8 +73,7 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     tmp.mkdir()
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / MODEL_FILE))
     torch.save(state, tmp / STATE_FILE)
-    sums = {f: _sha256(tmp / f) for f in (MODEL_FILE, STATE_FILE)}
-    (tmp / CHECKSUMS_FILE).write_text(json.dumps(sums, indent=1) + "\n")
+    write_checksums(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

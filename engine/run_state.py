@@ -131,7 +131,7 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
     defaults = Config().flags()
     changed = [k for k, v in config.items()
                if k not in RESUME_FREE and not (evaluating and SECTION_OF[k] == "optim")
-               and saved["config"].get(k, defaults.get(k)) != v]
+               and saved["config"].get(k, defaults[k]) != v]
     if changed and dist.is_main:
         print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
     state.counters = Counters(**saved["counters"])

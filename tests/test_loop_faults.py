@@ -1,7 +1,6 @@
 """The loop under every precision and fault: no scaler assertion anywhere, NaN storms stop with a
 checkpoint, signals checkpoint and exit, a killed run resumes to the same weights."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import fixed
-from engine.checkpoint import CHECKSUMS_FILE, MODEL_FILE, STATE_FILE, _sha256, find_checkpoint
+from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
 from engine.precision import MixedPrecision
 from tests.conftest import ROOT
 
@@ -117,7 +116,7 @@ def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_defa
     state = torch.load(ckpt / STATE_FILE, weights_only=False)
     del state["config"]["clip"]  # as a checkpoint written before the flag existed
     torch.save(state, ckpt / STATE_FILE)
-    (ckpt / CHECKSUMS_FILE).write_text(json.dumps({f: _sha256(ckpt / f) for f in (MODEL_FILE, STATE_FILE)}))
+    write_checksums(ckpt)
     capsys.readouterr()
     fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=3, resume=str(tmp_path / "a")),
                 torch.device("cpu"))
