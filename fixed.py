@@ -12,6 +12,7 @@ RL head's own update on detached tensors. Everything else here is orchestration:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import signal
@@ -34,12 +35,14 @@ from data.sources import SyntheticOptions, load_splits
 from engine.checkpoint import find_checkpoint
 from engine.config import Config, ConfigError, parse
 from engine.distributed import Dist, init_distributed, shutdown
-from engine.evaluation import evaluate
-from engine.loop import StopRequest, TrainingStopped, epoch_windows, seed_everything, summary_line
+from engine.evaluation import EvalResult, describe, evaluate, first_tasks, score_tasks
+from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
+    seed_everything, summary_line
 from engine.precision import MixedPrecision, check_master_weights
 from engine.run_logger import RunLogger
 from engine.run_state import TrainState, plan_run_dir, restore_run_state, save_run_state
 from engine.schedule import TrainingSchedule
+from engine.validation_schedule import ValidationSchedule, fits_in_training
 from loss_function import training_loss
 from model import build_model
 from policy_refined import RLInfo
@@ -91,9 +94,9 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     # so any --num_workers gives the same batches (a worker set lives as long as the loader).
     loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=d.num_workers,
                         persistent_workers=d.num_workers > 0, pin_memory=device.type == "cuda")
-    eval_tasks = splits.evaluation[:cfg.eval.eval_tasks] if cfg.eval.eval_tasks else splits.evaluation
-    # the canvas side of a test input is predicted without its output
-    eval_set = EpisodeDataset(evaluation_episodes(eval_tasks), scale, canvas=d.canvas, fit_target=False,
+    # every evaluation task (validation picks which it scores); the canvas side of a test input is
+    # predicted without its output
+    eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
                               task_rows=task_rows, context_demos=context_demos)
     return TrainingData(splits, list(task_index), sampler, loader, eval_set)
 
@@ -197,9 +200,17 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
 
 
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
-    """Train for `--epochs`, validating and checkpointing after each epoch. -> the run's summary."""
-    if cfg.run.eval_only:
-        return evaluate_only(cfg, device, dist)
+    """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
+    it within seconds, training or validating, with a checkpoint. -> the run's summary."""
+    with StopRequest(announce=dist.is_main) as stop:
+        if cfg.run.eval_only:
+            return evaluate_only(cfg, device, dist, stop)
+        return train_epochs(cfg, device, dist, stop)
+
+
+def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest) -> dict:
+    """The epoch loop: checkpoints at epoch ends (and every `--save_every`), validations during
+    training as `--val_every` says, each after a checkpoint, and the final validation."""
     seed_everything(cfg.run.seed)
     data = build_data(cfg, device, dist)
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
@@ -215,23 +226,44 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     what = "training"
     if cfg.data.train_on_eval_demos:
         what += f", TRANSDUCTIVE: the demos of {len(data.splits.evaluation)} evaluation tasks join training"
-    logger = open_run(run_dir, cfg, state, data, dist, what)
+    validation = ValidationSchedule.of(cfg.eval)
+    logger = open_run(run_dir, cfg, state, data, dist, what,
+                      validation.describe(cfg.eval.val_tasks, cfg.eval.eval_tasks, len(data.splits.evaluation)))
     if logger is not None:
         logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
+    # the counters of the newest checkpoint in run_dir
+    saved_at = dataclasses.astuple(counters) if resumed_from and resumed_from.parent.parent == run_dir else None
 
     def checkpoint() -> None:
-        save_run_state(state, cfg.flags(), run_dir, cfg.run.keep_checkpoints, dist)
+        nonlocal saved_at
+        if saved_at != dataclasses.astuple(counters):  # a validation right after a save saves nothing new
+            save_run_state(state, cfg.flags(), run_dir, cfg.run.keep_checkpoints, dist)
+            saved_at = dataclasses.astuple(counters)
 
-    started, eval_metrics, qwen_norm = time.time(), {}, 0.0
-    seconds = 0.0  # this invocation's training clock, rank 0's on every rank (the lr and the deadline follow it)
+    started = time.time()
+    seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
+
+    def validate_here(final: bool) -> dict[str, float]:
+        """A checkpoint, then a validation; a stop request during it ends the run, the checkpoint kept."""
+        checkpoint()
+        try:
+            return validate(state, data, cfg, device, dist, logger, stop, validation, final=final,
+                            train_seconds=seconds)
+        except Interrupted as err:
+            raise TrainingStopped(f"stopped by {err} during {'the final ' if final else ''}validation at step "
+                                  f"{counters.optimizer_steps}; checkpoint saved, continue with --resume {run_dir}",
+                                  128 + err.signum) from None
+
+    qwen_norm = 0.0
     state.model.train(True)
-    with StopRequest() as stop:
+    try:
         for epoch in range(counters.epoch, cfg.run.epochs):
             data.sampler.set_epoch(epoch, counters.micro_batches_in_epoch)
             bar = tqdm(total=n_batches, initial=counters.micro_batches_in_epoch, desc=f"epoch {epoch + 1}/"
                        f"{cfg.run.epochs}", unit="batch", dynamic_ncols=True, mininterval=1.0, disable=not dist.is_main)
             windows = epoch_windows(data.loader, n_batches - counters.micro_batches_in_epoch, cfg.optim.grad_accum,
                                     device)
+            out_of_time = False
             for window in windows:
                 lr_factor = schedule.apply(counters.optimizer_steps, seconds)
                 stats = train_step(state, window, cfg, dist)
@@ -248,34 +280,43 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
                     raise TrainingStopped(f"stopped: {counters.consecutive_skips} steps in a row skipped for "
                                           f"non-finite loss or gradients (step {counters.optimizer_steps}); checkpoint "
                                           f"in {run_dir}; lower --agent_lr/--qwen_lr or use --amp bf16", 1)
-                if dist.any(bool(stop.signum)):
+                if dist.any(stop()):
                     checkpoint()
-                    signum = stop.signum or signal.SIGTERM
-                    raise TrainingStopped(f"stopped by {signal.Signals(signum).name} at step "
+                    raise TrainingStopped(f"stopped by {signal.Signals(stop.signum or signal.SIGTERM).name} at step "
                                           f"{counters.optimizer_steps}; checkpoint saved, continue with --resume "
-                                          f"{run_dir}", 128 + signum)
+                                          f"{run_dir}", 128 + (stop.signum or signal.SIGTERM))
                 if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
                     checkpoint()
-                seconds = dist.sum_int(round(1000 * (time.time() - started)) if dist.is_main else 0) / 1000
+                seconds = dist.from_main(time.time() - started) - validation.val_seconds
                 if cfg.run.max_minutes and seconds > 60 * cfg.run.max_minutes:
+                    out_of_time = True
                     break
+                if counters.micro_batches_in_epoch < n_batches and validation.due(
+                        step=counters.optimizer_steps, epoch_end=False, train_seconds=seconds):
+                    validate_here(final=False)
             bar.close()
             if logger is not None:
                 logger.flush(counters.optimizer_steps, run_scalars(state, qwen_norm, epoch, cfg))
-            eval_metrics = validate(state, data.eval_set, cfg, device, dist, logger)
-            finished = counters.micro_batches_in_epoch >= n_batches  # else --max_minutes ran out mid-epoch
-            if finished:
+            if counters.micro_batches_in_epoch >= n_batches:  # else --max_minutes ran out mid-epoch
                 counters.epoch, counters.micro_batches_in_epoch = epoch + 1, 0
             checkpoint()
-            if not finished:
+            if out_of_time:
                 break
-    return finish_run(run_dir, logger, started, counters.optimizer_steps,
-                      {"transductive": cfg.data.train_on_eval_demos, **eval_metrics}, dist)
+            if epoch + 1 < cfg.run.epochs and validation.due(step=counters.optimizer_steps, epoch_end=True,
+                                                              train_seconds=seconds):
+                validate_here(final=False)
+        metrics = validate_here(final=True)
+        return finish_run(run_dir, logger, started, counters.optimizer_steps,
+                          {"transductive": cfg.data.train_on_eval_demos, **metrics, **validation.report(seconds)},
+                          dist)
+    finally:
+        if logger is not None:
+            logger.close()
 
 
-def evaluate_only(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
-    """Validate the weights of `--resume` (or fresh ones) into a new run folder; nothing trains and
-    the resumed run's folder is only read. -> the summary."""
+def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest) -> dict:
+    """Validate the weights of `--resume` (or fresh ones) on `--eval_tasks` (-1: all) into a new run
+    folder; nothing trains and the resumed run's folder is only read. -> the summary."""
     seed_everything(cfg.run.seed)
     data = build_data(cfg, device, dist)  # its training episodes set the difficulty scale of the prompt's controls
     checkpoint = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
@@ -283,21 +324,73 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dic
     state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
     if checkpoint is not None:
         restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
-    logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {checkpoint or 'fresh weights'}")
+    weights = checkpoint or "fresh weights"
+    logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {weights}")
     started = time.time()
-    metrics = validate(state, data.eval_set, cfg, device, dist, logger)
-    return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
-                      {"evaluated": str(checkpoint or "fresh weights"), **metrics}, dist)
+    tasks = first_tasks(data.eval_set, cfg.eval.eval_tasks)  # -1 and 0: all
+    announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
+    try:
+        result = evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=device, dist=dist, tasks=tasks,
+                          stop=stop, desc="evaluate")
+        publish(result, state.counters.optimizer_steps, cfg, dist, logger)
+        return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
+                          {"evaluated": str(weights), **result.metrics}, dist)
+    except Interrupted as err:
+        raise TrainingStopped(f"stopped by {err} during the evaluation of {weights}; nothing written as finished, "
+                              f"run the same command to evaluate again", 128 + err.signum) from None
+    finally:
+        if logger is not None:
+            logger.close()
 
 
-def validate(state: TrainState, eval_set: EpisodeDataset, cfg: Config, device: torch.device, dist: Dist,
-             logger: RunLogger | None) -> dict[str, float]:
-    """Score the evaluation tasks; log scalars and task images at the current optimizer step; write
-    the submission file."""
-    result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=device, dist=dist)
+def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.device, dist: Dist,
+             logger: RunLogger | None, stop: StopRequest, schedule: ValidationSchedule, *, final: bool,
+             train_seconds: float) -> dict[str, float]:
+    """Score the first `--val_tasks` evaluation tasks and log `val/*`; the final validation then
+    scores the rest of `--eval_tasks` (engine/validation_schedule.py says which) and logs `eval/*`,
+    task images and the submission. The training's random streams are left as they were, so how
+    often a run validates never changes what it learns. -> val/* (during training) or eval/* (final)."""
+    every = first_tasks(data.eval_set, 0)
+    subset = first_tasks(data.eval_set, cfg.eval.val_tasks)
+    chosen = first_tasks(data.eval_set, cfg.eval.eval_tasks) if final and cfg.eval.eval_tasks >= 0 else every
+    first = chosen[:len(subset)]
     step = state.counters.optimizer_steps
+    started = time.perf_counter()
+    noise = state.model.rl_noise_state()
+    with preserved_rng():
+        announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
+                       f"evaluation tasks, {describe(cfg)}")
+        scores = score_tasks(state.model, state.prompts, data.eval_set, first, cfg=cfg, device=device, dist=dist,
+                             stop=stop, desc="validate")
+        metrics = scores.metrics("val", cfg)
+        if logger is not None and len(first) == len(subset):
+            logger.write(step, metrics)
+        if final:
+            rest = chosen[len(first):]  # both are the first tasks of one list
+            so_far = dist.from_main(time.perf_counter() - started)
+            if rest and cfg.eval.eval_tasks == -1 and not fits_in_training(so_far, len(first), len(rest),
+                                                                            train_seconds):
+                announce(dist, f"final validation: these {len(first)} tasks only; all {len(every)} would take about "
+                               f"{duration(so_far / len(first) * len(every))}, longer than the "
+                               f"{duration(train_seconds)} of training (--eval_tasks 0 scores them all)")
+                rest = []
+            if rest:
+                announce(dist, f"final validation: {len(rest)} more tasks")
+                scores = scores.merged(score_tasks(state.model, state.prompts, data.eval_set, rest, cfg=cfg,
+                                                   device=device, dist=dist, stop=stop, desc="final"))
+            result = EvalResult.of(scores, data.eval_set, cfg)
+            publish(result, step, cfg, dist, logger)
+            metrics = result.metrics
+    state.model.set_rl_noise_state(noise)
+    schedule.val_seconds += dist.from_main(time.perf_counter() - started)
+    schedule.done += not final
+    return metrics
+
+
+def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunLogger | None) -> None:
+    """The final scores: eval/* scalars and task images at `step`, and the submission file."""
     if logger is not None:
-        logger.flush(step, result.metrics)
+        logger.write(step, result.metrics)
         for task_id, image in result.images:
             logger.writer.add_image(f"eval_tasks/{task_id}", image, step, dataformats="HWC")
     if cfg.eval.submission and dist.is_main:
@@ -306,7 +399,12 @@ def validate(state: TrainState, eval_set: EpisodeDataset, cfg: Config, device: t
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(result.submission))
         tmp.replace(path)
-    return result.metrics
+
+
+def announce(dist: Dist, line: str) -> None:
+    """One line on the console from the main process, above any progress bar."""
+    if dist.is_main:
+        tqdm.write(line, file=sys.stderr)
 
 
 def run_scalars(state: TrainState, qwen_norm: float, epoch: int, cfg: Config) -> dict[str, float]:
@@ -319,8 +417,8 @@ def run_scalars(state: TrainState, qwen_norm: float, epoch: int, cfg: Config) ->
 
 
 def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, dist: Dist,
-             what: str) -> RunLogger | None:
-    """Create the run folder and its TensorBoard writer, and print the start-up line (main process)."""
+             what: str, validation: str = "") -> RunLogger | None:
+    """Create the run folder and its TensorBoard writer, and print the start-up lines (main process)."""
     if not dist.is_main:
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -328,6 +426,8 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
           f"world_size={dist.world_size} | data {data.splits.name}: {len(data.splits.training)} training, "
           f"{len(data.splits.evaluation)} evaluation tasks | {state.model.description()} "
           f"[qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
+    if validation:
+        print(validation, file=sys.stderr)
     # A resumed run rewrites the steps after its checkpoint: TensorBoard drops the old ones.
     steps = state.counters.optimizer_steps
     return RunLogger(run_dir, cfg.flags(), state.model.description(), purge_step=steps + 1 if steps else None)
@@ -335,11 +435,10 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
 
 def finish_run(run_dir: Path, logger: RunLogger | None, started: float, steps: int, metrics: dict,
                dist: Dist) -> dict:
-    """Close the logger and write summary.json (main process); -> the summary."""
+    """Write summary.json (main process), the mark of a finished run; -> the summary."""
     summary = {"steps": steps, "seconds": round(time.time() - started, 1), "run_dir": str(run_dir),
                "world_size": dist.world_size, **metrics}
     if logger is not None:
-        logger.close()
         summary.update({k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last})
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

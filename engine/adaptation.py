@@ -121,13 +121,16 @@ def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAda
 
 def _train(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, groups: list[dict],
            demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, cfg: Config,
-           device: torch.device) -> None:
+           device: torch.device, stop: Callable[[], bool]) -> None:
     """Adam on parameter groups of the adapter, each group's lr under `schedule`. The loss is the sum
-    over rows of each row's mean, so every row moves as if it were trained alone (Adam works per element)."""
+    over rows of each row's mean, so every row moves as if it were trained alone (Adam works per element).
+    Ends early when `stop()` says so."""
     optimizer = torch.optim.Adam(groups, fused=True)
     base = [g["lr"] for g in optimizer.param_groups]
     amp = MixedPrecision(cfg.optim.amp, device)
     for step in range(steps):
+        if stop():
+            return
         _set_step_lr(optimizer, base, step, steps, schedule)
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
         with amp.autocast():
@@ -170,9 +173,10 @@ def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task
 
 
 def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
-                cfg: Config, device: torch.device) -> AdaptedTasks:
+                cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False) -> AdaptedTasks:
     """Search (starts, latent steps), keep each task's best start, then train its adapter
-    (`--ttt_params task`); all of `tasks` together."""
+    (`--ttt_params task`); all of `tasks` together. Training ends early when `stop()` says so (the
+    caller then discards the result)."""
     e = cfg.eval
     views = model.agent.num_views if e.view_starts else 0
     per_task = e.latent_starts + views
@@ -194,7 +198,7 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
         _starts(model, adapters, usable, per_task, cfg)
         if e.latent_steps:
             _train(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
-                   steps=e.latent_steps, schedule="constant", cfg=cfg, device=device)
+                   steps=e.latent_steps, schedule="constant", cfg=cfg, device=device, stop=stop)
         loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
         best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
         if per_task > 1:  # one row per task from here on: its best start
@@ -207,7 +211,7 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
         if tune:
             _train(model, prompts, adapters, adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr,
                                                                    latent_lr=e.latent_lr),
-                   demos, rows, steps=e.ttt_steps, schedule=e.ttt_schedule, cfg=cfg, device=device)
+                   demos, rows, steps=e.ttt_steps, schedule=e.ttt_schedule, cfg=cfg, device=device, stop=stop)
             loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
     return AdaptedTasks(adapters, {t.task_id: i for i, t in enumerate(tasks)},
                         {t.task_id: float(loss[i]) if i in rows else float("nan") for i, t in enumerate(tasks)})
@@ -232,12 +236,14 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpis
 @contextmanager
 def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
                     cfg: Config, device: torch.device, searched: AdaptedTasks | None = None,
-                    observe: Callable[[int, AdapterSlice | None], None] | None = None):
+                    observe: Callable[[int, AdapterSlice | None], None] | None = None,
+                    stop: Callable[[], bool] = lambda: False):
     """`--ttt_params all|late|adapter|prompt`: train named groups of the shared weights on one task's
     demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit.
     Yields the steps taken: `--ttt_steps`, fewer when `--ttt_check_every` finds the demos solved (a
     task the search already solves takes none). `observe(steps, kept start)`, when given, is called
-    before the first step and after every step (bench/ttt_curve.py measures the weights there)."""
+    before the first step and after every step (bench/ttt_curve.py measures the weights there).
+    Training ends early when `stop()` says so (the caller then discards the task)."""
     demos = None  # built only when something trains: this runs for every task group of every validation
     if cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task":
         demos = DemoEpisodes([task], eval_set, cfg.run.seed, cfg.eval.ttt_views)
@@ -262,8 +268,8 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
         steps = 0
         if observe is not None:
             observe(steps, kept)
-        while steps < cfg.eval.ttt_steps and not (check and steps % check == 0 and
-                                                  _solves_demos(model, prompts, demos, kept, cfg, device)):
+        while steps < cfg.eval.ttt_steps and not stop() and not (
+                check and steps % check == 0 and _solves_demos(model, prompts, demos, kept, cfg, device)):
             _set_step_lr(optimizer, base, steps, cfg.eval.ttt_steps, cfg.eval.ttt_schedule)
             steps += 1
             batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)

@@ -224,7 +224,16 @@ class OptimCfg:
 class EvalCfg:
     """Validation, test-time training and the submission file."""
 
-    eval_tasks: int = flag(0, "evaluation tasks scored at each validation (0: all)")
+    val_every: str = flag("epoch", "when to validate during training: epoch (at each epoch's end), N (every N "
+                                   "optimizer steps), Mmin (every M minutes of training) or end (only the final "
+                                   "validation); each starts from a saved checkpoint")
+    val_tasks: int = flag(16, "tasks each validation during training scores: the first N evaluation tasks, the "
+                              "same every time (0: all)")
+    val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "
+                                 "this share of the training time so far (the first one always runs)")
+    eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N, 0 for all, or -1: "
+                               "all when they are expected to take no longer than the training did (--eval_only: "
+                               "all), else the --val_tasks ones")
     eval_batch_size: int = flag(32, "episodes per validation batch")
     eval_augments: int = flag(8, "validation: views (identity + dihedral x colour augmentations) voted over for "
                                  "the two attempts")
@@ -265,10 +274,32 @@ class EvalCfg:
     def __post_init__(self) -> None:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks", "ttt_views"),
-               non_negative=("eval_tasks", "ttt_steps", "latent_steps", "ttt_check_every"))
+               non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every"))
+        if self.eval_tasks < -1:
+            raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
+                              f"{self.eval_tasks}")
+        if self.val_share <= 0:
+            raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
+                              f"only at the end")
+        self.validation_interval()
         if not 1 <= self.ttt_stop_views <= self.ttt_views:
             raise ConfigError(f"--ttt_stop_views must be in 1..--ttt_views ({self.ttt_views}, the views adaptation "
                               f"trains on), got {self.ttt_stop_views}")
+
+    def validation_interval(self) -> tuple[str, float]:
+        """--val_every as (unit, amount): ("epoch", 1), ("steps", N), ("minutes", M) or ("end", 0)."""
+        text = self.val_every.strip().lower()
+        if text in ("epoch", "end"):
+            return text, 1.0 if text == "epoch" else 0.0
+        number, minutes = (text[:-3], True) if text.endswith("min") else (text, False)
+        try:
+            amount = float(number) if minutes else int(number)
+        except ValueError:
+            amount = 0
+        if amount <= 0:
+            raise ConfigError(f"--val_every {self.val_every}: expected epoch, end, a step count (500) or minutes "
+                              f"(30min)")
+        return ("minutes" if minutes else "steps"), float(amount)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,7 +312,8 @@ class RunCfg:
 
     epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)")
     max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)")
-    max_minutes: float = flag(0.0, "stop training after this many minutes, then validate and save (0: no limit)")
+    max_minutes: float = flag(0.0, "stop after this many minutes of training (validations during training not "
+                                   "counted), then save and run the final validation (0: no limit)")
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
     seed: int = flag(0, "seed of every random number in the run")
     run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)")

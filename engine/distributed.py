@@ -66,6 +66,22 @@ class Dist:
     def any(self, flag: bool) -> bool:
         return self.sum_int(int(flag)) > 0
 
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """Each value summed over every rank (float64), in one collective."""
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t)
+        return t.tolist()
+
+    def from_main(self, value: float) -> float:
+        """Rank 0's value on every rank: one clock, so every rank takes the same time-based branch."""
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.broadcast(t, src=0)
+        return float(t.item())
+
     def average_gradients(self, params: list[torch.nn.Parameter], denominator: int | None = None,
                           bucket_bytes: int = BUCKET_BYTES) -> int:
         """Sum (or average over `denominator`) the gradients of `params` across ranks, in place.
@@ -122,7 +138,8 @@ def init_distributed(device_choice: str) -> tuple[Dist, torch.device]:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        # the loop's flags and clocks are CPU tensors: gloo carries them beside NCCL's CUDA gradients
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     return Dist(rank, world, local_rank), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
 
 

@@ -10,22 +10,27 @@ demos, restored bit for bit after. A task's test outputs are read by the scorer 
 
 from __future__ import annotations
 
+import signal
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
+from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate
 from engine.adaptation import AdaptedTasks, adapt_tasks, adapted_weights
 from engine.config import Config
 from engine.distributed import Dist
-from engine.loop import to_device
+from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from engine.render import task_image
 from engine.scoring import RANKINGS, Candidates, pair_metrics, summarise
@@ -62,10 +67,65 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
 
 
 @dataclass
+class TaskScores:
+    """What scoring some evaluation tasks gave, gathered from every process."""
+
+    records: list[tuple[str, dict[str, float]]]  # (task id, pair metrics and pass2_<ranking>), one per test input
+    copy_records: list[tuple[str, dict[str, float]]]  # the same for copying the input
+    attempts: dict[int, tuple[Grid, Grid]]  # episode index -> its two attempts
+    seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
+    ttt_steps: dict[str, int]  # task id -> weight test-time-training steps taken
+
+    def merged(self, other: TaskScores) -> TaskScores:
+        return TaskScores(self.records + other.records, self.copy_records + other.copy_records,
+                          {**self.attempts, **other.attempts}, {**self.seconds, **other.seconds},
+                          {**self.ttt_steps, **other.ttt_steps})
+
+    def metrics(self, prefix: str, cfg: Config) -> dict[str, float]:
+        """`<prefix>/*`: ARC Prize metrics, the copy baseline as `<prefix>/copy_*`, tasks, seconds a task
+        and (weight TTT) its steps a task."""
+        out = {f"{prefix}/{k}": v for k, v in summarise(self.records).items()}
+        out.update({f"{prefix}/copy_{k}": v for k, v in summarise(self.copy_records).items() if k != "oracle"})
+        out[f"{prefix}/seconds_per_task"] = float(np.mean(list(self.seconds.values())))
+        out[f"{prefix}/tasks"] = float(len(self.seconds))
+        if _per_task_weights(cfg):
+            out[f"{prefix}/ttt_steps_per_task"] = float(np.mean(list(self.ttt_steps.values())))
+        return out
+
+
+@dataclass
 class EvalResult:
     metrics: dict[str, float]  # eval/* incl. eval/copy_* and eval/seconds_per_task
     submission: dict[str, list[dict]]  # {task_id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, test inputs in order
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
+
+    @classmethod
+    def of(cls, scores: TaskScores, dataset: EpisodeDataset, cfg: Config) -> EvalResult:
+        attempts = scores.attempts
+        submission: dict[str, list[dict]] = {}
+        for i in sorted(attempts, key=lambda i: (dataset.episodes[i].task.task_id, i)):
+            a1, a2 = attempts[i]
+            submission.setdefault(dataset.episodes[i].task.task_id, []).append(
+                {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
+        first = {}
+        for i in sorted(attempts):
+            first.setdefault(dataset.episodes[i].task.task_id, i)
+        images = []
+        for task_id in sorted(first)[:IMAGES]:
+            ep = dataset.episodes[first[task_id]]
+            images.append((task_id, task_image(ep.context, ep.query.input, ep.query.output, attempts[first[task_id]])))
+        return cls(scores.metrics("eval", cfg), submission, images)
+
+
+def _per_task_weights(cfg: Config) -> bool:
+    """Weight TTT adapts one task at a time (the per-task adapter batches tasks)."""
+    return cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task"
+
+
+def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:
+    """The ids of the first `n` tasks of the evaluation set, in its order (n <= 0: all)."""
+    ids = list(dict.fromkeys(ep.task.task_id for ep in dataset.episodes))
+    return ids[:n] if n > 0 else ids
 
 
 def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: EpisodeDataset,
@@ -75,58 +135,106 @@ def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: Epi
     return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
 
-def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, *, cfg: Config,
-             device: torch.device, dist: Dist = Dist()) -> EvalResult:
-    """Score every test input of the evaluation set (this process's share of the tasks; records are
-    gathered, so every process returns the whole result). Attempts are ranked by `--attempt_ranking`;
-    `pass2_votes`, `pass2_logprob` and `pass2_hedged` report every ranking."""
+def describe(cfg: Config) -> str:
+    """How each task is adapted and predicted, in a few words (the line before a validation's bar)."""
+    e = cfg.eval
+    parts = []
+    if e.view_starts or e.latent_starts > 1:
+        parts.append("search over starts" + (" (input views)" if e.view_starts else ""))
+    if e.latent_steps:
+        parts.append(f"{e.latent_steps} latent steps")
+    if e.ttt_steps:
+        parts.append(f"{'up to ' if _per_task_weights(cfg) and e.ttt_check_every else ''}{e.ttt_steps} "
+                     f"test-time-training steps (--ttt_params {e.ttt_params})")
+    return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
+
+
+def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
+                cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
+                desc: str | None = None) -> TaskScores:
+    """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
+    are gathered, so every process returns them all).
+
+    `stop` (this process was asked to stop) is read inside adaptation and, agreed by every process,
+    between task groups: then `Interrupted` is raised and nothing is returned. `desc`: a progress bar
+    (main process) with tasks done, running pass@2, seconds and TTT steps a task."""
     was_training = model.training
     model.train(False)
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(dataset.episodes):
         by_task[ep.task.task_id].append(i)
-    per_task_weights = cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task"  # one task at a time
-    groups = task_groups(sorted(by_task)[dist.rank::dist.world_size], by_task, dataset,
-                         1 if per_task_weights else cfg.eval.adapt_tasks)
-    records, copy_records, attempts, seconds, ttt_steps = [], [], {}, [], []
-    for group in groups:
-        start = time.perf_counter()
-        tasks = [dataset.episodes[by_task[t][0]].task for t in group]
-        episodes = [i for t in group for i in by_task[t]]
-        adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device)  # search (and task TTT)
-        with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted) as steps:
-            cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
-        seconds += [(time.perf_counter() - start) / len(group)] * len(group)
-        ttt_steps += [steps] * len(group)
-        for i in episodes:
-            ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
-            attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
-            metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input, cands[i].contains(ep.query.output))
-            for ranking in RANKINGS:
-                metrics[f"pass2_{ranking}"] = pair_metrics(cands[i].attempts(ranking), ep.query.output,
-                                                           ep.query.input)["pass2"]
-            records.append((ep.task.task_id, metrics))
-            copy_records.append((ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
-                                                                ep.query.input)))
-    model.train(was_training)
-    gathered = dist.gather((records, copy_records, attempts, seconds, ttt_steps))
-    records = [r for g in gathered for r in g[0]]
-    copy_records = [r for g in gathered for r in g[1]]
-    attempts = {i: a for g in gathered for i, a in g[2].items()}
-    metrics = {f"eval/{k}": v for k, v in summarise(records).items()}
-    metrics.update({f"eval/copy_{k}": v for k, v in summarise(copy_records).items() if k != "oracle"})
-    metrics["eval/seconds_per_task"] = float(np.mean([s for g in gathered for s in g[3]]))
-    metrics["eval/tasks"] = float(len(by_task))
+    size = 1 if _per_task_weights(cfg) else cfg.eval.adapt_tasks
+    # every process knows every process's groups, so all make the same number of agreement calls
+    groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
+    mine = groups_of[dist.rank]
+    stop = stop or (lambda: False)
+    records, copy_records, attempts, seconds, ttt_steps = [], [], {}, {}, {}
+    progress = [0.0] * 4  # this slot's tasks, test inputs, of them solved (pass@2), TTT steps
+    totals = [0.0] * 4
+    bar = tqdm(total=len(task_ids), desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
+               disable=desc is None or not dist.is_main)
+    started = time.perf_counter()
+    try:
+        for slot in range(max(map(len, groups_of)) + 1):
+            stopping, *done = dist.sum_floats([float(stop()), *progress])
+            totals = [a + b for a, b in zip(totals, done)]
+            if done[0]:
+                bar.update(int(done[0]))
+                bar.set_postfix(_postfix(totals, time.perf_counter() - started, _per_task_weights(cfg)), refresh=False)
+            if stopping:
+                raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
+            progress = [0.0] * 4
+            if slot >= len(mine):
+                continue
+            group = mine[slot]
+            start = time.perf_counter()
+            tasks = [dataset.episodes[by_task[t][0]].task for t in group]
+            episodes = [i for t in group for i in by_task[t]]
+            adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device, stop=stop)
+            with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted,
+                                 stop=stop) as steps:
+                if stop():  # the adaptation was cut short: nothing of this group will be kept
+                    continue
+                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
+            for t in group:
+                seconds[t] = (time.perf_counter() - start) / len(group)
+                ttt_steps[t] = steps
+            for i in episodes:
+                ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
+                attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
+                metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input,
+                                       cands[i].contains(ep.query.output))
+                for ranking in RANKINGS:
+                    metrics[f"pass2_{ranking}"] = pair_metrics(cands[i].attempts(ranking), ep.query.output,
+                                                               ep.query.input)["pass2"]
+                records.append((ep.task.task_id, metrics))
+                copy_records.append((ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
+                                                                    ep.query.input)))
+                progress[1] += 1
+                progress[2] += metrics["pass2"]
+            progress[0] += len(group)
+            progress[3] += steps * len(group)
+    finally:
+        bar.close()
+        model.train(was_training)
+    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps))
+    return reduce(TaskScores.merged, gathered)
+
+
+def _postfix(totals: list[float], elapsed: float, per_task_weights: bool) -> dict[str, str]:
+    tasks, pairs, solved, steps = totals
+    out = {"pass@2": f"{solved / max(pairs, 1):.1%}", "s/task": f"{elapsed / max(tasks, 1):.2f}"}
     if per_task_weights:
-        metrics["eval/ttt_steps_per_task"] = float(np.mean([n for g in gathered for n in g[4]]))
-    submission: dict[str, list[dict]] = {}
-    for i in sorted(attempts, key=lambda i: (dataset.episodes[i].task.task_id, i)):
-        a1, a2 = attempts[i]
-        submission.setdefault(dataset.episodes[i].task.task_id, []).append(
-            {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
-    images = []
-    for task_id in sorted(by_task)[:IMAGES]:
-        i = by_task[task_id][0]
-        ep = dataset.episodes[i]
-        images.append((task_id, task_image(ep.context, ep.query.input, ep.query.output, attempts[i])))
-    return EvalResult(metrics, submission, images)
+        out["ttt_steps"] = f"{steps / max(tasks, 1):.1f}"
+    return out
+
+
+def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, *, cfg: Config,
+             device: torch.device, dist: Dist = Dist(), tasks: list[str] | None = None,
+             stop: Callable[[], bool] | None = None, desc: str | None = None) -> EvalResult:
+    """Score `tasks` (default: the first `--eval_tasks`, all when it is 0 or -1) as ARC Prize scores
+    them. Attempts are ranked by `--attempt_ranking`; `pass2_votes`, `pass2_logprob` and
+    `pass2_hedged` report every ranking. `stop`, `desc`: as `score_tasks`."""
+    task_ids = tasks if tasks is not None else first_tasks(dataset, cfg.eval.eval_tasks)
+    scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc)
+    return EvalResult.of(scores, dataset, cfg)

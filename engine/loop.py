@@ -1,13 +1,17 @@
-"""Loop plumbing with no ML in it: moving batches, accumulation windows, seeds, signals."""
+"""Loop plumbing with no ML in it: moving batches, accumulation windows, seeds, signals, the summary."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
+
+from engine.checkpoint import rng_state, set_rng_state
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -31,21 +35,63 @@ def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: t
 
 
 class StopRequest:
-    """SIGINT/SIGTERM set a flag; the loop saves a checkpoint at the next window boundary and stops."""
+    """SIGINT/SIGTERM set a flag that the loop (at the next window boundary), validation (at the next
+    task group) and adaptation (at the next step) read; the run then saves what it trained and stops.
+    A second signal ends the process at once, without saving: the newest complete checkpoint stands."""
 
-    def __init__(self):
+    def __init__(self, announce: bool = True):
         self.signum = 0
+        self.announce = announce  # one process says what happens (every process receives the signal)
 
     def __enter__(self):
         self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
         return self
 
+    def __call__(self) -> bool:
+        """Whether this process has been asked to stop."""
+        return self.signum != 0
+
     def handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signum:
+            _say(f"{name} again: stopping now, without saving (the newest complete checkpoint stands)\n")
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
         self.signum = signum
+        if self.announce:
+            _say(f"\n{name}: stopping within seconds, what has trained saved ({name} again stops at once, "
+                 f"without saving)\n")
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
+
+
+def _say(text: str) -> None:
+    # Straight to the file descriptor: a signal handler that used sys.stderr while the progress bar
+    # was writing to it would re-enter its buffer (RuntimeError: reentrant call).
+    os.write(2, text.encode())
+
+
+class Interrupted(Exception):
+    """Raised where every process agreed to stop early (validation, adaptation): nothing it was doing
+    is kept; the caller says what was saved and how to go on."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def preserved_rng():
+    """Run a block (validation) without moving the training's random streams: a run that validates
+    more or less often trains bit for bit the same."""
+    saved = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
 
 
 class TrainingStopped(Exception):
@@ -56,6 +102,13 @@ class TrainingStopped(Exception):
         self.exit_code = exit_code
 
 
+def duration(seconds: float) -> str:
+    """4.2 s, 3.5 min, 2.1 h: a time as a reader takes it in."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 3600 else f"{seconds / 3600:.1f} h"
+
+
 def summary_line(s: dict) -> str:
     parts = [f"done: {s['steps']} steps in {s['seconds']:.1f}s"]
     if "loss/combined" in s:
@@ -64,6 +117,9 @@ def summary_line(s: dict) -> str:
         parts.append(f"eval on {s['eval/tasks']:.0f} tasks: cell_acc {s['eval/cell_acc']:.3f} exact "
                      f"{s['eval/exact']:.3f} pass@2 {s['eval/pass2']:.3f} ({s['eval/seconds_per_task']:.2f} s/task; "
                      f"copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
+    if s.get("validations") or s.get("validations_skipped"):
+        parts.append(f"validation {s['validation_share']:.0%} of the time ({s['validations']} during training, "
+                     f"{s['validations_skipped']} skipped)")
     parts.append(f"run {s['run_dir']}")
     return " | ".join(parts)
 

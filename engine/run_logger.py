@@ -31,12 +31,16 @@ class RunLogger:
         """Write the interval's means (and `extra` as they are) at `step`; start a new interval."""
         values = {k: float(self.sums[k]) / self.counts[k] for k in self.sums}
         values.update(extra or {})
+        self.sums.clear()
+        self.counts.clear()
+        return self.write(step, values)
+
+    def write(self, step: int, values: dict[str, float]) -> dict[str, float]:
+        """Write `values` as they are at `step` (the interval's running means stay open)."""
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
         self.writer.flush()
         self.last.update(values)
-        self.sums.clear()
-        self.counts.clear()
         return values
 
     def close(self) -> None:

@@ -79,4 +79,4 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(two_checkpoints):
 def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
     cfg, run = two_checkpoints
     with pytest.raises(ConfigError, match="already holds a run"):
-        fixed.evaluate_only(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)
+        fixed.train(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)

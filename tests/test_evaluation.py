@@ -143,8 +143,8 @@ def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
     # keeps its summary and events (the evaluation writes into a folder of its own)
     run = tmp_path / "run"
     kept = {f: f.read_bytes() for f in [run / "summary.json", *run.glob("events.out.tfevents.*")]}
-    again = fixed.evaluate_only(cfg.replace(eval_only=True, resume=str(run / "checkpoints" / "latest"),
-                                            run_dir=str(tmp_path / "eval")), CPU)
+    again = fixed.train(cfg.replace(eval_only=True, resume=str(run / "checkpoints" / "latest"),
+                                    run_dir=str(tmp_path / "eval")), CPU)
     assert again["steps"] == 2 and again["eval/task_score"] == summary["eval/task_score"]
     assert again["evaluated"].endswith("step_00000002") and (tmp_path / "eval" / "summary.json").exists()
     assert json.loads(sub.read_text()) == submission
