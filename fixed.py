@@ -459,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fixed.py: data error: {err}", file=sys.stderr)
         return 1
     except TrainingStopped as err:
-        print(f"fixed.py: {err}", file=sys.stderr)
+        if dist.is_main:  # every process stops together, for one reason
+            print(f"fixed.py: {err}", file=sys.stderr)
         return err.exit_code
     if dist.is_main:
         print(summary_line(summary))

@@ -55,13 +55,13 @@ class ValidationSchedule:
 
     def describe(self, val_tasks: int, eval_tasks: int, n_tasks: int) -> str:
         """The start-up line's account of validation."""
-        subset = f"the first {val_tasks} evaluation tasks" if 0 < val_tasks < n_tasks else f"all {n_tasks} tasks"
+        subset = f"the first {val_tasks}" if 0 < val_tasks < n_tasks else f"all {n_tasks}"
         when = {"epoch": "at each epoch's end", "steps": f"every {int(self.amount)} steps",
                 "minutes": f"every {self.amount:g} minutes of training", "end": ""}[self.unit]
-        during = (f"{subset} {when} (skipped while validation has taken over {self.share:.0%} of the training "
-                  f"time)" if when else "none during training")
-        if eval_tasks == -1:
-            final = f"all {n_tasks} if they take no longer than the training did, else {subset.split(' evaluation')[0]}"
+        during = (f"{subset} evaluation tasks {when} (skipped while validation has taken over {self.share:.0%} of "
+                  f"the training time)" if when else "none during training")
+        if eval_tasks == -1 and subset != f"all {n_tasks}":
+            final = f"all {n_tasks} if they take no longer than the training did, else {subset}"
         else:
             final = f"the first {eval_tasks}" if 0 < eval_tasks < n_tasks else f"all {n_tasks}"
         return f"validation: {during}; at the end {final} (--val_every, --val_tasks, --eval_tasks)"
