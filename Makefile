@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) fixed.py --epochs 1 --max_batches 20 --eval_tasks 8
+	$(PY) fixed.py --epochs 1 --max_batches 20
 
 test: $(STAMP)
 	$(PY) -m pytest

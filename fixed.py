@@ -228,7 +228,8 @@ def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopReques
         what += f", TRANSDUCTIVE: the demos of {len(data.splits.evaluation)} evaluation tasks join training"
     validation = ValidationSchedule.of(cfg.eval)
     logger = open_run(run_dir, cfg, state, data, dist, what,
-                      validation.describe(cfg.eval.val_tasks, cfg.eval.eval_tasks, len(data.splits.evaluation)))
+                      validation.describe(cfg.eval.val_tasks, cfg.eval.eval_tasks, len(data.splits.evaluation),
+                                         cfg.run.epochs))
     if logger is not None:
         logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
     # the counters of the newest checkpoint in run_dir

@@ -224,9 +224,9 @@ class OptimCfg:
 class EvalCfg:
     """Validation, test-time training and the submission file."""
 
-    val_every: str = flag("epoch", "when to validate during training: epoch (at each epoch's end), N (every N "
-                                   "optimizer steps), Mmin (every M minutes of training) or end (only the final "
-                                   "validation); each starts from a saved checkpoint")
+    val_every: str = flag("epoch", "when to validate during training: epoch (after each epoch but the last), N "
+                                   "(every N optimizer steps), Mmin (every M minutes of training) or end (none: only "
+                                   "the final validation); each starts from a saved checkpoint")
     val_tasks: int = flag(16, "tasks each validation during training scores: the first N evaluation tasks, the "
                               "same every time (0: all)")
     val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "

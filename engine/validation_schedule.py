@@ -1,6 +1,6 @@
 """When a training run validates, on which tasks, and what validation has cost it.
 
-- During training (`--val_every`): at each epoch's end, every N optimizer steps, or every M minutes
+- During training (`--val_every`): after each epoch but the last, every N optimizer steps, or every M minutes
   of training; on the first `--val_tasks` evaluation tasks, the same every time, so their curve is
   comparable. One is skipped while validation has taken more than `--val_share` of the training
   time so far (the first always runs): a budgeted run spends its budget on training.
@@ -53,10 +53,10 @@ class ValidationSchedule:
             return False
         return True
 
-    def describe(self, val_tasks: int, eval_tasks: int, n_tasks: int) -> str:
+    def describe(self, val_tasks: int, eval_tasks: int, n_tasks: int, epochs: int) -> str:
         """The start-up line's account of validation."""
         subset = f"the first {val_tasks}" if 0 < val_tasks < n_tasks else f"all {n_tasks}"
-        when = {"epoch": "at each epoch's end", "steps": f"every {int(self.amount)} steps",
+        when = {"epoch": "after each epoch" if epochs > 1 else "", "steps": f"every {int(self.amount)} steps",
                 "minutes": f"every {self.amount:g} minutes of training", "end": ""}[self.unit]
         during = (f"{subset} evaluation tasks {when} (skipped while validation has taken over {self.share:.0%} of "
                   f"the training time)" if when else "none during training")

@@ -1,5 +1,6 @@
-"""Validation a user can wait for, watch and stop: when it runs and on which tasks, a checkpoint
-before it, a training that never depends on it, and signals honoured while it runs."""
+"""docs/invariants.md #11: validation a user can wait for, watch and stop: when it runs and on
+which tasks, a checkpoint before it, a training that never depends on it, and signals honoured
+while it runs."""
 
 import json
 import os
@@ -54,6 +55,16 @@ def test_share_skips_a_validation_once_validation_outweighs_its_share_of_trainin
     assert s.due(step=3, epoch_end=False, train_seconds=50)  # 5 <= 0.1 x 50
     report = s.report(train_seconds=45.0)
     assert report["validation_share"] == 0.1 and report["validations_skipped"] == 1  # 5 / (45 + 5)
+
+
+def test_the_start_up_line_says_when_and_on_what():
+    assert schedule().describe(16, -1, 400, epochs=3) == (
+        "validation: the first 16 evaluation tasks after each epoch (skipped while validation has taken over 10% of "
+        "the training time); at the end all 400 if they take no longer than the training did, else the first 16 "
+        "(--val_every, --val_tasks, --eval_tasks)")
+    assert schedule(val_every="500").describe(0, 8, 400, epochs=1).startswith(
+        "validation: all 400 evaluation tasks every 500 steps (")
+    assert schedule().describe(16, 0, 400, epochs=1).startswith("validation: none during training; at the end all 400")
 
 
 def test_final_validation_scores_every_task_only_when_that_fits_in_the_training_time():
@@ -304,8 +315,8 @@ def test_the_seeds_quick_check_validates_the_subset_its_start_up_line_names(tmp_
                           "--device", "cpu", "--max_batches", "5", "--run_dir", str(tmp_path / "run")],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "validation: the first 16 evaluation tasks at each epoch's end" in out.stderr
-    assert "else the first 16" in out.stderr
+    assert ("validation: none during training; at the end all 400 if they take no longer than the training did, "
+            "else the first 16") in out.stderr
     assert "final validation at step 5: 16 of 400 evaluation tasks" in out.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["eval/tasks"] == 16 and summary["steps"] == 5
