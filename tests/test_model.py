@@ -71,12 +71,13 @@ def test_parameter_groups_partition_the_trainable_weights(small_cfg, state_and_b
 
 def test_trainable_state_leaves_out_the_frozen_trunk_and_loads_back(small_cfg, state_and_batches):
     _, state, _ = model_and_batch(small_cfg, state_and_batches)
-    saved = state.model.trainable_state()
+    saved = {k: v.clone() for k, v in state.model.trainable_state().items()}  # the state shares storage
     assert not any(k.startswith("qwen.") for k in saved)
     assert any(k.startswith("policy.head.") for k in saved) and "policy.head.baseline" in saved
     with torch.no_grad():
         for p in state.model.agent.parameters():
             p.add_(1.0)
+    assert not torch.equal(saved["agent.head.out.bias"], state.model.state_dict()["agent.head.out.bias"])
     state.model.load_trainable_state(saved)
     assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in saved.items())
     del saved["agent.head.out.bias"]

@@ -9,7 +9,7 @@ import torch
 
 import fixed
 from data.arc import ArcPair
-from data.episodes import DifficultyScale, EpisodeDataset, collate, training_episodes
+from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_difficulty, training_episodes
 from data.sources import load_folder_split
 from engine.config import Config, ConfigError, QwenCfg
 from model import build_model
@@ -18,23 +18,41 @@ from prompt.qwen_encoder import tiny_qwen2, tiny_tokenizer
 
 
 def test_query_output_never_reaches_the_prompt(arc_folder):
-    """docs/invariants.md #8: changing the query output of any training episode, under the identity
-    and an augmentation, changes its target and nothing else: the prompt stays bit-identical."""
-    episodes = training_episodes(load_folder_split(arc_folder / "training"))
-    others = [dataclasses.replace(ep, query=ArcPair(ep.query.input, (ep.query.output + 1) % 10)) for ep in episodes]
-    scale = DifficultyScale(np.zeros(1))
-    a, b = EpisodeDataset(episodes, scale), EpisodeDataset(others, scale)
+    """docs/invariants.md #8: one pair of a training task gets another output, in the task itself,
+    before its episodes are built; the episode whose query is that pair then has another target and
+    nothing else changed, its prompt bit-identical (under the identity and an augmentation). Built
+    from the changed task, a leave-one-out that kept the query among its own demos would show; the
+    difficulty scale is the real one, so a leak into the controls would too."""
+    tasks = load_folder_split(arc_folder / "training")
+    episodes = training_episodes(tasks)
+    scale = DifficultyScale(np.array([episode_difficulty(e) for e in episodes]))
+    assert len({scale.percentile(episode_difficulty(e)) for e in episodes}) > 3
     torch.manual_seed(0)
     model = build_model(Config.from_flags(prompt_dim=32, agent_channels=16)).eval()
     cache = PromptCache(model.qwen, refresh=10)
-    for item in [(i, aug) for i in range(len(episodes)) for aug in (0, 1234)]:
-        sa, sb = a[item], b[item]
-        assert not torch.equal(sa["target"], sb["target"])
-        assert {k for k in sa if k != "target" and not (sa[k] == sb[k] if not torch.is_tensor(sa[k])
-                                                         else torch.equal(sa[k], sb[k]))} == set(), item
-        with torch.no_grad():
-            prompts = [model(with_qwen_features(collate([s]), cache, 0, training=False)).prompt for s in (sa, sb)]
-        assert torch.equal(*prompts), item
+    checked = 0
+    for task in tasks:
+        for where in [f"train[{i}]" for i in range(len(task.train))] + [f"test[{j}]" for j in range(len(task.test))]:
+            split, index = where[:-1].split("[")
+            pairs = list(getattr(task, split))
+            out = pairs[int(index)].output  # one colour instead (its count changes too), same shape
+            pairs[int(index)] = ArcPair(pairs[int(index)].input, np.full_like(out, 1 if (out == 0).all() else 0))
+            changed = dataclasses.replace(task, **{split: tuple(pairs)})
+            pick = [[e for e in training_episodes((t,)) if e.where == where] for t in (task, changed)]
+            if not pick[0]:
+                continue  # a task with one demo has no leave-one-out episode
+            a, b = EpisodeDataset(pick[0], scale), EpisodeDataset(pick[1], scale)
+            for aug in (0, 1234):
+                sa, sb = a[(0, aug)], b[(0, aug)]
+                assert not torch.equal(sa["target"], sb["target"])
+                assert {k for k in sa if k != "target" and not (sa[k] == sb[k] if not torch.is_tensor(sa[k])
+                                                                 else torch.equal(sa[k], sb[k]))} == set(), where
+                with torch.no_grad():
+                    prompts = [model(with_qwen_features(collate([x]), cache, 0, training=False)).prompt
+                               for x in (sa, sb)]
+                assert torch.equal(*prompts), (task.task_id, where)
+                checked += 1
+    assert checked >= 40
 
 
 def test_trainable_fp16_weights_refused_at_startup():
@@ -73,6 +91,16 @@ def test_trainable_qwen_with_cache_and_fp16(mode, small_cfg, state_and_batches):
     norms = [fixed.train_step(state, [batch], cfg)["grad/qwen_norm"] for batch in batches]
     assert 0 < norms[0] < float("inf") and 0 < norms[2] < float("inf"), f"refresh steps must reach Qwen: {norms}"
     assert norms[1] == 0 and norms[3] == 0, f"cached steps must not: {norms}"
+
+
+def test_qwen_gets_gradients_through_the_refinement(small_cfg, state_and_batches):
+    """docs/invariants.md #7: with the complexity term off (lambda_c = 0 differentiates the prompt
+    directly), Qwen's only gradient path is prompt -> refinement -> agent -> EFE: a refinement under
+    torch.no_grad (the earlier suite's fix) cuts it and Qwen gets none."""
+    cfg = small_cfg(qwen_train="full", prompt_refresh=1, lambda_c=0.0)
+    state, (batch,) = state_and_batches(cfg, 1)
+    stats = fixed.train_step(state, [batch], cfg)
+    assert stats["grad/qwen_norm"] > 0
 
 
 def test_qwen_gets_gradients_in_fp32(small_cfg, state_and_batches):
