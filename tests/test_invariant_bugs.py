@@ -1,0 +1,138 @@
+"""The tests of the tests: each invariant of docs/invariants.md, with the bug it exists for put back
+into a copy of the suite, must make its test fail.
+
+A mutant is one exact text substitution in one file (the earlier suite's failure where there is
+one); the copy is the tracked files of this checkout, and the invariant's test runs there in a
+fresh interpreter. "Caught" means pytest reports the test failed (exit 1), not an error in
+collecting it (a mutant that does not import proves nothing).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@dataclass(frozen=True)
+class Mutant:
+    invariant: int
+    bug: str
+    file: str
+    original: str
+    mutated: str
+    test: str  # the test that must catch it: tests/<file>::<name>[params]
+    also: tuple[str, str] = ("", "")  # a second substitution in the same file, where one guard backs another
+
+    def apply(self, text: str) -> str:
+        for original, mutated in ((self.original, self.mutated), self.also):
+            text = text.replace(original, mutated) if original else text
+        return text
+
+
+MUTANTS = [
+    Mutant(1, "the scaler is asked to step an optimizer no gradient reached (No inf checks were recorded)",
+           "engine/precision.py", "        if not params:\n            return None",
+           "        if not params and self.scaler is None:\n            return None",
+           "tests/test_precision.py::test_step_without_gradients_makes_no_scaler_call"),
+    Mutant(2, "a window's loss divided by the nominal grad_accum x batch_size, not its real sample count",
+           "fixed.py", "window_loss = loss.per_sample.sum() / n_samples",
+           "window_loss = loss.per_sample.sum() / (cfg.optim.grad_accum * cfg.data.batch_size)",
+           "tests/test_precision.py::test_partial_window_gradient_equals_full_batch_gradient"),
+    Mutant(3, "a step with non-finite gradients applied when amp is off",
+           "engine/precision.py", "            stepped = math.isfinite(norm)", "            stepped = True",
+           "tests/test_precision.py::test_nonfinite_gradient_skips_step_and_keeps_state[off]"),
+    Mutant(4, "no unscale_ before clipping (the seeds' fix #004)",
+           "engine/precision.py", "            self.scaler.unscale_(optimizer)  # clipping and norms",
+           "            pass  #",
+           "tests/test_precision.py::test_clip_sees_unscaled_gradients"),
+    Mutant(5, "a GradScaler whatever --amp says",
+           "engine/precision.py",
+           "self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == \"fp16\" else None",
+           "self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale)",
+           "tests/test_precision.py::test_amp_off_makes_no_scaler_call"),
+    Mutant(5, "fp16 master weights accepted", "engine/precision.py", "    if bad:\n        raise ValueError",
+           "    if False:\n        raise ValueError", "tests/test_precision.py::test_fp16_master_weights_are_refused"),
+    Mutant(6, "the RL head reads the prompt with its graph (its update backpropagates into the main one)",
+           "policy_refined.py", "torch.cat([prompt.detach().float(), ctrl_vec.float(), feat_sum.float()], -1)",
+           "torch.cat([prompt.float(), ctrl_vec.float(), feat_sum.float()], -1)",
+           "tests/test_policy_refined.py::test_rl_update_after_main_backward_leaves_main_gradients_unchanged",
+           also=("with torch.no_grad(), torch.autocast(prompt.device.type, enabled=False):",
+                 "with torch.autocast(prompt.device.type, enabled=False):")),
+    Mutant(7, "the refinement under torch.no_grad (the seeds' fix #2)", "policy_refined.py",
+           "    def refine(self, prompt: torch.Tensor,",
+           "    @torch.no_grad()\n    def refine(self, prompt: torch.Tensor,",
+           "tests/test_qwen_prompt.py::test_qwen_gets_gradients_through_the_refinement"),
+    Mutant(8, "the query among its own context demos", "data/episodes.py",
+           "Episode(task, task.train[:i] + task.train[i + 1:], pair, f\"train[{i}]\")",
+           "Episode(task, task.train, pair, f\"train[{i}]\")",
+           "tests/test_qwen_prompt.py::test_query_output_never_reaches_the_prompt"),
+    Mutant(8, "the difficulty control read from the query output", "data/episodes.py",
+           "    return difficulty(ep.context, ep.query.input)", "    return difficulty(ep.context, ep.query.output)",
+           "tests/test_qwen_prompt.py::test_query_output_never_reaches_the_prompt"),
+    Mutant(8, "test-time training on a task's test pairs", "engine/adaptation.py",
+           "self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]",
+           "self.episodes = [training_episodes((t,)) for t in tasks]",
+           "tests/test_evaluation.py::test_test_time_training_changes_predictions_and_never_reads_test_outputs"),
+    Mutant(8, "transductive training on the evaluation tasks' test pairs", "fixed.py",
+           "tasks = tasks + tuple(ArcTask(t.task_id, t.train, ()) for t in splits.evaluation)",
+           "tasks = tasks + tuple(splits.evaluation)",
+           "tests/test_evaluation.py::test_no_adaptation_or_training_episode_holds_an_evaluation_test_output"),
+    Mutant(9, "the RL head's noise not restored on resume", "engine/run_state.py",
+           "    state.model.set_rl_noise_state(mine[\"rl_noise\"])\n", "",
+           "tests/test_end_to_end.py::test_resume_mid_epoch_gives_the_same_weights[constant]"),
+    Mutant(10, "colours outside 0-9 accepted", "data/arc.py", "            if not 0 <= cell < NUM_COLOURS:",
+           "            if False:", "tests/test_data_validation.py::test_every_defect_is_one_line_naming_the_file"),
+    Mutant(11, "the checkpoint written after the validation, not before", "fixed.py",
+           "        checkpoint()\n        try:\n            return validate(",
+           "        try:\n            return validate(",
+           "tests/test_validation.py::test_every_validation_starts_from_a_checkpoint_of_the_weights_it_scores"),
+    Mutant(11, "validation moves the training's random streams", "fixed.py", "    with preserved_rng():",
+           "    with __import__(\"contextlib\").nullcontext():",
+           "tests/test_validation.py::test_validation_leaves_every_random_stream_as_it_found_it"),
+    Mutant(11, "--max_minutes counts validation", "fixed.py",
+           "seconds = dist.from_main(time.time() - started) - validation.val_seconds",
+           "seconds = dist.from_main(time.time() - started)",
+           "tests/test_validation.py::test_max_minutes_counts_training_only"),
+]
+
+
+def tracked_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    return out.stdout.split()
+
+
+def test_every_mutant_applies_to_exactly_one_place():
+    """A mutant whose text no longer occurs would be caught by nothing: the list follows the code."""
+    for m in MUTANTS:
+        for original in (m.original, m.also[0]):
+            assert not original or (ROOT / m.file).read_text().count(original) == 1, (m.file, original)
+        assert (ROOT / m.test.split("::")[0]).is_file(), m.test
+
+
+def test_every_invariant_has_a_mutant():
+    page = (ROOT / "docs" / "invariants.md").read_text()
+    headings = {int(n) for n in re.findall(r"^## (\d+)\. ", page, flags=re.M)}
+    assert headings == {m.invariant for m in MUTANTS}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[f"{m.invariant}-{m.bug[:40]}" for m in MUTANTS])
+def test_the_invariants_test_catches_its_bug(mutant, tmp_path):
+    copy = tmp_path / "suite"
+    for name in tracked_files():
+        (copy / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, copy / name)
+    target = copy / mutant.file
+    target.write_text(mutant.apply(target.read_text()))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", mutant.test],
+                         cwd=copy, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and " failed" in out.stdout, (
+        f"invariant {mutant.invariant}: {mutant.bug} survived {mutant.test} (exit {out.returncode})\n"
+        + out.stdout[-1500:] + out.stderr[-1500:])
