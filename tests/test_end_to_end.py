@@ -74,3 +74,27 @@ def test_resume_mid_epoch_gives_the_same_weights(small_cfg, tmp_path, lr_schedul
     assert wa.keys() == wc.keys()
     for k in wa:
         assert torch.equal(wa[k], wc[k]), k
+
+
+@pytest.mark.slow
+def test_resume_under_fp16_with_accumulation_and_a_trainable_qwen_gives_the_same_state(small_cfg, tmp_path):
+    """docs/invariants.md #9 where most state is: --amp fp16 (the GradScaler's scale and growth
+    tracker), --grad_accum 2, LoRA on Qwen with refreshes. 4 steps straight == 2, resume, 2 more:
+    the same weights, optimizer moments and scaler state, bit for bit."""
+    flags = dict(amp="fp16", grad_accum=2, qwen_train="lora", prompt_refresh=2, qwen_lr=1e-3, max_batches=8,
+                 fp16_init_scale=1024.0, val_every="end", eval_tasks=1, ttt_steps=1)
+    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), **flags), torch.device("cpu"))
+    fixed.train(small_cfg(run_dir=str(tmp_path / "b"), save_every=2, **flags), torch.device("cpu"))
+    ckpt_2 = tmp_path / "b" / "checkpoints" / "step_00000002"
+    fixed.train(small_cfg(run_dir=str(tmp_path / "c"), resume=str(ckpt_2), **flags), torch.device("cpu"))
+    a, c = (tmp_path / name / "checkpoints" / "step_00000004" for name in ("a", "c"))
+    wa, wc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))
+    assert any(k.startswith("qwen.") and "lora_" in k for k in wa)
+    assert wa.keys() == wc.keys() and all(torch.equal(wa[k], wc[k]) for k in wa)
+    sa, sc = (torch.load(d / "state.pt", weights_only=False) for d in (a, c))
+    assert sa["amp"]["scaler"]["scale"] == sc["amp"]["scaler"]["scale"]
+    assert sa["amp"]["scaler"]["_growth_tracker"] == sc["amp"]["scaler"]["_growth_tracker"] == 4
+    moments = [(s["optimizer"]["state"][i]["exp_avg"], s["optimizer"]["state"][i]["exp_avg_sq"])
+               for s in (sa, sc) for i in sorted(s["optimizer"]["state"])]
+    half = len(moments) // 2
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(moments[:half], moments[half:]))
