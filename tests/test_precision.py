@@ -131,6 +131,40 @@ def test_all_nan_window_makes_no_scaler_call(small_cfg, state_and_batches, monke
     assert stats["amp/stepped"] == 0.0 and "grad/norm" not in stats
 
 
+def poisoned(batch: dict) -> dict:
+    """The batch with NaN numeric features: its prompt, logits and loss are NaN."""
+    return {**batch, "numeric": torch.full_like(batch["numeric"], float("nan"))}
+
+
+def test_nan_in_half_a_window_skips_that_micro_batch_and_steps_on_the_rest(small_cfg, state_and_batches):
+    """docs/invariants.md #3: one micro-batch of a window has a NaN loss: it goes backward nowhere,
+    is counted, and the window steps on the other one's gradient, every weight finite."""
+    cfg = small_cfg(amp="fp16", grad_accum=2, fp16_init_scale=256.0)
+    state, (bad, good) = state_and_batches(cfg, 2)
+    params = [p for g in state.optimizer.param_groups for p in g["params"]]
+    before = [p.detach().clone() for p in params]
+    stats = fixed.train_step(state, [poisoned(bad), good], cfg)
+    assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 1.0
+    assert all(torch.isfinite(p).all() for p in params)
+    assert any(not torch.equal(a, b) for a, b in zip(before, params))
+
+
+def test_nan_in_a_partial_last_window_skips_it_and_training_goes_on(small_cfg, state_and_batches, monkeypatch):
+    """docs/invariants.md #1 and #3: --grad_accum 2 over 3 micro-batches, the third (a window of
+    its own) NaN: no scaler call at all for it, nothing changes, and the next window steps."""
+    cfg = small_cfg(amp="fp16", grad_accum=2, fp16_init_scale=256.0)
+    state, batches = state_and_batches(cfg, 4)
+    assert fixed.train_step(state, batches[:2], cfg)["amp/stepped"] == 1.0
+    weights = [p.detach().clone() for p in state.model.parameters()]
+    with monkeypatch.context() as m:
+        forbid_scaler(m)
+        stats = fixed.train_step(state, [poisoned(batches[2])], cfg)
+    assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 0.0
+    main = {id(p) for g in state.optimizer.param_groups for p in g["params"]}
+    assert all(torch.equal(a, p) for a, p in zip(weights, state.model.parameters()) if id(p) in main)
+    assert fixed.train_step(state, [batches[3]], cfg)["amp/stepped"] == 1.0
+
+
 def test_clip_sees_unscaled_gradients():
     """docs/invariants.md #4: unscale_ before clip_grad_norm_."""
     model, opt, amp = toy("off")
