@@ -128,6 +128,12 @@ def test_every_mutant_applies_to_exactly_one_place():
         assert (ROOT / m.test.split("::")[0]).is_file(), m.test
 
 
+def test_the_invariants_page_lists_every_mutant():
+    page = (ROOT / "docs" / "invariants.md").read_text()
+    for m in MUTANTS:
+        assert f"| {m.invariant} | {m.bug} | `{m.file}` | `{m.test.removeprefix('tests/')}` |" in page, m.bug
+
+
 def test_every_invariant_has_a_mutant():
     page = (ROOT / "docs" / "invariants.md").read_text()
     headings = {int(n) for n in re.findall(r"^## (\d+)\. ", page, flags=re.M)}
