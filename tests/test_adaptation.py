@@ -231,7 +231,7 @@ def test_hedged_attempts_are_the_first_choices_of_votes_and_of_logprob():
     assert [g.tolist() for g in cands.attempts("hedged")] == [[[1]], [[3]]]
 
 
-def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder, small_cfg, tmp_path):
+def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder, small_cfg, tmp_path, capsys):
     """--train_on_eval_demos --task_embedding: every evaluation test output changed, the trained
     weights are bit-identical; the evaluation tasks' demos did join training."""
     import json
@@ -260,6 +260,12 @@ def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder,
     eval_ids = {t.task_id for t in data.splits.evaluation}
     assert eval_ids <= set(data.task_ids)
     assert weights[0]["task_embedding.weight"].shape[0] == len(data.task_ids)
+    # the run says so: in its start-up line and in TensorBoard
+    assert "TRANSDUCTIVE: the demos of 3 evaluation tasks join training" in capsys.readouterr().err
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / arc_folder.name), size_guidance={"tensors": 0})
+    events.Reload()
+    assert events.Tensors("transductive/text_summary")[0].tensor_proto.string_val[0] == b"True"
 
 
 def test_cosine_schedule_takes_every_group_from_its_lr_towards_zero():

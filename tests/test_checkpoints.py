@@ -80,3 +80,36 @@ def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
     cfg, run = two_checkpoints
     with pytest.raises(ConfigError, match="already holds a run"):
         fixed.train(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)
+
+
+def test_keep_checkpoints_prunes_all_but_the_newest(small_cfg, tmp_path):
+    fixed.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, save_every=1, keep_checkpoints=2,
+                          eval_tasks=1, ttt_steps=1), CPU)
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert kept == ["step_00000004", "step_00000005"]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_00000005"
+
+
+def test_processes_holding_different_weights_stop_the_run_at_a_checkpoint(small_cfg, state_and_batches, tmp_path):
+    """Every checkpoint compares a checksum of the weights across processes: a difference is a bug
+    and stops the run. Two processes stood in for by a gather that returns a second, different rank."""
+    from engine.distributed import Dist
+    from engine.run_state import save_run_state
+
+    class DriftedRank(Dist):
+        def gather(self, obj):
+            return [obj, {**obj, "checksum": obj["checksum"] + 1.0}]
+
+    cfg = small_cfg()
+    state, _ = state_and_batches(cfg, 1)
+    with pytest.raises(RuntimeError, match="processes hold different weights"):
+        save_run_state(state, cfg.flags(), tmp_path / "run", 3, DriftedRank())
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints):
+    from engine.run_state import plan_run_dir
+
+    cfg, run = two_checkpoints
+    folder = plan_run_dir(cfg.replace(eval_only=True, run_dir="").run, find_checkpoint(str(run)))
+    assert folder.parent.name == "runs" and folder.name.startswith("arc-eval__0__")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from agents import AGENTS
 from engine.config import SECTION_OF, SECTIONS, Config, ConfigError, DataCfg, LossCfg
@@ -88,3 +89,11 @@ def test_input_views_help_names_every_view():
     from agents.views import NUM_VIEWS
     out = run_cli("--help")
     assert f"{NUM_VIEWS} views" in " ".join(out.stdout.split())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_refused():
+    out = subprocess.run([sys.executable, "fixed.py", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "--device cuda: no CUDA device is visible" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

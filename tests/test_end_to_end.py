@@ -12,8 +12,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import fixed
 from tests.conftest import ROOT
 
-REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "grad/qwen_norm", "amp/scale",
-                 "eval/cell_acc", "eval/exact", "eval/copy_cell_acc", "cache/hits", "cache/qwen_tokens_encoded"}
+REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "grad/norm", "grad/qwen_norm",
+                 "amp/scale", "amp/skipped_steps", "optim/lr_factor", "eval/cell_acc", "eval/exact", "eval/pass2",
+                 "eval/pass2_votes", "eval/pass2_logprob", "eval/pass2_hedged", "eval/oracle", "eval/task_score",
+                 "eval/ttt_steps_per_task", "eval/copy_cell_acc", "val/pass2", "cache/hits",
+                 "cache/qwen_tokens_encoded"}
 
 
 def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
@@ -34,6 +37,12 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
 
     tags = scalars(run_dir)
     assert REQUIRED_TAGS <= tags.keys(), REQUIRED_TAGS - tags.keys()
+    events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    images = events.Tags()["images"]
+    assert images and all(t.startswith("eval_tasks/") for t in images)  # the evaluation tasks, drawn
+    config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"max_batches": 2' in config and '"data": "' in config
     assert [s for s, _ in tags["loss/combined"]] == [1, 2]
     ckpt = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     weights = load_file(str(ckpt / "model.safetensors"))
