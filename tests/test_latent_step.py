@@ -124,5 +124,11 @@ def test_adaptation_runs_the_step_on_the_demo_episodes(small_cfg, state_and_batc
     fixed.seed_everything(0)
     data = fixed.build_data(cfg, CPU)
     state = fixed.build_train_state(cfg, CPU)
+    steps = []  # (samples, their context demos) of every step the model took
+    state.model.latent_step.register_forward_hook(
+        lambda module, args, out: steps.append((args[1].shape[0], args[2].shape[0])))
     result = evaluate(state.model.train(False), state.prompts, data.eval_set, cfg=cfg, device=CPU)
     assert 0 <= result.metrics["eval/cell_acc"] <= 1
+    # the search's latent steps and TTT's steps each take the latent step, on batches of demo
+    # episodes that carry their context demos, and so does the prediction
+    assert len(steps) > cfg.eval.latent_steps + cfg.eval.ttt_steps and all(n > 0 and k > 0 for n, k in steps)
