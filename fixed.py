@@ -241,6 +241,7 @@ def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopReques
             save_run_state(state, cfg.flags(), run_dir, cfg.run.keep_checkpoints, dist)
             saved_at = dataclasses.astuple(counters)
 
+    resume_hint = f"checkpoint saved, continue with --resume {run_dir}"
     started = time.time()
     seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
 
@@ -251,9 +252,8 @@ def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopReques
             return validate(state, data, cfg, device, dist, logger, stop, validation, final=final,
                             train_seconds=seconds)
         except Interrupted as err:
-            raise TrainingStopped(f"stopped by {err} during {'the final ' if final else ''}validation at step "
-                                  f"{counters.optimizer_steps}; checkpoint saved, continue with --resume {run_dir}",
-                                  128 + err.signum) from None
+            raise TrainingStopped.by_signal(err.signum, f"during {'the final ' if final else ''}validation at step "
+                                            f"{counters.optimizer_steps}; {resume_hint}") from None
 
     qwen_norm = 0.0
     state.model.train(True)
@@ -283,9 +283,8 @@ def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopReques
                                           f"in {run_dir}; lower --agent_lr/--qwen_lr or use --amp bf16", 1)
                 if dist.any(stop()):
                     checkpoint()
-                    raise TrainingStopped(f"stopped by {signal.Signals(stop.signum or signal.SIGTERM).name} at step "
-                                          f"{counters.optimizer_steps}; checkpoint saved, continue with --resume "
-                                          f"{run_dir}", 128 + (stop.signum or signal.SIGTERM))
+                    raise TrainingStopped.by_signal(stop.signum or signal.SIGTERM,
+                                                    f"at step {counters.optimizer_steps}; {resume_hint}")
                 if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
                     checkpoint()
                 seconds = dist.from_main(time.time() - started) - validation.val_seconds
@@ -337,8 +336,8 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
                           {"evaluated": str(weights), **result.metrics}, dist)
     except Interrupted as err:
-        raise TrainingStopped(f"stopped by {err} during the evaluation of {weights}; nothing written as finished, "
-                              f"run the same command to evaluate again", 128 + err.signum) from None
+        raise TrainingStopped.by_signal(err.signum, f"during the evaluation of {weights}; nothing written as "
+                                                    f"finished, run the same command to evaluate again") from None
     finally:
         if logger is not None:
             logger.close()

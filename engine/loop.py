@@ -101,6 +101,11 @@ class TrainingStopped(Exception):
         super().__init__(message)
         self.exit_code = exit_code
 
+    @classmethod
+    def by_signal(cls, signum: int, detail: str) -> TrainingStopped:
+        """`stopped by SIGTERM <detail>`, exit code 128 + the signal, as a shell reports a signal."""
+        return cls(f"stopped by {signal.Signals(signum).name} {detail}", 128 + signum)
+
 
 def duration(seconds: float) -> str:
     """4.2 s, 3.5 min, 2.1 h: a time as a reader takes it in."""
