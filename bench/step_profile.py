@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
 
 import fixed
 from engine.config import Config
@@ -41,25 +42,33 @@ def case_config(agent: str, side: int, **flags) -> Config:
                              synthetic_rules=SAME_SIZE_RULES, synthetic_eval_rules=SAME_SIZE_RULES, **flags)
 
 
-def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps: int, bare: bool = False) -> dict:
+def clock(device: torch.device) -> float:
+    """perf_counter once the device has finished what was queued (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps: int, bare: bool = False,
+              device: torch.device = CPU) -> dict:
     """The loop's own pieces over epoch 0's first `warmup` + `steps` windows (the sampler makes the
     same windows on every pass). -> seconds per timed step: data (waiting for the loader, which
     prefetches with --num_workers), train_step, logging, and with `bare` the bare agent on the
     step's own batch right after it (interleaved, so both see the machine in the same state); each
     the median over the timed steps."""
     data.sampler.set_epoch(0)
-    windows = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU)
+    windows = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, device)
     took: dict = {"data": [], "train_step": [], "logging": [], "bare": []}
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0 = clock(device)
         window = next(windows)
-        t1 = time.perf_counter()
+        t1 = clock(device)
         stats = fixed.train_step(state, window, cfg)
-        t2 = time.perf_counter()
+        t2 = clock(device)
         logger.accumulate(stats)
         if state.counters.optimizer_steps % cfg.run.log_every == 0:
             logger.flush(state.counters.optimizer_steps)
-        t3 = time.perf_counter()
+        t3 = clock(device)
         if i >= warmup:
             for key, seconds in (("data", t1 - t0), ("train_step", t2 - t1), ("logging", t3 - t2)):
                 took[key].append(seconds)
@@ -74,34 +83,47 @@ def bare_agent(state, batch: dict, prompt_dim: int) -> float:
     refinements in one call), prompt fixed; the gradients it leaves are dropped."""
     agent = state.model.agent
     grid = torch.cat([batch["input"], batch["input"]])
-    prompt = torch.randn(grid.shape[0], prompt_dim)
-    start = time.perf_counter()
+    prompt = torch.randn(grid.shape[0], prompt_dim, device=grid.device)
+    start = clock(grid.device)
     with state.amp.autocast():
         loss = agent(grid, prompt).float().logsumexp(-1).mean()
     loss.backward()
-    took = time.perf_counter() - start
+    took = clock(grid.device) - start
     agent.zero_grad(set_to_none=True)
     return took
 
 
-def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path) -> dict:
+def bare_agent_flops(state, batch: dict, prompt_dim: int) -> int:
+    """FLOPs of what `bare_agent` times (torch's FlopCounterMode: matrix products and convolutions,
+    forward and backward)."""
+    with FlopCounterMode(display=False) as counter:
+        bare_agent(state, batch, prompt_dim)
+    return counter.get_total_flops()
+
+
+def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: torch.device = CPU,
+                phases: bool = True) -> dict:
     """Two passes over the same windows: the prompt cache cold (first sight of each demo x
     augmentation: the tiny Qwen encodes it), then warm (every feature read from the cache, as in a
-    long run once the augmentation pool has been seen); a third, profiled, splits the warm
-    `train_step` into its phases. -> {"cold": pass, "warm": pass, "phases": seconds per step, ...}"""
+    long run once the augmentation pool has been seen); with `phases` a third, profiled, splits the
+    warm `train_step` into its phases (host time: on a CPU the phases' own). -> {"cold": pass,
+    "warm": pass, "phases": seconds per step, ...}"""
     fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, CPU)
-    state = fixed.build_train_state(cfg, CPU)
+    data = fixed.build_data(cfg, device)
+    state = fixed.build_train_state(cfg, device)
     logger = RunLogger(log_dir, cfg.flags(), "bench")
-    cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps)
-    warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, bare=True)
+    cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, device=device)
+    warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, bare=True, device=device)
     logger.close()
-    data.sampler.set_epoch(0)
-    windows = list(epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, CPU))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for window in windows[warmup:]:
-            fixed.train_step(state, window, cfg)
-    by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
+    by_name: dict[str, float] = {}
+    if phases:
+        data.sampler.set_epoch(0)
+        windows = list(epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum,
+                                     device))
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for window in windows[warmup:]:
+                fixed.train_step(state, window, cfg)
+        by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
     return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
 
 

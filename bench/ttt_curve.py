@@ -1,6 +1,7 @@
 """What test-time training fits and what it generalizes, step by step, on a trained run.
 
     python -m bench.ttt_curve RUN [--tasks 30] [--marks 0,10,20,40,60,100,150] [--set ttt_lr=3e-3 ...]
+                                  [--device cuda] [--json rows.json]
 
 For each of the first `--tasks` evaluation tasks of the run (its own data flags, from the
 checkpoint), the default search keeps a start, then weight TTT runs `max(--marks)` steps with no
@@ -20,8 +21,10 @@ compare rows within this table.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
 from engine.checkpoint import find_checkpoint, load_checkpoint
 from engine.config import Config, ConfigError
 from engine.distributed import Dist
+from engine.evaluation import first_tasks
 from engine.loop import to_device
 from engine.precision import autocast
 from engine.run_state import restore_run_state
@@ -47,11 +51,11 @@ COLUMNS = ("cell_acc", "changed_cell_acc", "exact")
 
 @torch.no_grad()
 def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int],
-                    kept: AdapterSlice | None, cfg: Config) -> list[dict[str, float]]:
+                    kept: AdapterSlice | None, cfg: Config, device: torch.device) -> list[dict[str, float]]:
     """pair_metrics of each episode's identity-view prediction (argmax) against its query output."""
-    batch = with_qwen_features(to_device(collate([dataset[(i, 0)] for i in episodes]), CPU), prompts, 0,
+    batch = with_qwen_features(to_device(collate([dataset[(i, 0)] for i in episodes]), device), prompts, 0,
                                training=False)
-    with autocast(cfg.optim.amp, CPU.type):
+    with autocast(cfg.optim.amp, device.type):
         logits = model(batch, "mean", None if kept is None else kept.repeat(len(episodes))).logits[0]
     out = []
     for b, i in enumerate(episodes):
@@ -60,7 +64,8 @@ def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: Epis
     return out
 
 
-def curve(run: str, tasks: int, marks: list[int], settings: dict) -> dict[int, dict[str, np.ndarray]]:
+def curve(run: str, tasks: int, marks: list[int], settings: dict,
+          device: torch.device = CPU) -> dict[int, dict[str, np.ndarray]]:
     """{mark: {"demo_<column>" / "test_<column>": per-pair values}} over the first `tasks` tasks."""
     folder = find_checkpoint(run)
     _, saved = load_checkpoint(folder)
@@ -70,15 +75,17 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict) -> dict[int, d
         raise SystemExit("--set ttt_params=task: the per-task adapter trains outside adapted_weights; "
                          "choose all, late, adapter or prompt")
     fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, CPU)
+    data = fixed.build_data(cfg, device)
     evals = data.eval_set
-    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent),
+    state = fixed.build_train_state(cfg, device, prompt_cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent),
                                     tasks=len(data.task_ids))
     restore_run_state(state, folder, cfg.flags(), Dist(), evaluating=True)
     model = state.model.train(False)
+    chosen = set(first_tasks(evals, tasks))  # the evaluation set holds every evaluation task
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(evals.episodes):
-        by_task[ep.task.task_id].append(i)
+        if ep.task.task_id in chosen:
+            by_task[ep.task.task_id].append(i)
     table: dict[int, dict[str, list[float]]] = {m: defaultdict(list) for m in marks}
 
     for task_id in sorted(by_task):
@@ -92,12 +99,12 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict) -> dict[int, d
                 return
             for where, dataset, episodes in (("demo", demos.dataset, range(len(demos.dataset))),
                                              ("test", evals, by_task[task_id])):
-                for scores in identity_scores(model, state.prompts, dataset, list(episodes), kept, cfg):
+                for scores in identity_scores(model, state.prompts, dataset, list(episodes), kept, cfg, device):
                     for column in COLUMNS:
                         table[steps][f"{where}_{column}"].append(scores[column])
 
-        searched = adapt_tasks(model, state.prompts, [task], evals, cfg=cfg, device=CPU)
-        with adapted_weights(model, state.prompts, task, evals, cfg=cfg, device=CPU, searched=searched,
+        searched = adapt_tasks(model, state.prompts, [task], evals, cfg=cfg, device=device)
+        with adapted_weights(model, state.prompts, task, evals, cfg=cfg, device=device, searched=searched,
                              observe=observe):
             pass
     return {m: {k: np.asarray(v) for k, v in cols.items()} for m, cols in table.items()}
@@ -110,21 +117,27 @@ def main() -> None:
     ap.add_argument("--marks", default="0,10,20,40,60,100,150", help="steps at which to measure")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a fixed.py setting (ttt_lr, ttt_params, amp, ...) over the run's own")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--json", help="also write the table here: one row per mark")
     args = ap.parse_args()
     marks = sorted({int(m) for m in args.marks.split(",")})
     if marks[0] < 0 or marks[-1] == 0:
         raise SystemExit(f"--marks {args.marks}: steps must be >= 0, and one of them > 0")
     started = time.perf_counter()
     try:
-        table = curve(args.run, args.tasks, marks, parse_settings(args.set))
+        table = curve(args.run, args.tasks, marks, parse_settings(args.set), torch.device(args.device))
     except ConfigError as err:  # a bad run folder or setting: one line, not a traceback
         raise SystemExit(f"bench.ttt_curve {args.run}: {err}") from None
     pairs = (len(table[marks[0]]["demo_exact"]), len(table[marks[0]]["test_exact"]))
     print(f"## test-time training, step by step: {args.run}, first {args.tasks} evaluation tasks "
           f"({pairs[0]} demo episodes, {pairs[1]} test pairs), identity view, {time.perf_counter() - started:.0f} s")
     print(f"{'step':>6}" + "".join(f"{w + ' ' + c.split('_')[0]:>14}" for w in ("demo", "test") for c in COLUMNS))
-    for m in marks:
-        print(f"{m:>6}" + "".join(f"{table[m][f'{w}_{c}'].mean():>14.3f}" for w in ("demo", "test") for c in COLUMNS))
+    rows = [{"step": m, **{f"{w}_{c}": round(float(table[m][f"{w}_{c}"].mean()), 4) for w in ("demo", "test")
+                           for c in COLUMNS}} for m in marks]
+    for row in rows:
+        print(f"{row['step']:>6}" + "".join(f"{v:>14.3f}" for k, v in row.items() if k != "step"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

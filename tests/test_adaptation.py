@@ -15,6 +15,7 @@ from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
 from engine.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
                                adapted_weights)
+from engine.evaluation import first_tasks
 from engine.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
 
@@ -168,15 +169,17 @@ def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_e
 
 def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_cfg):
     """bench/ttt_curve.py on a short run: at each mark, one score per leave-one-out demo episode and per
-    test pair of the tasks with more than one demo, each in [0, 1]."""
+    test pair of the first `tasks` evaluation tasks with more than one demo, each in [0, 1]."""
     from bench.ttt_curve import COLUMNS, curve
     cfg = small_cfg(epochs=1, max_batches=2)
     fixed.train(cfg, CPU)
     eval_set = fixed.build_data(cfg, CPU).eval_set
-    every = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())
-    tasks = [t for t in every if len(t.train) > 1]
+    first = first_tasks(eval_set, 2)
+    every = {ep.task.task_id: ep.task for ep in eval_set.episodes}
+    assert len(every) > len(first)
+    tasks = [every[t] for t in first if len(every[t].train) > 1]
     assert tasks
-    table = curve(cfg.run.run_dir, tasks=len(every), marks=[0, 2], settings={"ttt_lr": 1e-2})
+    table = curve(cfg.run.run_dir, tasks=len(first), marks=[0, 2], settings={"ttt_lr": 1e-2})
     assert sorted(table) == [0, 2]
     for cols in table.values():
         assert sorted(cols) == sorted(f"{w}_{c}" for w in ("demo", "test") for c in COLUMNS)
