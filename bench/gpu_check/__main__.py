@@ -1,0 +1,114 @@
+"""The first GPU run in one command: prove the CUDA path and measure it.
+
+    make gpu-check OUT=runs/gpu-check         # = python3 -m bench.gpu_check --out runs/gpu-check
+    python -m bench.gpu_check --out DIR --device cpu --tiny     # the same code on a CPU, in about a minute
+
+Sections, in order, each writing its rows to OUT/gpu_check.json and OUT/gpu_check.md as soon as it
+ends; a section that fails records a one-line error and the next one runs:
+
+    seeds      the seeds' scaler failures, on the device (bench/gpu_check/seeds.py)
+    qwen       Qwen2.5-0.5B and -1.5B shapes, frozen / LoRA / full: tokens/s, step ms, peak memory
+    agents     conv and transformer at S = 30, fp32 / bf16 / --compile: step ms, TFLOP/s, MFU, overhead
+    arc        fixed.py with the one-GPU recipe on ARC-AGI-1, then validation on 100 evaluation tasks
+    ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
+
+The whole check keeps to `--minutes` (8): the ARC run trains for what is left after the sections
+before it, at most `--arc_minutes`, less a reserve for its validation. Exit codes: 0 every section
+passed, 1 one failed (the report says which), 2 no CUDA device (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check import agents, arc, qwen, seeds
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import Report, Section, one_line
+
+SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its real shapes",
+            "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step"}
+ARC_VALIDATION_RESERVE_S = 100  # start-up, the final checkpoint and validation on 100 tasks
+MIN_ARC_MINUTES = 0.5
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.gpu_check", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for gpu_check.json, gpu_check.md and the ARC run")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="sizes that take seconds (the CPU dry run)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="the whole check's time limit")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"some of {','.join(SECTIONS)}")
+    ap.add_argument("--arc_minutes", type=float, default=4.0, help="ARC training time at most")
+    ap.add_argument("--arc_tasks", type=int, default=100, help="evaluation tasks the ARC run validates on")
+    ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
+    ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
+    ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile")
+    ap.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak (default: by its name)")
+    args = ap.parse_args(argv)
+    for name, given, known in (("--sections", args.sections, SECTIONS), ("--agent_variants", args.agent_variants,
+                                                                         agents.VARIANTS)):
+        unknown = set(given.split(",")) - set(known)
+        if unknown:
+            ap.error(f"{name} {given}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
+    return args
+
+
+def header(check: Check) -> dict:
+    if check.device.type == "cuda":
+        device = f"{torch.cuda.get_device_name(check.device)} (CUDA {torch.version.cuda})"
+    else:
+        device = f"CPU ({torch.get_num_threads()} threads)"
+    return {"device": device + (", tiny sizes" if check.tiny else ""), "torch": torch.__version__,
+            "python": sys.version.split()[0], "date": datetime.date.today().isoformat()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"bench.gpu_check: no CUDA device is visible (torch {torch.__version__}, CUDA build "
+              f"{torch.version.cuda}); run it on a GPU machine, or with --device cpu --tiny for the dry run",
+              file=sys.stderr)
+        return 2
+    check = Check(torch.device(args.device), args.tiny, Path(args.out), time.monotonic() + 60 * args.minutes)
+    report = Report(check.out, header(check))
+    wanted = args.sections.split(",")
+    arc_run = None
+    for name in (n for n in SECTIONS if n in wanted):
+        section = Section(name, SECTIONS[name])
+        started = time.perf_counter()
+        try:
+            if name == "seeds":
+                seeds.run(check, section)
+            elif name == "qwen":
+                qwen.run(check, section)
+            elif name == "agents":
+                agents.run(check, section, tuple(args.agent_variants.split(",")), args.peak_tflops)
+            elif name == "arc":
+                minutes = min(args.arc_minutes, (check.seconds_left() - ARC_VALIDATION_RESERVE_S) / 60)
+                if minutes < MIN_ARC_MINUTES and not check.tiny:
+                    section.error = f"out of time: {check.seconds_left():.0f} s left of --minutes {args.minutes:g}"
+                else:
+                    arc_run = arc.run(check, section, max(minutes, 0.05), args.arc_tasks)
+            elif arc_run is None:
+                section.error = "no ARC run to read (the arc section did not run or saved nothing)"
+            else:
+                arc.ttt_curve(check, section, arc_run, args.curve_tasks, args.curve_marks)
+        except Exception as err:  # recorded in the report and the exit code; the next section runs
+            section.error = one_line(err)
+        section.seconds = time.perf_counter() - started
+        report.add(section)
+        print(f"{name}: {'FAILED' if section.failed else 'ok'}, {len(section.rows)} rows, {section.seconds:.0f} s"
+              + (f" ({section.error})" if section.error else ""), flush=True)
+    failed = [s.name for s in report.sections if s.failed]
+    print(f"report: {check.out / 'gpu_check.md'}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The agents on the device: conv and transformer at S = 30 (29x29 grids plus the end-of-grid row),
+fp32 / bf16 autocast / `--compile`, timed as `make bench-step` times them (bench/step_profile.py:
+the loop's whole step with the prompt cache cold and warm, and the bare agent's forward and
+backward on the step's own batch; loop overhead = 1 - bare agent / warm step).
+
+Achieved TFLOP/s counts the bare agent's FLOPs (torch's FlopCounterMode over one more forward and
+backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU sets them against the device's dense bf16 peak (`--peak_tflops`, or
+the table below by device name; none on a CPU).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import Section
+from bench.step_profile import bare_agent_flops, case_config, timed_steps
+
+AGENTS = ("conv", "transformer")
+VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}}
+# dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins
+BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
+                    ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
+
+
+def bf16_peak_tflops(device: torch.device, given: float | None) -> float | None:
+    if given is not None or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in BF16_PEAK_TFLOPS if key in name), None)
+
+
+def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: float | None) -> None:
+    side, steps, warmup = (11, 3, 1) if check.tiny else (30, 15, 3)
+    sizes = dict(agent_channels=16, prompt_dim=32) if check.tiny else {}
+    peak = bf16_peak_tflops(check.device, peak_tflops)
+    section.notes.append(f"batch 8, {steps} steps after {warmup} warm-up; MFU against a bf16 peak of "
+                         f"{peak if peak else 'unknown (--peak_tflops)'} TFLOP/s")
+    with tempfile.TemporaryDirectory() as logs:
+        for agent in AGENTS:
+            for variant in variants:
+                torch._dynamo.reset()  # each case compiles afresh
+                cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
+                r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device, phases=False)
+                flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
+                cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
+                bare = r["warm"]["bare"]
+                achieved = flops / bare / 1e12
+                section.rows.append({
+                    "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
+                    "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
+                    "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
+                    "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a"})

@@ -1,0 +1,95 @@
+"""ARC on a GPU budget: fixed.py itself, with the README's one-GPU recipe (the Qwen2.5-0.5B shape
+with random weights: no real weights can be fetched there), trains on ARC-AGI-1 for `--arc_minutes`,
+then its final validation scores the first `--arc_tasks` evaluation tasks with the default per-task
+adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint: what test-time
+training fits and what it generalizes after this much training.
+
+Both run as child processes with the check's deadline as their limit: at the deadline the run gets
+SIGTERM (it saves and stops within seconds) and the section records where it was.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import Section
+
+ROOT = Path(__file__).resolve().parents[2]
+# the README's one-GPU command, with the published shape's random weights in place of the download
+ONE_GPU_RECIPE = ("--amp", "bf16", "--qwen_model", "random:Qwen/Qwen2.5-0.5B", "--qwen_train", "lora",
+                  "--batch_size", "8", "--prompt_refresh", "10", "--max_prompt_tokens", "2048", "--num_workers", "4")
+TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--prompt_dim", "32", "--num_workers", "0")
+CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
+                 "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
+                 "ARC-AGI-1 (docs/adaptation.md)")
+PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's "26%|██▌  | 55/215"
+GRACE_SECONDS = 30  # from SIGTERM to SIGKILL: a stopped run saves its checkpoint in this time
+
+
+def run_child(check: Check, argv: list[str], log: Path, reserve: float = 0.0) -> tuple[int, bool]:
+    """Run `argv` from the repository root, output to `log`, until it ends or the check's deadline
+    less `reserve` seconds; then SIGTERM, and SIGKILL after the grace. -> (exit code, stopped)."""
+    with open(log, "w") as out:
+        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            return child.wait(timeout=max(check.seconds_left() - reserve, 1.0)), False
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGTERM)
+            try:
+                return child.wait(timeout=GRACE_SECONDS), True
+            except subprocess.TimeoutExpired:
+                child.kill()
+                return child.wait(), True
+
+
+def last_line(log: Path) -> str:
+    """The log's last line that is not a progress bar (a bar closing may come after the last message)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if line.strip() and not PROGRESS_BAR.search(line)]
+    return lines[-1][-300:] if lines else "(no output)"
+
+
+def run(check: Check, section: Section, minutes: float, tasks: int) -> Path | None:
+    """Train and validate; -> the run folder when it saved a checkpoint, else None."""
+    run_dir = check.out / "arc_run"
+    argv = [sys.executable, "fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
+            *(TINY_SIZES if check.tiny else ()), "--epochs", "1000", "--max_minutes", f"{minutes:g}",
+            "--val_every", "end", "--eval_tasks", str(tasks), "--run_dir", str(run_dir),
+            "--prompt_cache_dir", str(check.out / "arc_prompt_cache")]
+    section.notes += [f"`{' '.join(argv[1:])}`", CPU_REFERENCE]
+    log = check.out / "arc_run.log"
+    code, stopped = run_child(check, argv, log, reserve=GRACE_SECONDS)
+    summary = run_dir / "summary.json"
+    if code != 0 or not summary.exists():
+        why = "stopped at the check's deadline" if stopped else f"exit code {code}"
+        section.error = f"fixed.py {why}: {last_line(log)}"
+        return run_dir if (run_dir / "checkpoints" / "latest").exists() else None
+    s = json.loads(summary.read_text())
+    section.rows.append({
+        "train s": s["train_seconds"], "steps": s["steps"], "steps/s": round(s["steps"] / s["train_seconds"], 2),
+        "eval tasks": int(s["eval/tasks"]), "pass@2": s["eval/pass2"], "oracle": s["eval/oracle"],
+        "exact": s["eval/exact"], "cell acc": s["eval/cell_acc"], "copy cell acc": s["eval/copy_cell_acc"],
+        "s/task": s["eval/seconds_per_task"], "TTT steps/task": s["eval/ttt_steps_per_task"],
+        "validation s": s["validation_seconds"]})
+    return run_dir
+
+
+def ttt_curve(check: Check, section: Section, run_dir: Path, tasks: int, marks: str) -> None:
+    """bench.ttt_curve on the run's checkpoint, rows from its --json output."""
+    rows = check.out / "ttt_curve.json"
+    argv = [sys.executable, "-m", "bench.ttt_curve", str(run_dir), "--tasks", str(tasks), "--marks", marks,
+            "--device", check.device.type, "--json", str(rows)]
+    section.notes.append(f"`{' '.join(argv[1:])}`: identity view, no voting; see `make bench-ttt-curve`")
+    log = check.out / "ttt_curve.log"
+    code, stopped = run_child(check, argv, log)
+    if code != 0 or not rows.exists():
+        section.error = f"bench.ttt_curve {'stopped at the deadline' if stopped else f'exit code {code}'}: " \
+                        f"{last_line(log)}"
+        return
+    section.rows += json.loads(rows.read_text())

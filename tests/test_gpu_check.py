@@ -1,0 +1,113 @@
+"""`make gpu-check` (bench/gpu_check/): every section runs here on the CPU at tiny sizes, the same
+code the GPU call runs, so a lent GPU's half hour never meets a typo."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from bench.gpu_check import __main__ as gpu_check
+from bench.gpu_check import seeds
+from bench.gpu_check.arc import ONE_GPU_RECIPE, run_child
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import markdown_table
+from tests.conftest import ROOT
+
+DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16", "--arc_minutes", "0.05", "--arc_tasks", "1",
+           "--curve_tasks", "1", "--curve_marks", "0,1"]
+
+
+def report(out) -> dict:
+    return {s["name"]: s for s in json.loads((out / "gpu_check.json").read_text())["sections"]}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_it_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
+    assert gpu_check.main(["--out", str(tmp_path), *DRY_RUN]) == 0, capsys.readouterr()
+    sections = report(tmp_path)
+    assert list(sections) == list(gpu_check.SECTIONS)
+    assert all(s["error"] is None for s in sections.values()), sections
+    cases = sections["seeds"]["rows"]
+    assert [(r["amp"], r["qwen"]) for r in cases] == [(a, q) for q in seeds.QWEN_MODES for a in seeds.AMPS]
+    assert all(r["ok"] and r["stepped"] == "1,0,1" and r["windows"] == "3+3+2" for r in cases)
+    assert [r["loss scale"] for r in cases if r["amp"] == "fp16"] == ["1024 > 1024 > 512 > 512"] * 2
+    assert [r["mode"] for r in sections["qwen"]["rows"]] == ["frozen", "lora", "full"]
+    assert all(r["tokens"] > 0 and r["tokens/s"] > 0 for r in sections["qwen"]["rows"])
+    agents = sections["agents"]["rows"]
+    assert [(r["agent"], r["variant"]) for r in agents] == [(a, v) for a in ("conv", "transformer")
+                                                            for v in ("fp32", "bf16")]
+    assert all(r["agent GFLOP"] > 0 and r["bare agent ms"] > 0 and r["step warm ms"] > 0 for r in agents)
+    (arc,) = sections["arc"]["rows"]
+    assert arc["eval tasks"] == 1 and arc["steps"] > 0 and 0 <= arc["pass@2"] <= arc["oracle"] <= 1
+    assert [r["step"] for r in sections["ttt-curve"]["rows"]] == [0, 1]
+    text = (tmp_path / "gpu_check.md").read_text()
+    assert all(f"## {title} (" in text for title in gpu_check.SECTIONS.values())
+
+
+def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):
+    def out_of_memory(check, section):  # what a CUDA failure looks like: a long message
+        section.rows.append({"amp": "off", "ok": True})
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nlong details")
+
+    monkeypatch.setattr(seeds, "run", out_of_memory)
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "seeds,qwen"]) == 1
+    sections = report(tmp_path)
+    assert sections["seeds"]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert sections["seeds"]["rows"] == [{"amp": "off", "ok": True}]  # the rows before the failure are kept
+    assert sections["qwen"]["error"] is None and len(sections["qwen"]["rows"]) == 3
+    assert "failed: seeds" in capsys.readouterr().out
+    assert "**failed:** RuntimeError: CUDA out of memory" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_unknown_sections_are_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_check.main(["--out", str(tmp_path), "--sections", "seeds,qwn"])
+    assert exit_.value.code == 2 and "unknown qwn" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_at_the_deadline_the_arc_run_is_stopped_with_its_checkpoint(tmp_path):
+    """The whole check keeps to --minutes: the ARC run (validating all 400 tasks) gets SIGTERM at
+    the deadline, saves, and the section says where it stopped."""
+    started = time.monotonic()
+    code = gpu_check.main(["--out", str(tmp_path), *DRY_RUN, "--sections", "arc", "--minutes", "0.75",
+                           "--arc_tasks", "0"])
+    assert code == 1 and time.monotonic() - started < 60
+    error = report(tmp_path)["arc"]["error"]
+    assert error.startswith("fixed.py stopped at the check's deadline: fixed.py: stopped by SIGTERM"), error
+    assert "checkpoint saved" in error and (tmp_path / "arc_run" / "checkpoints" / "latest").exists()
+
+
+def test_a_child_past_the_deadline_gets_sigterm(tmp_path):
+    check = Check(torch.device("cpu"), True, tmp_path, time.monotonic() + 1)
+    started = time.monotonic()
+    code, stopped = run_child(check, [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log")
+    assert stopped and code < 0 and time.monotonic() - started < 10
+
+
+def test_the_arc_section_runs_the_readmes_one_gpu_recipe():
+    """The README's one-GPU command, less the device, the run length and the weights that cannot be
+    downloaded there (the same shape, random weights)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("python fixed.py", text.index("# one GPU:"))
+    command = text[start:text.index("\n# ", start)].replace("\\\n", " ").split()
+    flags = command[command.index("--amp"):command.index("--epochs")]
+    flags[flags.index("--qwen_model") + 1] = "random:Qwen/Qwen2.5-0.5B"
+    assert tuple(flags) == ONE_GPU_RECIPE
+
+
+def test_markdown_table_has_every_key_as_a_column():
+    lines = markdown_table([{"a": 1, "b": None}, {"a": True, "c": 0.12345}])
+    assert lines == ["| a | b | c |", "|---|---|---|", "| 1 | n/a |  |", "| yes |  | 0.123 |"]
