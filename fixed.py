@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -34,7 +35,7 @@ from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_diff
 from data.sources import SyntheticOptions, load_splits
 from engine.checkpoint import find_checkpoint
 from engine.config import Config, ConfigError, parse
-from engine.distributed import Dist, init_distributed, shutdown
+from engine.distributed import Dist, data_parallel, gradient_sync, init_distributed, shutdown
 from engine.evaluation import EvalResult, describe, evaluate, first_tasks, score_tasks
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
     seed_everything, summary_line
@@ -120,12 +121,21 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
         prompts = PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
         if prompt_cache_dir is not None:
             prompts.open_disk(prompt_cache_dir)
+    trained, rl_head = model, model.rl_head
+    if cfg.optim.grad_reduce == "ddp":  # a no-op with one process
+        # The RL head learns from its own loss with its own optimizer: its own DDP, left out of the model's.
+        # find_unused: a trainable Qwen takes part on refresh steps only, a task embedding's rows and other
+        # parts as flags say; the graph walk it costs is small beside the step
+        trained = data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb, ignore=model.rl_head_names(),
+                                find_unused=True)
+        rl_head = data_parallel(model.rl_head, dist, device, bucket_mb=cfg.optim.grad_bucket_mb)
     # fused: one kernel updates every tensor (CPU and CUDA); the per-tensor loop torch picks on a CPU
     # took 6-8 ms of a 90 ms step.
     return TrainState(model=model, prompts=prompts,
                       optimizer=torch.optim.AdamW(param_groups, weight_decay=cfg.optim.weight_decay, fused=True),
                       rl_optimizer=torch.optim.Adam(groups["rl_head"], lr=cfg.optim.rl_lr, fused=True),
-                      amp=MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale))
+                      amp=MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale),
+                      trained=trained, rl_head=rl_head)
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:
@@ -145,26 +155,39 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
 
     Each micro-batch's loss is summed over its samples and divided by the window's real sample
     count over all processes, so the step's gradient is the mean gradient of exactly the samples
-    it saw. A micro-batch with a non-finite loss does not go backward and is counted.
+    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except the
+    window's last under DDP: every process must take part in that backward (DDP reduces in it), so
+    it goes backward, the non-finite value reaches every process's gradients and every process
+    skips the step. Under DDP the gradients are reduced in the window's last backward (the others
+    run under `no_sync`).
     Each phase is a `record_function` range ("step/..."), free unless a profiler records it.
     """
     model, amp, counters = state.model, state.amp, state.counters
+    trained = state.trained or model
+    ddp = isinstance(trained, DistributedDataParallel)
     n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
+    # DDP averages over processes; the loss is a share of the global batch, so the sum is wanted
+    share = dist.world_size / n_samples if ddp else 1 / n_samples
     stats: dict = {"amp/nonfinite_losses": 0.0}
     infos, rewards = [], []
     for i, batch in enumerate(window):
+        last = i == len(window) - 1
         with record_function("step/prompt"):
             batch = with_qwen_features(batch, state.prompts, counters.micro_batches + i, training=True)
-        with record_function("step/forward"), amp.autocast():
-            pred = model(batch, "sampled+mean")
-            loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
-                                 cfg=cfg.loss)
-            window_loss = loss.per_sample.sum() / n_samples
-        if not torch.isfinite(window_loss):
-            stats["amp/nonfinite_losses"] += 1
+        with gradient_sync(trained, last):
+            with record_function("step/forward"), amp.autocast():
+                pred = trained(batch, "sampled+mean")
+                loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
+                                     cfg=cfg.loss)
+                window_loss = loss.per_sample.sum() * share
+            finite = bool(torch.isfinite(window_loss))
+            stats["amp/nonfinite_losses"] += not finite
+            if not finite and not (ddp and last):
+                continue
+            with record_function("step/backward"):
+                amp.backward(window_loss)
+        if not finite:
             continue
-        with record_function("step/backward"):
-            amp.backward(window_loss)
         if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
             loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
             loss.stats["latent/step_lr"] = model.latent_step.log_lr.detach().exp()
@@ -172,10 +195,10 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
             stats[k] = stats.get(k, 0.0) + v / len(window)
         infos.append(pred.rl)
         rewards.append(loss.reward)
-    with record_function("step/reduce"):
-        collectives = dist.average_gradients([p for g in state.optimizer.param_groups for p in g["params"]],
-                                             bucket_bytes=int(cfg.optim.grad_bucket_mb * (1 << 20)))
-    if dist.active:
+    if not ddp and dist.active:
+        with record_function("step/reduce"):
+            collectives = dist.average_gradients([p for g in state.optimizer.param_groups for p in g["params"]],
+                                                 bucket_bytes=int(cfg.optim.grad_bucket_mb * (1 << 20)))
         stats["dist/collectives"] = float(collectives)
     with record_function("step/optimizer"):
         result = amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
@@ -186,7 +209,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     if dist.sum_int(bool(infos)) == dist.world_size:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
         with record_function("step/rl"):
-            stats.update(model.rl_update(info, torch.cat(rewards), state.rl_optimizer, dist))
+            stats.update(model.rl_update(info, torch.cat(rewards), state.rl_optimizer, dist, state.rl_head))
     counters.optimizer_steps += 1
     counters.micro_batches += len(window)
     counters.micro_batches_in_epoch += len(window)

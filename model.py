@@ -154,10 +154,21 @@ class ArcModel(nn.Module):
 
     # -- the RL head ---------------------------------------------------------------------------------
 
+    @property
+    def rl_head(self) -> nn.Module:
+        """The RL head: trained by `rl_update` alone, with its own optimizer."""
+        return self.policy.head
+
+    def rl_head_names(self) -> tuple[str, ...]:
+        """Names of the RL head's parameters and buffers within this model."""
+        return tuple(f"policy.head.{n}" for n, _ in (*self.policy.head.named_parameters(),
+                                                      *self.policy.head.named_buffers()))
+
     def rl_update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
-                  dist: Dist = Dist()) -> dict[str, torch.Tensor]:
-        """REINFORCE on detached tensors after the main step (PolicyRefiner.update)."""
-        return self.policy.update(info, reward, optimizer, dist)
+                  dist: Dist = Dist(), head: nn.Module | None = None) -> dict[str, torch.Tensor]:
+        """REINFORCE on detached tensors after the main step (PolicyRefiner.update); `head` is the
+        RL head to call, under DDP with several processes (default: the head itself)."""
+        return self.policy.update(info, reward, optimizer, dist, head)
 
     def description(self) -> str:
         qwen = self.qwen.description if self.qwen is not None else "off"

@@ -134,21 +134,22 @@ class PolicyRefiner(nn.Module):
         return (std * noise) @ self.basis.T
 
     def update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
-               dist: Dist = Dist()) -> dict[str, torch.Tensor]:
+               dist: Dist = Dist(), head: nn.Module | None = None) -> dict[str, torch.Tensor]:
         """One REINFORCE step of the head on the signed reward [B] float32 (never clipped to positive).
 
         Builds its own small graph from the detached `info`, so it is independent of the main one.
-        With several processes the head's gradients and the baseline are averaged over them, so
-        the head stays identical everywhere.
+        With several processes the head's gradients (through `head`, the head under DDP) and the
+        baseline are averaged over them, so the head stays identical everywhere.
         """
         with torch.autocast(reward.device.type, enabled=False):
-            mu, std = self.head(info.head_input)
+            mu, std = (head if head is not None else self.head)(info.head_input)
             log_prob = torch.distributions.Normal(mu, std).log_prob(info.action).sum(-1)
             advantage = reward.detach().float() - self.head.baseline
             loss = -(advantage * log_prob).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        dist.average_gradients(list(self.head.parameters()), denominator=dist.world_size)
+        if head is None or head is self.head:  # the hand reduction, while it is compared with DDP
+            dist.average_gradients(list(self.head.parameters()), denominator=dist.world_size)
         optimizer.step()
         with torch.no_grad():
             self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))

@@ -1,27 +1,30 @@
-"""Several processes (`torchrun` or `accelerate launch`): one process per device, gradients
-averaged by all-reduce before every optimizer step.
+"""Several processes (`torchrun` or `accelerate launch`): one process per device.
 
-Gradients are reduced by hand rather than by DDP (or accelerate, which wraps DDP). DDP reduces
-from hooks inside backward, so every rank must run backward in every micro-batch; here a rank
-whose micro-batch has a non-finite loss skips its backward while the others do not (under DDP
-their collectives would wait for it forever), and Qwen joins the graph on refresh steps only
-(DDP would need find_unused_parameters, a walk of the autograd graph every step). And "no
-gradient" must stay None on every rank (a zero gradient would still move AdamW's moments and
-weight decay). So a mask of which parameters have a gradient on any rank is reduced first, then
-exactly those gradients (None counting as zero), flattened into buckets as DDP does
-(`--grad_bucket_mb`): two or three collective calls a step instead of one per tensor. What this
-gives up against DDP is the overlap of reduction with backward.
-Every rank ends a step with identical gradients, so identical weights, scaler and RL head.
+Gradients are averaged by torch's DistributedDataParallel (`data_parallel`, `gradient_sync`).
+DDP reduces from hooks inside backward, so every process takes part in a window's last backward
+(fixed.train_step: a non-finite loss there still goes backward, and its NaN reaches every process
+through the reduction, so every process skips that step); a trainable Qwen takes part on refresh
+steps only (`find_unused_parameters`: a parameter no process used keeps a None gradient, so AdamW
+leaves it alone). `Dist` carries the small control collectives of the loop (flags, clocks, counts,
+progress) and the gathering of validation results.
+
+`Dist.average_gradients` is the suite's earlier hand reduction (a has-a-gradient mask, then
+flattened buckets), selected by `--grad_reduce hand` while it is compared with DDP (bench/
+grad_reduction.py); it goes once FSDP2 covers the sharded case. Every process ends a step with
+identical gradients, so identical weights, scaler and RL head.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
 
 BUCKET_BYTES = 25 << 20  # DDP's default bucket size (bucket_cap_mb=25)
 
@@ -126,6 +129,34 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+
+def data_parallel(module: nn.Module, dist_: Dist, device: torch.device, *, bucket_mb: float,
+                  ignore: tuple[str, ...] = (), find_unused: bool = False) -> nn.Module:
+    """`module` under torch's DistributedDataParallel with several processes (itself otherwise):
+    gradients averaged over the processes in buckets of `bucket_mb` MiB, overlapped with backward.
+
+    `ignore`: names of parameters and buffers DDP leaves alone (trained elsewhere). `find_unused`:
+    parameters may take no part in a backward (the trainable Qwen outside its refresh steps, a
+    task embedding, the latent step); DDP then leaves the gradient of one that no process used as
+    it was (None stays None, so AdamW does not move it), as the hand reduction did.
+    Buffers are not broadcast at each forward: every one of them is updated identically everywhere.
+    """
+    if not dist_.active:
+        return module
+    if ignore:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, list(ignore))
+    return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
+                                   bucket_cap_mb=bucket_mb, find_unused_parameters=find_unused,
+                                   broadcast_buffers=False)
+
+
+def gradient_sync(module: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """DDP's `no_sync` unless `sync`: micro-batches before a window's last accumulate locally, so
+    one reduction serves the whole window. A no-op for a module not under DDP."""
+    if sync or not isinstance(module, DistributedDataParallel):
+        return contextlib.nullcontext()
+    return module.no_sync()
 
 
 def init_distributed(device_choice: str) -> tuple[Dist, torch.device]:

@@ -25,7 +25,7 @@ from prompt import PromptCache, QwenFeatures
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
                "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only", "compile",
-               "grad_bucket_mb",
+               "grad_bucket_mb", "grad_reduce",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
@@ -49,6 +49,10 @@ class TrainState:
     rl_optimizer: torch.optim.Optimizer  # the RL head only
     amp: MixedPrecision
     counters: Counters = field(default_factory=Counters)
+    # What a training step calls: the model and the RL head, each under DDP with several processes
+    # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
+    trained: torch.nn.Module | None = None
+    rl_head: torch.nn.Module | None = None
 
 
 def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:

@@ -14,41 +14,54 @@ from tests.test_end_to_end import scalars
 BIN = "/".join(sys.executable.split("/")[:-1])
 
 
-def args(arc_folder, run_dir, batch):
-    # Only the mean-refinement term: the RL noise differs per process by design.
-    return ["fixed.py", "--data", str(arc_folder), "--batch_size", str(batch), "--max_batches", "1",
-            "--agent_channels", "16", "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0",
-            "--mean_weight", "1", "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1"]
+def args(arc_folder, run_dir, batch, *extra):
+    # Only the mean-refinement term, and an RL head that does not move: its noise differs per process by
+    # design, and the mean refinement reads its mean.
+    return ["fixed.py", "--data", str(arc_folder), "--batch_size", str(batch), "--agent_channels", "16",
+            "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0", "--mean_weight", "1", "--rl_lr", "0", "--run_dir",
+            str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1", *extra]
 
 
-def weights(run_dir):
-    return load_file(str(run_dir / "checkpoints" / "step_00000001" / "model.safetensors"))
+def weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step:08d}" / "model.safetensors"))
+
+
+TORCHRUN = [f"{BIN}/torchrun", "--nproc_per_node", "2"]
+ACCELERATE = [f"{BIN}/accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no"]
+# Two windows of two micro-batches; a trainable Qwen re-reads its prompts with gradients in every
+# one (between refreshes each process's cache serves what that process saw, so one process with the
+# whole batch would be served otherwise: test_refreshes_under_no_sync_keep_every_process_equal).
+TWO_WINDOWS = ("--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("launcher", [
-    [f"{BIN}/torchrun", "--nproc_per_node", "2"],
-    [f"{BIN}/accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-     "--mixed_precision", "no", "--dynamo_backend", "no"],
-])
-def test_two_processes_equal_one_with_twice_the_batch(launcher, arc_folder, tmp_path):
-    one = subprocess.run([sys.executable, *args(arc_folder, tmp_path / "one", 4)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+@pytest.mark.parametrize("launcher,qwen_train", [(TORCHRUN, "frozen"), (ACCELERATE, "frozen"), (TORCHRUN, "lora"),
+                                                 (TORCHRUN, "full")], ids=["torchrun", "accelerate", "lora", "full"])
+def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_folder, tmp_path):
+    extra = (*TWO_WINDOWS, "--qwen_train", qwen_train)
+    one = subprocess.run([sys.executable, *args(arc_folder, tmp_path / "one", 4, *extra)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-1500:]
-    two = subprocess.run([*launcher, *args(arc_folder, tmp_path / "two", 2)], cwd=ROOT, capture_output=True,
+    two = subprocess.run([*launcher, *args(arc_folder, tmp_path / "two", 2, *extra)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world_size=2" in two.stderr and two.stderr.count("world_size=") == 1, "start-up line from rank 0 only"
     assert two.stdout.count("done:") == 1
     # Adam's first step moves a weight by about lr * sign(gradient) whatever the gradient's size, so
     # the weights cannot tell a gradient averaged over 8 samples from one twice or half as large: the
-    # gradient norm before clipping can, and is compared first.
-    norms = [scalars(tmp_path / run)["grad/norm"] for run in ("one", "two")]
-    assert norms[0][0][0] == norms[1][0][0] == 1
-    assert norms[1][0][1] == pytest.approx(norms[0][0][1], rel=1e-4)
-    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    # gradient norms before clipping can, and are compared first (Qwen's on its refresh steps too).
+    for tag in ("grad/norm", "grad/qwen_norm"):
+        # dict: run scalars are logged again at the epoch's end, at the same step
+        (steps_1, norms_1), (steps_2, norms_2) = (zip(*dict(scalars(tmp_path / run)[tag]).items())
+                                                  for run in ("one", "two"))
+        assert steps_1 == steps_2 == (1, 2)
+        assert norms_2 == pytest.approx(norms_1, rel=1e-4)
+        assert tag == "grad/norm" or (norms_1[0] > 0) == (qwen_train != "frozen")
+    a, b = weights(tmp_path / "one", 2), weights(tmp_path / "two", 2)
     shared = [k for k in a if not k.startswith("policy.head.")]  # the RL head learns from per-process noise
     assert any(k.startswith("agent.") for k in shared) and any(k.startswith("prompt.") for k in shared)
+    assert any(k.startswith("qwen.") for k in shared) == (qwen_train != "frozen")
     # a rounding difference in a near-zero gradient (summed in another order) can show as a fraction of lr
     for k in shared:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
@@ -75,34 +88,35 @@ state = fixed.build_train_state(cfg, device, dist)
 data.sampler.set_epoch(0)
 first, second = [b for _, b in zip(range(2), data.loader)]
 main = [p for g in state.optimizer.param_groups for p in g["params"]]
-backward = state.amp.backward
-
-def poison_rank_1(loss):
-    backward(loss)
-    if dist.rank == 1:
-        state.model.agent.head.out.bias.grad[0] = float("nan")
-
-state.amp.backward = poison_rank_1
+hook = None
+if dist.rank == 1 and {fault!r} == "gradient":  # made inside backward, as an overflow would be
+    hook = state.model.agent.head.out.bias.register_hook(lambda g: torch.full_like(g, float("nan")))
+if dist.rank == 1 and {fault!r} == "loss":  # NaN features: a NaN loss on this process only
+    first = {{**first, "numeric": torch.full_like(first["numeric"], float("nan"))}}
 before, scale = [p.detach().clone() for p in main], state.amp.scale
 skipped = fixed.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
 unchanged = all(torch.equal(a, p) for a, p in zip(before, main))
-state.amp.backward = backward
+if hook is not None:
+    hook.remove()
 stepped = fixed.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
 json.dump(dict(skipped=skipped, unchanged=unchanged, scale_ratio=state.amp.scale / scale, stepped=stepped,
                skipped_steps=state.amp.skipped_steps, checksum=sum(float(p.double().sum()) for p in main)),
           open({out!r} + f"/rank{{dist.rank}}.json", "w"))
+del state  # DDP's reducer goes before its process group, as when fixed.py's train() returns
 shutdown()
 """
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amp", ["off", "fp16"])
-def test_a_nan_gradient_on_one_process_skips_the_step_on_every_process(amp, arc_folder, tmp_path):
-    """docs/invariants.md #3 over processes: rank 1 alone gets a NaN gradient; the reduction carries
-    it to rank 0, both skip the step (fp16: both halve the scale), neither waits for the other
-    (a timeout would say so), and the next step is taken by both, to the same weights."""
+@pytest.mark.parametrize("amp,fault", [("off", "gradient"), ("fp16", "gradient"), ("fp16", "loss")])
+def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, arc_folder, tmp_path):
+    """docs/invariants.md #3 over processes: rank 1 alone gets a NaN gradient (made in its backward)
+    or a NaN loss (in the window's last micro-batch, which under DDP still goes backward); the
+    reduction carries it to rank 0, both skip the step (fp16: both halve the scale), neither waits
+    for the other (a timeout would say so), and the next step is taken by both, to the same weights."""
     script = tmp_path / "nan_on_rank_1.py"
-    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, out=str(tmp_path)))
+    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, fault=fault,
+                                           out=str(tmp_path)))
     out = subprocess.run([f"{BIN}/torchrun", "--nproc_per_node", "2", str(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -112,3 +126,53 @@ def test_a_nan_gradient_on_one_process_skips_the_step_on_every_process(amp, arc_
         # fp16: halved by the skip, then unchanged by one good step (growth needs 2000)
         assert r["scale_ratio"] == (0.5 if amp == "fp16" else 1.0)
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+
+
+SAME_ON_EVERY_RANK = """
+import json, sys, torch
+sys.path.insert(0, {root!r})
+import fixed
+from engine.config import Config
+from engine.distributed import init_distributed, shutdown
+from engine.loop import epoch_windows
+
+cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, qwen_train="lora",
+                        prompt_refresh=3, grad_accum=2, prompt_cache_dir="none")
+dist, device = init_distributed("cpu")
+fixed.seed_everything(0)
+data = fixed.build_data(cfg, device, dist)
+state = fixed.build_train_state(cfg, device, dist)
+data.sampler.set_epoch(0)
+qwen = state.model.parameter_groups()["qwen"]
+before = [p.detach().clone() for p in qwen]
+windows = list(epoch_windows(data.loader, 6, 2, device))
+for window in windows[:2]:
+    fixed.train_step(state, window, cfg, dist)
+moved = any(not torch.equal(a, p) for a, p in zip(before, qwen))
+kept = [p.detach().clone() for p in qwen] + [v.clone() for p in qwen for v in state.optimizer.state[p].values()]
+fixed.train_step(state, windows[2], cfg, dist)  # micro-batches 4 and 5: Qwen takes part in neither
+untouched = all(torch.equal(a, b) for a, b in zip(kept, [p for p in qwen] + [v for p in qwen
+                                                                                for v in state.optimizer.state[p].values()]))
+main = [p for g in state.optimizer.param_groups for p in g["params"]]
+json.dump(dict(qwen_moved=moved, qwen_untouched=untouched, weights=[float(p.double().sum()) for p in main]),
+          open({out!r} + f"/rank{{dist.rank}}.json", "w"))
+del state
+shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_refreshes_under_no_sync_keep_every_process_equal(arc_folder, tmp_path):
+    """Qwen (LoRA) re-reads its prompts at micro-batches 0 and 3 of three windows of two: its
+    gradient of micro-batch 0 is made under no_sync, and micro-batch 1 (the window's last, when DDP
+    reduces) does not touch Qwen. The gradient must still be reduced: every process ends with the
+    same weights, Qwen's moved. In the third window no process touches Qwen: its weights and AdamW
+    moments stay as they were (no zero gradient, which weight decay and the moments would act on)."""
+    script = tmp_path / "same_on_every_rank.py"
+    script.write_text(SAME_ON_EVERY_RANK.format(root=str(ROOT), data=str(arc_folder), out=str(tmp_path)))
+    out = subprocess.run([f"{BIN}/torchrun", "--nproc_per_node", "2", str(script)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["qwen_moved"] and r["qwen_untouched"] for r in ranks)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
