@@ -121,14 +121,12 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
         prompts = PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
         if prompt_cache_dir is not None:
             prompts.open_disk(prompt_cache_dir)
-    trained, rl_head = model, model.rl_head
-    if cfg.optim.grad_reduce == "ddp":  # a no-op with one process
-        # The RL head learns from its own loss with its own optimizer: its own DDP, left out of the model's.
-        # find_unused: a trainable Qwen takes part on refresh steps only, a task embedding's rows and other
-        # parts as flags say; the graph walk it costs is small beside the step
-        trained = data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb, ignore=model.rl_head_names(),
-                                find_unused=True)
-        rl_head = data_parallel(model.rl_head, dist, device, bucket_mb=cfg.optim.grad_bucket_mb)
+    # Under DDP with several processes (no-ops with one). The RL head learns from its own loss with its
+    # own optimizer: its own DDP, left out of the model's. find_unused: a trainable Qwen takes part on
+    # refresh steps only, other parts as flags say; the graph walk it costs is small beside the step.
+    trained = data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb, ignore=model.rl_head_names(),
+                            find_unused=True)
+    rl_head = data_parallel(model.rl_head, dist, device, bucket_mb=cfg.optim.grad_bucket_mb)
     # fused: one kernel updates every tensor (CPU and CUDA); the per-tensor loop torch picks on a CPU
     # took 6-8 ms of a 90 ms step.
     return TrainState(model=model, prompts=prompts,
@@ -195,11 +193,6 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
             stats[k] = stats.get(k, 0.0) + v / len(window)
         infos.append(pred.rl)
         rewards.append(loss.reward)
-    if not ddp and dist.active:
-        with record_function("step/reduce"):
-            collectives = dist.average_gradients([p for g in state.optimizer.param_groups for p in g["params"]],
-                                                 bucket_bytes=int(cfg.optim.grad_bucket_mb * (1 << 20)))
-        stats["dist/collectives"] = float(collectives)
     with record_function("step/optimizer"):
         result = amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
     stats["amp/stepped"] = float(result is not None and result.stepped)

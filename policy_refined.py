@@ -148,8 +148,6 @@ class PolicyRefiner(nn.Module):
             loss = -(advantage * log_prob).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if head is None or head is self.head:  # the hand reduction, while it is compared with DDP
-            dist.average_gradients(list(self.head.parameters()), denominator=dist.world_size)
         optimizer.step()
         with torch.no_grad():
             self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))

@@ -1,15 +1,15 @@
-"""Gradient reduction of two gloo processes: torch's DDP against the suite's hand reduction.
+"""Data parallelism on two gloo processes: collective calls, step time and per-process bytes.
 
-    python -m bench.grad_reduction [--steps 10]
+    python -m bench.grad_reduction [--steps 10] [--shapes tiny,"Qwen2.5-0.5B LoRA"]
 
-For each shape (the tiny encoder; the Qwen2.5-0.5B shape with LoRA, re-encoding every step so
-its adapters have gradients every step), `torchrun --nproc_per_node 2` runs `train_step` with the
-hand reduction (`--grad_reduce hand`) one call per gradient tensor (`--grad_bucket_mb 0`) and in
-25 MiB buckets, then with DDP (25 MiB buckets, the default), and prints the all-reduce calls a step
-(every one the profiler saw: gradients and the loop's small control collectives), the time spent
-in the hand reduction's `step/reduce` phase (DDP reduces inside backward: none), and the whole step
-(rank 0, after one warm-up step). On one machine gloo copies through memory, so the call count is
-what carries over to a network; the times show what a call costs here.
+For each shape (the tiny encoder; the Qwen2.5-0.5B shape with LoRA, re-encoding every step so its
+adapters have gradients every step; in full, two such processes need more than 24 GiB), `torchrun --nproc_per_node 2` runs `train_step` under
+DDP (25 MiB buckets) and prints the all-reduce calls a step (every one the profiler saw: DDP's
+buckets and the loop's small control collectives), the step time (rank 0, after one warm-up
+step), and what one process holds of Qwen: parameters + gradients + AdamW state, in bytes (under
+DDP, all of it on every process). On one machine gloo copies through memory, so the call count is
+what carries over to a network; the times show what a call costs here. The suite's own bucketed
+reduction was measured against DDP before it went: docs/results.md.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from torch.profiler import ProfilerActivity, profile
 
 import fixed
@@ -34,33 +35,38 @@ SHAPES = {
     "Qwen2.5-0.5B LoRA": {"qwen_model": "random:Qwen/Qwen2.5-0.5B", "qwen_train": "lora", "prompt_refresh": 1,
                           "max_prompt_tokens": 64, "batch_size": 2},
 }
+MiB = 1 << 20
 
 
-REDUCTIONS = {"hand, per tensor": ("hand", 0.0), "hand, 25 MiB buckets": ("hand", 25.0), "DDP, 25 MiB": ("ddp", 25.0)}
+def qwen_bytes(state) -> int:
+    """Bytes this process holds of Qwen: its parameters, their gradients (as after backward: one per
+    trainable parameter) and the AdamW state of the trainable ones."""
+    params = list(state.model.qwen.parameters()) if state.model.qwen is not None else []
+    held = sum(p.numel() * p.element_size() for p in params)
+    held += sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    held += sum(v.numel() * v.element_size() for p in params if p in state.optimizer.state
+                for v in state.optimizer.state[p].values() if torch.is_tensor(v))
+    return held
 
 
-def worker(shape: str, reduction: str, steps: int) -> None:
+def worker(shape: str, steps: int) -> None:
     """Runs under torchrun: `steps` + 1 training steps; rank 0 prints one JSON line."""
-    grad_reduce, bucket_mb = REDUCTIONS[reduction]
-    cfg = Config.from_flags(data="synthetic:200", synthetic_size="3-6", grad_bucket_mb=bucket_mb,
-                            grad_reduce=grad_reduce, **SHAPES[shape])
+    cfg = Config.from_flags(data="synthetic:200", synthetic_size="3-6", **SHAPES[shape])
     dist, device = init_distributed("cpu")
     fixed.seed_everything(cfg.run.seed)
     data = fixed.build_data(cfg, device, dist)
     state = fixed.build_train_state(cfg, device, dist)
     data.sampler.set_epoch(0)
     windows = epoch_windows(data.loader, steps + 1, 1, device)
-    stats = fixed.train_step(state, next(windows), cfg, dist)  # warm-up
+    fixed.train_step(state, next(windows), cfg, dist)  # warm-up; AdamW's state exists from here
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for window in windows:
-            stats = fixed.train_step(state, window, cfg, dist)
+            fixed.train_step(state, window, cfg, dist)
     seconds = (time.perf_counter() - start) / steps
-    events = prof.key_averages()
-    reduce_s = sum(e.cpu_time_total for e in events if e.key == "step/reduce") / 1e6 / steps
-    calls = sum(e.count for e in events if e.key.endswith(":all_reduce")) / steps  # the backend's (gloo, nccl) events
+    calls = sum(e.count for e in prof.key_averages() if e.key.endswith(":all_reduce")) / steps  # gloo's, nccl's
     if dist.is_main:
-        print(json.dumps({"calls": calls, "step_s": seconds, "reduce_s": reduce_s,
+        print(json.dumps({"calls": calls, "step_s": seconds, "qwen_bytes": qwen_bytes(state),
                           "tensors": sum(len(g["params"]) for g in state.optimizer.param_groups)}))
     del state  # DDP's reducer goes before its process group
     shutdown()
@@ -70,23 +76,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--shapes", default=",".join(SHAPES))
-    ap.add_argument("--worker", nargs=2, metavar=("SHAPE", "REDUCTION"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", metavar="SHAPE", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker[0], args.worker[1], args.steps)
+        worker(args.worker, args.steps)
         return
     torchrun = str(Path(sys.executable).with_name("torchrun"))
-    print(f"## two gloo processes, {args.steps} steps, {os.cpu_count()} CPU cores")
-    print(f"{'shape':<20}{'reduction':<22}{'tensors':>9}{'all-reduces/step':>18}{'reduce ms':>11}{'step ms':>10}")
+    print(f"## two gloo processes under DDP, {args.steps} steps, {os.cpu_count()} CPU cores")
+    print(f"{'shape':<20}{'tensors':>9}{'all-reduces/step':>18}{'step ms':>10}{'Qwen MiB/process':>18}")
     for shape in args.shapes.split(","):
-        for name in REDUCTIONS:
-            out = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "bench.grad_reduction", "--worker", shape,
-                                  name, "--steps", str(args.steps)], capture_output=True, text=True)
-            if out.returncode != 0:
-                raise SystemExit(f"{shape}, {name}: worker failed\n{out.stderr[-2000:]}")
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{shape:<20}{name:<22}{r['tensors']:>9}{r['calls']:>18.1f}{1e3 * r['reduce_s']:>11.1f}"
-                  f"{1e3 * r['step_s']:>10.0f}", flush=True)
+        out = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "bench.grad_reduction", "--worker", shape,
+                              "--steps", str(args.steps)], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"{shape}: worker failed\n{out.stderr[-2000:]}")
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{shape:<20}{r['tensors']:>9}{r['calls']:>18.1f}{1e3 * r['step_s']:>10.0f}"
+              f"{r['qwen_bytes'] / MiB:>18,.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). Th
 timed as the loop runs it (next batch from the loader, `train_step`, the logger), twice over the
 same windows: with the prompt cache cold, then warm (a long run's steady state); a third pass
 under torch.profiler splits the warm `train_step` into its `record_function` phases (step/prompt,
-forward, backward, reduce, optimizer, rl). The bare agent is one forward and backward of the agent
+forward, backward (with DDP's reduction), optimizer, rl). The bare agent is one forward and backward of the agent
 alone on the same batch (doubled, as the step runs both refinements) with a fixed prompt, timed
 right after each warm step: loop overhead = 1 - bare / whole warm step, everything that is not the
 agent's own arithmetic.
@@ -34,7 +34,7 @@ from engine.run_logger import RunLogger
 CPU = torch.device("cpu")
 SIZES = {11: "10-10", 30: "29-29"}  # canvas side -> synthetic grid sides
 SAME_SIZE_RULES = "recolour,flip,rotate,transpose,gravity"  # outputs as large as inputs: one canvas side
-PHASES = ("step/prompt", "step/forward", "step/backward", "step/reduce", "step/optimizer", "step/rl")
+PHASES = ("step/prompt", "step/forward", "step/backward", "step/optimizer", "step/rl")
 
 
 def case_config(agent: str, side: int, **flags) -> Config:

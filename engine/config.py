@@ -213,10 +213,7 @@ class OptimCfg:
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
                     ("off", "bf16", "fp16"))
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
-    grad_bucket_mb: float = flag(25.0, "several processes: gradients are all-reduced in flattened buckets of "
-                                 "this many MiB (0: one call per tensor)")
-    grad_reduce: str = flag("ddp", "several processes: ddp (torch's DistributedDataParallel) or hand (the suite's "
-                                   "own bucketed all-reduce, kept while the two are compared)", ("ddp", "hand"))
+    grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"))

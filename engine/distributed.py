@@ -6,12 +6,8 @@ DDP reduces from hooks inside backward, so every process takes part in a window'
 through the reduction, so every process skips that step); a trainable Qwen takes part on refresh
 steps only (`find_unused_parameters`: a parameter no process used keeps a None gradient, so AdamW
 leaves it alone). `Dist` carries the small control collectives of the loop (flags, clocks, counts,
-progress) and the gathering of validation results.
-
-`Dist.average_gradients` is the suite's earlier hand reduction (a has-a-gradient mask, then
-flattened buckets), selected by `--grad_reduce hand` while it is compared with DDP (bench/
-grad_reduction.py); it goes once FSDP2 covers the sharded case. Every process ends a step with
-identical gradients, so identical weights, scaler and RL head.
+progress) and the gathering of validation results; no gradient is reduced by the suite's own
+code. Every process ends a step with identical gradients, so identical weights, scaler and RL head.
 """
 
 from __future__ import annotations
@@ -23,27 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from torch.nn.parallel import DistributedDataParallel
-
-BUCKET_BYTES = 25 << 20  # DDP's default bucket size (bucket_cap_mb=25)
-
-
-def _buckets(grads: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
-    """Consecutive gradients of one dtype and device, grouped up to `bucket_bytes` (0: one each)."""
-    out: list[list[torch.Tensor]] = []
-    size = 0
-    for g in grads:
-        nbytes = g.numel() * g.element_size()
-        same_kind = out and (out[-1][0].dtype, out[-1][0].device) == (g.dtype, g.device)
-        if same_kind and bucket_bytes and size + nbytes <= bucket_bytes:
-            out[-1].append(g)
-            size += nbytes
-        else:
-            out.append([g])
-            size = nbytes
-    return out
-
 
 @dataclass(frozen=True)
 class Dist:
@@ -84,32 +60,6 @@ class Dist:
         t = torch.tensor([value], dtype=torch.float64)
         dist.broadcast(t, src=0)
         return float(t.item())
-
-    def average_gradients(self, params: list[torch.nn.Parameter], denominator: int | None = None,
-                          bucket_bytes: int = BUCKET_BYTES) -> int:
-        """Sum (or average over `denominator`) the gradients of `params` across ranks, in place.
-
-        One all-reduce of the has-a-gradient mask, then one per bucket of at most `bucket_bytes`
-        of flattened gradients (0: one per tensor). Returns the collective calls made."""
-        if not self.active:
-            return 0
-        device = params[0].device
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
-        dist.all_reduce(has)
-        reduced = [p for p, any_rank in zip(params, has.tolist()) if any_rank]
-        for p in reduced:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        buckets = _buckets([p.grad for p in reduced], bucket_bytes)
-        for bucket in buckets:
-            flat = _flatten_dense_tensors(bucket) if len(bucket) > 1 else bucket[0]
-            dist.all_reduce(flat)
-            if denominator:
-                flat.div_(denominator)
-            if len(bucket) > 1:
-                for grad, summed in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                    grad.copy_(summed)
-        return 1 + len(buckets)
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         if not self.active:

@@ -25,7 +25,7 @@ from prompt import PromptCache, QwenFeatures
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
                "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only", "compile",
-               "grad_bucket_mb", "grad_reduce",
+               "grad_bucket_mb",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
