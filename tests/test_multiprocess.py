@@ -1,6 +1,7 @@
 """Two processes on this CPU machine (gloo): the same step as one process with twice the batch."""
 
 import json
+import socket
 import subprocess
 import sys
 
@@ -27,8 +28,9 @@ def weights(run_dir, step):
 
 
 TORCHRUN = [f"{BIN}/torchrun", "--nproc_per_node", "2"]
-ACCELERATE = [f"{BIN}/accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no"]
+# the repository's 8-GPU config with 2 processes (without a GPU, accelerate's multi-GPU launch uses gloo)
+ACCELERATE = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-ddp.yaml"),
+              "--num_processes", "2", "--dynamo_backend", "no"]
 # Two windows of two micro-batches; a trainable Qwen re-reads its prompts with gradients in every
 # one (between refreshes each process's cache serves what that process saw, so one process with the
 # whole batch would be served otherwise: test_refreshes_under_no_sync_keep_every_process_equal).
@@ -176,3 +178,32 @@ def test_refreshes_under_no_sync_keep_every_process_equal(arc_folder, tmp_path):
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["qwen_moved"] and r["qwen_untouched"] for r in ranks)
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+@pytest.mark.slow
+def test_two_nodes_train_together(arc_folder, tmp_path):
+    """Two "machines" on this one: `torchrun --nnodes 2 --nproc_per_node 1`, each started apart
+    with its --node_rank and a rendezvous on 127.0.0.1, train two steps as one run of world size 2."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    nodes = [subprocess.Popen([f"{BIN}/torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
+                               "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               *args(arc_folder, tmp_path / "run", 2, "--max_batches", "2")],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    assert "world_size=2" in outs[0][1] and outs[0][0].count("done: 2 steps") == 1
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["world_size"] == 2
+
+
+def test_every_accelerate_config_is_one_accelerate_reads():
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    files = sorted((ROOT / "configs" / "accelerate").glob("*.yaml"))
+    assert files
+    for path in files:
+        config = ClusterConfig.from_yaml_file(str(path))
+        machines, gpus = (int(n) for n in path.stem.split("-")[0].split("x"))
+        assert (config.num_machines, config.num_processes) == (machines, machines * gpus), path.name
+        assert config.mixed_precision == "no", f"{path.name}: precision is fixed.py's --amp"
