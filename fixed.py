@@ -122,10 +122,10 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
         if prompt_cache_dir is not None:
             prompts.open_disk(prompt_cache_dir)
     # Under DDP with several processes (no-ops with one). The RL head learns from its own loss with its
-    # own optimizer: its own DDP, left out of the model's. find_unused: a trainable Qwen takes part on
-    # refresh steps only, other parts as flags say; the graph walk it costs is small beside the step.
+    # own optimizer: its own DDP, left out of the model's. A trainable Qwen takes part on refresh steps
+    # only: DDP must then look for unused parameters (a walk of the graph each step; off otherwise).
     trained = data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb, ignore=model.rl_head_names(),
-                            find_unused=True)
+                            find_unused=cfg.qwen.trainable)
     rl_head = data_parallel(model.rl_head, dist, device, bucket_mb=cfg.optim.grad_bucket_mb)
     # fused: one kernel updates every tensor (CPU and CUDA); the per-tensor loop torch picks on a CPU
     # took 6-8 ms of a 90 ms step.

@@ -160,9 +160,8 @@ class ArcModel(nn.Module):
         return self.policy.head
 
     def rl_head_names(self) -> tuple[str, ...]:
-        """Names of the RL head's parameters and buffers within this model."""
-        return tuple(f"policy.head.{n}" for n, _ in (*self.policy.head.named_parameters(),
-                                                      *self.policy.head.named_buffers()))
+        """Names of the RL head's parameters within this model."""
+        return tuple(f"policy.head.{n}" for n, _ in self.policy.head.named_parameters())
 
     def rl_update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
                   dist: Dist = Dist(), head: nn.Module | None = None) -> dict[str, torch.Tensor]:

@@ -86,19 +86,19 @@ def data_parallel(module: nn.Module, dist_: Dist, device: torch.device, *, bucke
     """`module` under torch's DistributedDataParallel with several processes (itself otherwise):
     gradients averaged over the processes in buckets of `bucket_mb` MiB, overlapped with backward.
 
-    `ignore`: names of parameters and buffers DDP leaves alone (trained elsewhere). `find_unused`:
-    parameters may take no part in a backward (the trainable Qwen outside its refresh steps, a
-    task embedding, the latent step); DDP then leaves the gradient of one that no process used as
-    it was (None stays None, so AdamW does not move it), as the hand reduction did.
-    Buffers are not broadcast at each forward: every one of them is updated identically everywhere.
+    `ignore`: names of parameters DDP leaves alone (trained elsewhere). `find_unused`: parameters
+    may take no part in a backward (the trainable Qwen outside its refresh steps); DDP then leaves
+    the gradient of one that no process used as it was (None stays None, so AdamW does not move it).
+    Buffers are left alone too: each is a constant (rotary frequencies, the refinement's basis) or
+    updated identically on every process (the RL baseline), so broadcasting them at every forward
+    would only cost a collective.
     """
     if not dist_.active:
         return module
-    if ignore:
-        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, list(ignore))
+    buffers = [name for name, _ in module.named_buffers()]
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, [*ignore, *buffers])
     return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None,
-                                   bucket_cap_mb=bucket_mb, find_unused_parameters=find_unused,
-                                   broadcast_buffers=False)
+                                   bucket_cap_mb=bucket_mb, find_unused_parameters=find_unused)
 
 
 def gradient_sync(module: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
