@@ -71,6 +71,17 @@ def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monk
     assert "**failed:** RuntimeError: CUDA out of memory" in (tmp_path / "gpu_check.md").read_text()
 
 
+def test_a_section_starts_no_case_once_its_share_of_the_time_is_spent(tmp_path):
+    """--minutes 0.01: the seeds section's budget (1/8 of 0.6 s) is spent by its first case; the
+    other five are named as not run, which is no failure."""
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "seeds",
+                           "--minutes", "0.01"]) == 0
+    section = report(tmp_path)["seeds"]
+    assert len(section["rows"]) == 1 and section["rows"][0]["ok"]
+    (note,) = [n for n in section["notes"] if n.startswith("not run")]
+    assert note.endswith("bf16/full, fp16/full, off/lora, bf16/lora, fp16/lora")
+
+
 def test_unknown_sections_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_check.main(["--out", str(tmp_path), "--sections", "seeds,qwn"])

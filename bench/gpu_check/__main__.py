@@ -12,8 +12,9 @@ ends; a section that fails records a one-line error and the next one runs:
     arc        fixed.py with the one-GPU recipe on ARC-AGI-1, then validation on 100 evaluation tasks
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
 
-The whole check keeps to `--minutes` (8): the ARC run trains for what is left after the sections
-before it, at most `--arc_minutes`, less a reserve for its validation. Exit codes: 0 every section
+The whole check keeps to `--minutes` (8): seeds, qwen and agents start cases within 1/8, 3/16 and
+1/4 of it (the cases left are named in the report), and the ARC run trains for what is left after
+them, at most `--arc_minutes`, less a reserve for its validation. Exit codes: 0 every section
 passed, 1 one failed (the report says which), 2 no CUDA device (one line).
 """
 
@@ -35,6 +36,9 @@ SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its r
             "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step"}
 ARC_VALIDATION_RESERVE_S = 100  # start-up, the final checkpoint and validation on 100 tasks
 MIN_ARC_MINUTES = 0.5
+# shares of --minutes in which a section may start its cases (8 minutes: 60, 90 and 120 s), so the
+# ARC run keeps at least half of the check
+BUDGET_SHARES = {"seeds": 1 / 8, "qwen": 3 / 16, "agents": 1 / 4}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.version.cuda}); run it on a GPU machine, or with --device cpu --tiny for the dry run",
               file=sys.stderr)
         return 2
-    check = Check(torch.device(args.device), args.tiny, Path(args.out), time.monotonic() + 60 * args.minutes)
+    check = Check(torch.device(args.device), args.tiny, Path(args.out), time.monotonic() + 60 * args.minutes,
+                  {name: share * 60 * args.minutes for name, share in BUDGET_SHARES.items()})
     report = Report(check.out, header(check))
     wanted = args.sections.split(",")
     arc_run = None

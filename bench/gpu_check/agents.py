@@ -40,17 +40,16 @@ def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: 
     section.notes.append(f"batch 8, {steps} steps after {warmup} warm-up; MFU against a bf16 peak of "
                          f"{peak if peak else 'unknown (--peak_tflops)'} TFLOP/s")
     with tempfile.TemporaryDirectory() as logs:
-        for agent in AGENTS:
-            for variant in variants:
-                torch._dynamo.reset()  # each case compiles afresh
-                cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
-                r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device, phases=False)
-                flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
-                cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
-                bare = r["warm"]["bare"]
-                achieved = flops / bare / 1e12
-                section.rows.append({
-                    "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
-                    "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
-                    "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
-                    "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a"})
+        for agent, variant in check.budgeted(section, [(a, v) for a in AGENTS for v in variants]):
+            torch._dynamo.reset()  # each case compiles afresh
+            cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
+            r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device, phases=False)
+            flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
+            cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
+            bare = r["warm"]["bare"]
+            achieved = flops / bare / 1e12
+            section.rows.append({
+                "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
+                "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
+                "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
+                "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a"})

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,9 +18,22 @@ class Check:
     tiny: bool  # the CPU dry run: the same code at sizes that take seconds
     out: Path
     deadline: float  # time.monotonic() by which the whole check must be done
+    budgets: dict[str, float] = field(default_factory=dict)  # seconds a section may start cases in
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
+
+    def budgeted(self, section, cases: Sequence) -> Iterator:
+        """The section's cases, one after another, while its budget lasts (the first always runs);
+        those it leaves are named in a note."""
+        budget = self.budgets.get(section.name, float("inf"))
+        started = time.monotonic()
+        for i, case in enumerate(cases):
+            if i and time.monotonic() - started > budget:
+                section.notes.append(f"not run, the section's {budget:.0f} s were spent: "
+                                     + ", ".join("/".join(map(str, c)) for c in cases[i:]))
+                return
+            yield case
 
     def clock(self) -> float:
         return clock(self.device)

@@ -34,12 +34,11 @@ WARMUP, STEPS = 1, 3
 def run(check: Check, section: Section) -> None:
     shapes = ("tiny",) if check.tiny else SHAPES
     texts = micro_batch_texts(2 if check.tiny else 8)
-    for shape in shapes:
-        for mode in MODES:
-            section.rows.append(measure(check, shape, mode, texts))
-            gc.collect()
-            if check.device.type == "cuda":
-                torch.cuda.empty_cache()
+    for shape, mode in check.budgeted(section, [(s, m) for s in shapes for m in MODES]):
+        section.rows.append(measure(check, shape, mode, texts))
+        gc.collect()
+        if check.device.type == "cuda":
+            torch.cuda.empty_cache()
     section.notes.append(f"{len(texts)} demo texts a step; frozen weights bf16 (--qwen_dtype bfloat16), trainable "
                          f"ones float32; predicted: weights + float32 gradients and two AdamW moments of what "
                          f"trains + activations at half the CPU's float32 bytes per token")

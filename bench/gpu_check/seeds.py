@@ -29,21 +29,20 @@ SCALER_ERRORS = ("no inf checks", "unscale fp16")
 
 def run(check: Check, section: Section) -> None:
     seen: dict[str, list[str]] = {}  # each warning's first line -> the cases that raised it
-    for qwen in QWEN_MODES:
-        for amp in AMPS:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                try:
-                    row = one_case(check, amp, qwen)
-                except Exception as err:  # recorded as this case's failure; the next case runs
-                    row = {"amp": amp, "qwen": qwen, "ok": False, "error": one_line(err)}
-            messages = {str(w.message).splitlines()[0] for w in caught}
-            for message in messages:
-                seen.setdefault(message, []).append(f"{amp}/{qwen}")
-            scaler = [m for m in messages if any(s in m.lower() for s in SCALER_ERRORS)]
-            ok = row.pop("ok") and not scaler
-            row = {**row, "scaler warnings": len(scaler), "ok": ok}
-            section.rows.append(row)
+    for amp, qwen in check.budgeted(section, [(a, q) for q in QWEN_MODES for a in AMPS]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                row = one_case(check, amp, qwen)
+            except Exception as err:  # recorded as this case's failure; the next case runs
+                row = {"amp": amp, "qwen": qwen, "ok": False, "error": one_line(err)}
+        messages = {str(w.message).splitlines()[0] for w in caught}
+        for message in messages:
+            seen.setdefault(message, []).append(f"{amp}/{qwen}")
+        scaler = [m for m in messages if any(s in m.lower() for s in SCALER_ERRORS)]
+        ok = row.pop("ok") and not scaler
+        row = {**row, "scaler warnings": len(scaler), "ok": ok}
+        section.rows.append(row)
     section.notes += [f"warning in {', '.join(cases)}: {message}" for message, cases in seen.items()]
 
 
