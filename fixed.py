@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -35,7 +34,7 @@ from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_diff
 from data.sources import SyntheticOptions, load_splits
 from engine.checkpoint import find_checkpoint
 from engine.config import Config, ConfigError, parse
-from engine.distributed import Dist, data_parallel, gradient_sync, init_distributed, shutdown
+from engine.distributed import Dist, data_parallel, gradient_sync, init_distributed, shutdown, under_ddp
 from engine.evaluation import EvalResult, describe, evaluate, first_tasks, score_tasks
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
     seed_everything, summary_line
@@ -161,8 +160,8 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     Each phase is a `record_function` range ("step/..."), free unless a profiler records it.
     """
     model, amp, counters = state.model, state.amp, state.counters
-    trained = state.trained or model
-    ddp = isinstance(trained, DistributedDataParallel)
+    trained = state.trained if state.trained is not None else model
+    ddp = under_ddp(trained)
     n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
     # DDP averages over processes; the loss is a share of the global batch, so the sum is wanted
     share = dist.world_size / n_samples if ddp else 1 / n_samples

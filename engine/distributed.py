@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+
 @dataclass(frozen=True)
 class Dist:
     rank: int = 0
@@ -101,10 +102,14 @@ def data_parallel(module: nn.Module, dist_: Dist, device: torch.device, *, bucke
                                    bucket_cap_mb=bucket_mb, find_unused_parameters=find_unused)
 
 
+def under_ddp(module: nn.Module) -> bool:
+    return isinstance(module, DistributedDataParallel)
+
+
 def gradient_sync(module: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
     """DDP's `no_sync` unless `sync`: micro-batches before a window's last accumulate locally, so
     one reduction serves the whole window. A no-op for a module not under DDP."""
-    if sync or not isinstance(module, DistributedDataParallel):
+    if sync or not under_ddp(module):
         return contextlib.nullcontext()
     return module.no_sync()
 
