@@ -34,8 +34,10 @@ from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_diff
 from data.sources import SyntheticOptions, load_splits
 from engine.checkpoint import find_checkpoint
 from engine.config import Config, ConfigError, parse
-from engine.distributed import Dist, data_parallel, gradient_sync, init_distributed, shutdown, under_ddp
+from engine.distributed import Dist, data_parallel, gradient_sync, init_distributed, is_sharded, \
+    launcher_wants_fsdp, shutdown, under_ddp
 from engine.evaluation import EvalResult, describe, evaluate, first_tasks, score_tasks
+from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
     seed_everything, summary_line
 from engine.precision import MixedPrecision, check_master_weights
@@ -44,9 +46,9 @@ from engine.run_state import TrainState, plan_run_dir, restore_run_state, save_r
 from engine.schedule import TrainingSchedule
 from engine.validation_schedule import ValidationSchedule, fits_in_training
 from loss_function import training_loss
-from model import build_model
+from model import ArcModel, build_model
 from policy_refined import RLInfo
-from prompt import PromptCache, with_qwen_features
+from prompt import PromptCache, QwenFeatures, with_qwen_features
 
 # ----------------------------------------------------------------------------------------------
 # Building the parts
@@ -106,6 +108,8 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
     """The model (with `tasks` task embeddings under --task_embedding), its prompt cache, both
     optimizers and the mixed-precision step."""
     model = build_model(cfg, noise_seed=cfg.run.seed + 1000 * dist.rank, tasks=tasks).to(device)
+    if cfg.optim.fsdp:  # before the optimizer is made: it holds the sharded parameters
+        shard_model(model, dist, device, cfg.optim.amp)
     groups = model.parameter_groups()
     main = groups["prompt_heads"] + groups["refiner"] + groups["agent"]
     check_master_weights(main + groups["qwen"], "main optimizer")
@@ -123,16 +127,37 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
     # Under DDP with several processes (no-ops with one). The RL head learns from its own loss with its
     # own optimizer: its own DDP, left out of the model's. A trainable Qwen takes part on refresh steps
     # only: DDP must then look for unused parameters (a walk of the graph each step; off otherwise).
-    trained = data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb, ignore=model.rl_head_names(),
-                            find_unused=cfg.qwen.trainable)
+    trained = model if cfg.optim.fsdp else data_parallel(model, dist, device, bucket_mb=cfg.optim.grad_bucket_mb,
+                                                         ignore=model.rl_head_names(), find_unused=cfg.qwen.trainable)
     rl_head = data_parallel(model.rl_head, dist, device, bucket_mb=cfg.optim.grad_bucket_mb)
     # fused: one kernel updates every tensor (CPU and CUDA); the per-tensor loop torch picks on a CPU
-    # took 6-8 ms of a 90 ms step.
+    # took 6-8 ms of a 90 ms step. Not with sharded parameters: fused AdamW fails on the found-inf
+    # tensor ShardedGradScaler gives it (torch 2.13), so FSDP takes the foreach one.
     return TrainState(model=model, prompts=prompts,
-                      optimizer=torch.optim.AdamW(param_groups, weight_decay=cfg.optim.weight_decay, fused=True),
+                      optimizer=torch.optim.AdamW(param_groups, weight_decay=cfg.optim.weight_decay,
+                                                  fused=not cfg.optim.fsdp),
                       rl_optimizer=torch.optim.Adam(groups["rl_head"], lr=cfg.optim.rl_lr, fused=True),
-                      amp=MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale),
+                      amp=MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale,
+                                         sharded=cfg.optim.fsdp),
                       trained=trained, rl_head=rl_head)
+
+
+def evaluation_view(state: TrainState, cfg: Config, device: torch.device) -> tuple[ArcModel, QwenFeatures | None]:
+    """The model and the Qwen features validation scores with. Sharded weights: an unsharded copy
+    (test-time training changes weights per task on each process; made at the first validation,
+    given the current weights at each; collective). A trainable Qwen: a fresh prompt cache, so
+    validation reads features of the weights as they are now (the training cache keeps each feature
+    from the step that encoded it)."""
+    model = state.model
+    if is_sharded(model):
+        if state.replica is None:
+            qwen = model.qwen if model.qwen is not None and not model.qwen.cfg.trainable else None
+            tasks = model.task_embedding.num_embeddings if model.task_embedding is not None else 0
+            state.replica = build_model(cfg, tasks=tasks, qwen=qwen).to(device)
+        model = unsharded_copy(model, state.replica)
+    if model.qwen is not None and model.qwen.cfg.trainable:
+        return model, PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
+    return model, state.prompts
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:
@@ -152,19 +177,19 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
 
     Each micro-batch's loss is summed over its samples and divided by the window's real sample
     count over all processes, so the step's gradient is the mean gradient of exactly the samples
-    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except the
-    window's last under DDP: every process must take part in that backward (DDP reduces in it), so
-    it goes backward, the non-finite value reaches every process's gradients and every process
-    skips the step. Under DDP the gradients are reduced in the window's last backward (the others
-    run under `no_sync`).
+    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except where
+    every process must take part in that backward: the window's last under DDP (DDP reduces in it),
+    every micro-batch under FSDP (each backward gathers the sharded weights). It then goes backward,
+    the non-finite value reaches every process's gradients and every process skips the step. The
+    gradients are reduced in the window's last backward (the others run without gradient sync).
     Each phase is a `record_function` range ("step/..."), free unless a profiler records it.
     """
     model, amp, counters = state.model, state.amp, state.counters
     trained = state.trained if state.trained is not None else model
-    ddp = under_ddp(trained)
+    ddp, sharded = under_ddp(trained), is_sharded(trained)
     n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
-    # DDP averages over processes; the loss is a share of the global batch, so the sum is wanted
-    share = dist.world_size / n_samples if ddp else 1 / n_samples
+    # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
+    share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
     stats: dict = {"amp/nonfinite_losses": 0.0}
     infos, rewards = [], []
     for i, batch in enumerate(window):
@@ -179,7 +204,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
                 window_loss = loss.per_sample.sum() * share
             finite = bool(torch.isfinite(window_loss))
             stats["amp/nonfinite_losses"] += not finite
-            if not finite and not (ddp and last):
+            if not finite and not (sharded or (ddp and last)):
                 continue
             with record_function("step/backward"):
                 amp.backward(window_loss)
@@ -345,8 +370,9 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     tasks = first_tasks(data.eval_set, cfg.eval.eval_tasks)  # -1 and 0: all
     announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
     try:
-        result = evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=device, dist=dist, tasks=tasks,
-                          stop=stop, desc="evaluate")
+        model, prompts = evaluation_view(state, cfg, device)
+        result = evaluate(model, prompts, data.eval_set, cfg=cfg, device=device, dist=dist, tasks=tasks, stop=stop,
+                          desc="evaluate")
         publish(result, state.counters.optimizer_steps, cfg, dist, logger)
         return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
                           {"evaluated": str(weights), **result.metrics}, dist)
@@ -372,11 +398,12 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     step = state.counters.optimizer_steps
     started = time.perf_counter()
     noise = state.model.rl_noise_state()
+    model, prompts = evaluation_view(state, cfg, device)
     with preserved_rng():
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
-        scores = score_tasks(state.model, state.prompts, data.eval_set, first, cfg=cfg, device=device, dist=dist,
-                             stop=stop, desc="validate")
+        scores = score_tasks(model, prompts, data.eval_set, first, cfg=cfg, device=device, dist=dist, stop=stop,
+                             desc="validate")
         metrics = scores.metrics("val", cfg)
         if logger is not None and len(first) == len(subset):
             logger.write(step, metrics)
@@ -391,8 +418,8 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                 rest = []
             if rest:
                 announce(dist, f"final validation: {len(rest)} more tasks")
-                scores = scores.merged(score_tasks(state.model, state.prompts, data.eval_set, rest, cfg=cfg,
-                                                   device=device, dist=dist, stop=stop, desc="final"))
+                scores = scores.merged(score_tasks(model, prompts, data.eval_set, rest, cfg=cfg, device=device,
+                                                   dist=dist, stop=stop, desc="final"))
             result = EvalResult.of(scores, data.eval_set, cfg)
             publish(result, step, cfg, dist, logger)
             metrics = result.metrics
@@ -438,7 +465,7 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
         return None
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"run {run_dir} ({what}) | device={next(state.model.parameters()).device} amp={cfg.optim.amp} "
-          f"world_size={dist.world_size} | data {data.splits.name}: {len(data.splits.training)} training, "
+          f"world_size={dist.world_size}{' sharded (--fsdp)' if cfg.optim.fsdp else ''} | data {data.splits.name}: {len(data.splits.training)} training, "
           f"{len(data.splits.evaluation)} evaluation tasks | {state.model.description()} "
           f"[qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
     if validation:
@@ -462,7 +489,9 @@ def finish_run(run_dir: Path, logger: RunLogger | None, started: float, steps: i
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse(argv, "fixed.py", __doc__.splitlines()[0])
-        dist, device = init_distributed(cfg.run.device)
+        if launcher_wants_fsdp() and not cfg.optim.fsdp:  # an FSDP accelerate config
+            cfg = cfg.replace(fsdp=True)
+        dist, device = init_distributed(cfg.run.device, cfg.optim.fsdp)
         try:
             summary = train(cfg, device, dist)
         finally:

@@ -45,6 +45,7 @@ class ArcModel(nn.Module):
         super().__init__()
         self.qwen, self.prompt, self.policy, self.agent = qwen, prompt, policy, agent
         self.latent_step = latent_step  # the demos' gradient step on the refined prompt, when on
+        self.agent_name = type(agent).__name__  # before --fsdp puts its class inside FSDP's
         self.task_embedding = task_embedding  # [tasks, P], added to the prompt of a task trained on
         # Frozen trunk weights are reloaded from their source, never checkpointed; fixed at build
         # time, so test-time training toggling requires_grad cannot change what a checkpoint holds.
@@ -172,15 +173,18 @@ class ArcModel(nn.Module):
     def description(self) -> str:
         qwen = self.qwen.description if self.qwen is not None else "off"
         agent = sum(p.numel() for p in self.agent.parameters())
-        return f"qwen: {qwen} | agent {type(self.agent).__name__}: {agent / 1e6:.2f}M params"
+        return f"qwen: {qwen} | agent {self.agent_name}: {agent / 1e6:.2f}M params"
 
 
-def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0) -> ArcModel:
+def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
+                qwen: QwenTextEncoder | None = None) -> ArcModel:
     """The model a Config describes, on the CPU (move it with .to(device)). `noise_seed` (default
     the run's seed) seeds the RL head's exploration noise, which differs per process; `tasks` is the
-    number of task embeddings under --task_embedding (zero at start)."""
+    number of task embeddings under --task_embedding (zero at start); `qwen`: an encoder to share
+    (a frozen one), instead of loading one."""
     seed = cfg.run.seed
-    qwen = QwenTextEncoder.load(cfg.qwen, seed=seed) if cfg.prompt.use_qwen else None
+    if qwen is None and cfg.prompt.use_qwen:
+        qwen = QwenTextEncoder.load(cfg.qwen, seed=seed)
     prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
                               qwen_dim=qwen.hidden_size if qwen is not None else 0,
                               use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation)

@@ -35,7 +35,7 @@ from bench.learnability import CPU, parse_settings
 from data.canvas import decode_logits
 from data.episodes import EpisodeDataset, collate
 from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
-from engine.checkpoint import find_checkpoint, load_checkpoint
+from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config, ConfigError
 from engine.distributed import Dist
 from engine.evaluation import first_tasks
@@ -68,7 +68,7 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
           device: torch.device = CPU) -> dict[int, dict[str, np.ndarray]]:
     """{mark: {"demo_<column>" / "test_<column>": per-pair values}} over the first `tasks` tasks."""
     folder = find_checkpoint(run)
-    _, saved = load_checkpoint(folder)
+    saved = load_state(folder)
     cfg = Config.from_flags(**{**saved["config"], "eval_tasks": tasks, **settings, "ttt_steps": max(marks),
                                "ttt_check_every": 0})
     if cfg.eval.ttt_params == "task":

@@ -3,8 +3,12 @@
     <run>/checkpoints/step_00000020/model.safetensors   trainable weights (20: the optimizer step)
     <run>/checkpoints/step_00000020/state.pt            optimizers, scaler, RNG states, counters,
                                                         config, prompt cache
-    <run>/checkpoints/step_00000020/checksums.json      sha256 of the two files above
+    <run>/checkpoints/step_00000020/checksums.json      sha256 of every other file of the folder
     <run>/checkpoints/latest                            name of the newest complete checkpoint
+
+A run under --fsdp writes `sharded/` (torch.distributed.checkpoint: every process its shards of the
+weights and of the AdamW state, and `.metadata`) in place of model.safetensors, and state.pt then
+holds no main optimizer. Either resumes at any number of processes, with or without --fsdp.
 
 A checkpoint is written into a hidden temporary folder and renamed into place, and `latest` is
 replaced atomically after it, so a run killed at any moment leaves only complete checkpoints. A
@@ -29,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from engine.config import ConfigError
 
 MODEL_FILE = "model.safetensors"
+SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
 CHECKSUMS_FILE = "checksums.json"
 LATEST = "latest"
@@ -57,21 +62,38 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and p.name != CHECKSUMS_FILE)
+
+
 def write_checksums(folder: Path) -> None:
-    """Record the sha256 of a checkpoint folder's model and state files (what `damage` checks)."""
-    sums = {f: _sha256(folder / f) for f in (MODEL_FILE, STATE_FILE)}
+    """Record the sha256 of every file of a checkpoint folder (what `damage` checks)."""
+    sums = {f: _sha256(folder / f) for f in _files(folder)}
     (folder / CHECKSUMS_FILE).write_text(json.dumps(sums, indent=1) + "\n")
 
 
-def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
-    """Write checkpoint `step` (the optimizer step) and point `latest` at it; keep the newest `keep`."""
-    root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:08d}"
-    tmp, final = root / f".tmp-{name}", root / name
+def staging_folder(run_dir: Path, step: int) -> Path:
+    """The hidden folder checkpoint `step` is written into before `commit_checkpoint` renames it."""
+    return run_dir / "checkpoints" / f".tmp-step_{step:08d}"
+
+
+def start_checkpoint(run_dir: Path, step: int) -> Path:
+    """An empty staging folder for checkpoint `step` (main process; the others then write shards)."""
+    tmp = staging_folder(run_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / MODEL_FILE))
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor] | None, state: dict,
+                      keep: int) -> Path:
+    """Finish the staged checkpoint `step` (main process): the weights (None: sharded, already
+    there), state.pt and the checksums; rename it into place, point `latest` at it, keep the newest
+    `keep`."""
+    root, name = run_dir / "checkpoints", f"step_{step:08d}"
+    tmp, final = staging_folder(run_dir, step), root / name
+    if weights is not None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / MODEL_FILE))
     torch.save(state, tmp / STATE_FILE)
     write_checksums(tmp)
     if final.exists():
@@ -86,6 +108,16 @@ def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], 
     return final
 
 
+def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
+    """Write checkpoint `step` (the optimizer step) and point `latest` at it; keep the newest `keep`."""
+    start_checkpoint(run_dir, step)
+    return commit_checkpoint(run_dir, step, weights, state, keep)
+
+
+def is_sharded_checkpoint(folder: Path) -> bool:
+    return (folder / SHARDED_DIR).is_dir()
+
+
 def damage(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder, in a few words naming the file; None if it is intact."""
     sums_file = folder / CHECKSUMS_FILE
@@ -95,11 +127,14 @@ def damage(folder: Path) -> str | None:
         sums = json.loads(sums_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{sums_file} is not valid JSON"
-    for name in (MODEL_FILE, STATE_FILE):
+    if not isinstance(sums, dict):
+        return f"{sums_file} is not a table of checksums"
+    weights = SHARDED_DIR + "/.metadata" if any(f.startswith(SHARDED_DIR + "/") for f in sums) else MODEL_FILE
+    for name in sorted({STATE_FILE, weights, *sums}):
         path = folder / name
         if not path.is_file():
             return f"{path} is missing"
-        if not isinstance(sums, dict) or _sha256(path) != sums.get(name):
+        if _sha256(path) != sums.get(name):
             return f"{path} does not match its checksum (damaged or altered)"
     return None
 
@@ -111,7 +146,7 @@ def find_checkpoint(path: str) -> Path:
     p = Path(path)
     if p.name == LATEST and p.is_file():
         p = p.parent
-    if (p / MODEL_FILE).exists() or (p / CHECKSUMS_FILE).exists():
+    if (p / MODEL_FILE).exists() or (p / SHARDED_DIR).exists() or (p / CHECKSUMS_FILE).exists():
         problem = damage(p)
         if problem:
             raise ConfigError(f"--resume {path}: checkpoint damaged: {problem}")
@@ -136,8 +171,13 @@ def find_checkpoint(path: str) -> Path:
     raise ConfigError(f"--resume {path}: no intact checkpoint: {'; '.join(problems)}")
 
 
-def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
-    """Weights and state of a checkpoint that `find_checkpoint` has checked."""
+def load_state(folder: Path) -> dict:
+    """state.pt of a checkpoint that `find_checkpoint` has checked."""
     # weights_only=False: state.pt holds RNG states (numpy arrays, tuples) that this suite wrote itself,
     # and its checksum has just been verified.
-    return load_file(str(folder / MODEL_FILE)), torch.load(folder / STATE_FILE, weights_only=False)
+    return torch.load(folder / STATE_FILE, weights_only=False)
+
+
+def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """Weights and state of an unsharded checkpoint that `find_checkpoint` has checked."""
+    return load_file(str(folder / MODEL_FILE)), load_state(folder)

@@ -214,6 +214,8 @@ class OptimCfg:
                     ("off", "bf16", "fp16"))
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
     grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB")
+    fsdp: bool = flag(False, "shard weights, gradients and AdamW state over the processes with FSDP2 (a trainable "
+                             "Qwen layer by layer; engine/fsdp.py); DDP replicates them otherwise")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"))
@@ -370,6 +372,12 @@ class Config:
             # a fit canvas shows); a full canvas has one side and only the batch dimension varies
             raise ConfigError("--compile needs --canvas full: a compiled agent fails at the second canvas side "
                               "that --canvas fit gives it")
+
+        if self.optim.fsdp and self.prompt.latent_step_lr > 0:
+            # the latent step calls the agent inside a forward for a gradient of its own: not under FSDP2's hooks
+            raise ConfigError("--fsdp does not take --latent_step_lr > 0: train the latent step with DDP (no --fsdp)")
+        if self.optim.fsdp and self.agent.compile:
+            raise ConfigError("--fsdp does not take --compile (a compiled agent under FSDP2 is untested here)")
 
     @classmethod
     def from_flags(cls, **flags) -> Config:

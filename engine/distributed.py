@@ -19,7 +19,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
+
+from engine.config import ConfigError
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,13 @@ class Dist:
             return value
         t = torch.tensor([value], dtype=torch.int64)
         dist.all_reduce(t)
+        return int(t.item())
+
+    def max_int(self, value: int) -> int:
+        if not self.active:
+            return value
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
 
     def any(self, flag: bool) -> bool:
@@ -106,26 +116,60 @@ def under_ddp(module: nn.Module) -> bool:
     return isinstance(module, DistributedDataParallel)
 
 
-def gradient_sync(module: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
-    """DDP's `no_sync` unless `sync`: micro-batches before a window's last accumulate locally, so
-    one reduction serves the whole window. A no-op for a module not under DDP."""
-    if sync or not under_ddp(module):
-        return contextlib.nullcontext()
-    return module.no_sync()
+def is_sharded(module: nn.Module) -> bool:
+    """Whether `module` holds FSDP2 units (engine/fsdp.py)."""
+    return any(isinstance(m, FSDPModule) for m in module.modules())
 
 
-def init_distributed(device_choice: str) -> tuple[Dist, torch.device]:
-    """Reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK); gloo without CUDA, NCCL with."""
+@contextlib.contextmanager
+def gradient_sync(module: nn.Module, sync: bool):
+    """DDP's `no_sync`, or FSDP2's `set_requires_gradient_sync(False)` on each unit, unless `sync`:
+    micro-batches before a window's last accumulate locally, so one reduction serves the whole
+    window. A no-op for a module neither under DDP nor sharded."""
+    if sync:
+        yield
+    elif under_ddp(module):
+        with module.no_sync():
+            yield
+    else:
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        for unit in units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.set_requires_gradient_sync(True, recurse=False)
+
+
+def launcher_wants_fsdp() -> bool:
+    """`accelerate launch` with an FSDP config (configs/accelerate/*-fsdp.yaml) asks for --fsdp.
+    The units and precision are fixed.py's own (engine/fsdp.py); only FSDP2 is accepted."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() != "true":
+        return False
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        raise ConfigError(f"accelerate config: fsdp_version {os.environ.get('FSDP_VERSION', '1')}: fixed.py shards "
+                          f"with FSDP2, set fsdp_version: 2")
+    return True
+
+
+def init_distributed(device_choice: str, fsdp: bool = False) -> tuple[Dist, torch.device]:
+    """Reads the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK); gloo without CUDA, NCCL with.
+    `fsdp` with one process still makes a process group (of one): FSDP2 shards over a device mesh,
+    and its checkpoints are the same at every size."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     use_cuda = device_choice == "cuda" or (device_choice == "auto" and torch.cuda.is_available())
+    # the loop's flags and clocks are CPU tensors: gloo carries them beside NCCL's CUDA gradients
+    backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
     if world <= 1:
+        if fsdp and not dist.is_initialized():
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
         return Dist(), torch.device("cuda" if use_cuda else "cpu")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        # the loop's flags and clocks are CPU tensors: gloo carries them beside NCCL's CUDA gradients
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend=backend)
     return Dist(rank, world, local_rank), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
 
 

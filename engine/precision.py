@@ -18,6 +18,9 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 
 AMP_MODES = ("off", "bf16", "fp16")
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,19 +49,29 @@ def autocast(mode: str, device_type: str) -> contextlib.AbstractContextManager:
 
 
 def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """The total norm of the gradients of `params`; with sharded (FSDP) gradients every process holds
+    a part: their squares are summed over the processes (a collective every process calls alike)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
+    if isinstance(grads[0], DTensor):
+        squares = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
+        dist.all_reduce(squares)
+        return squares.sqrt()
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
 
 
 class MixedPrecision:
-    def __init__(self, mode: str, device: torch.device, *, init_scale: float = 2.0**16):
+    def __init__(self, mode: str, device: torch.device, *, init_scale: float = 2.0**16, sharded: bool = False):
+        """`sharded`: gradients are FSDP shards. Each process then sees only its part of every
+        gradient, and torch's GradScaler would skip or step per process on what its part holds;
+        ShardedGradScaler agrees on inf/nan over every process, so all skip together."""
         if mode not in AMP_MODES:
             raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
         self.mode = mode
         self.device_type = device.type
-        self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == "fp16" else None
+        scaler = ShardedGradScaler if sharded else torch.amp.GradScaler
+        self.scaler = scaler(device.type, init_scale=init_scale) if mode == "fp16" else None
         self.skipped_steps = 0
 
     def autocast(self) -> contextlib.AbstractContextManager:

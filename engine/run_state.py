@@ -14,9 +14,14 @@ from pathlib import Path
 
 import torch
 
-from engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, \
+    set_optimizer_state_dict, set_state_dict
+
+from engine.checkpoint import SHARDED_DIR, commit_checkpoint, is_sharded_checkpoint, load_checkpoint, load_state, \
+    rng_state, set_rng_state, start_checkpoint, staging_folder
 from engine.config import SECTION_OF, Config, ConfigError, RunCfg
-from engine.distributed import Dist
+from engine.distributed import Dist, is_sharded
 from engine.precision import MixedPrecision
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
@@ -25,7 +30,7 @@ from prompt import PromptCache, QwenFeatures
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
                "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only", "compile",
-               "grad_bucket_mb",
+               "grad_bucket_mb", "fsdp",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
@@ -53,6 +58,7 @@ class TrainState:
     # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
     trained: torch.nn.Module | None = None
     rl_head: torch.nn.Module | None = None
+    replica: ArcModel | None = None  # under --fsdp: the unsharded copy validation runs on (fixed.evaluation_view)
 
 
 def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
@@ -85,26 +91,43 @@ def _rank_state(state: TrainState) -> dict:
     cache = state.prompts if isinstance(state.prompts, PromptCache) else None
     if cache is not None:
         cache.flush()
-    return {"rng": rng_state(), "rl_noise": state.model.rl_noise_state(), "checksum": weights_checksum(state.model),
+    checksum = None if is_sharded(state.model) else weights_checksum(state.model)  # shards differ by design
+    return {"rng": rng_state(), "rl_noise": state.model.rl_noise_state(), "checksum": checksum,
             "prompt_cache": cache.state_dict() if cache is not None else None}
 
 
+# Frozen weights (a frozen Qwen, LoRA's base) come from their source, never from a checkpoint.
+TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
+
+
 def save_run_state(state: TrainState, config: dict, run_dir: Path, keep: int, dist: Dist) -> None:
-    """Collective: every rank calls it; the main one writes checkpoint `optimizer_steps`."""
+    """Collective: every rank calls it. Unsharded, the main one writes checkpoint `optimizer_steps`;
+    sharded (--fsdp), every one writes its shards of the weights and of the main optimizer with
+    torch.distributed.checkpoint, and the main one writes the rest."""
     ranks = dist.gather(_rank_state(state))
+    step = state.counters.optimizer_steps
     checksums = [r["checksum"] for r in ranks]
     if len(set(checksums)) > 1:  # a bug, never a user error: the processes must hold one model
-        raise RuntimeError(f"processes hold different weights at step {state.counters.optimizer_steps}: {checksums}")
+        raise RuntimeError(f"processes hold different weights at step {step}: {checksums}")
+    sharded = is_sharded(state.model)
+    if dist.is_main:
+        start_checkpoint(run_dir, step)
+    if sharded:
+        dist.barrier()  # the staging folder exists
+        model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
+        dcp.save({"model": model_state, "optimizer": optimizer_state},
+                 checkpoint_id=staging_folder(run_dir, step) / SHARDED_DIR)
     if dist.is_main:
         saved = {"counters": dataclasses.asdict(state.counters), "config": config, "world_size": dist.world_size,
-                 "optimizer": state.optimizer.state_dict(), "rl_optimizer": state.rl_optimizer.state_dict(),
-                 "amp": state.amp.state_dict(), "ranks": ranks}
-        save_checkpoint(run_dir, state.counters.optimizer_steps, state.model.trainable_state(), saved, keep)
+                 "rl_optimizer": state.rl_optimizer.state_dict(), "amp": state.amp.state_dict(), "ranks": ranks}
+        if not sharded:
+            saved["optimizer"] = state.optimizer.state_dict()
+        commit_checkpoint(run_dir, step, None if sharded else state.model.trainable_state(), saved, keep)
     dist.barrier()
 
 
 def restore_weights(model: ArcModel, folder: Path) -> dict:
-    """Load a checked checkpoint's weights into `model`; -> the rest of what it holds."""
+    """Load a checked unsharded checkpoint's weights into an unsharded `model`; -> the rest it holds."""
     weights, saved = load_checkpoint(folder)
     try:
         model.load_trainable_state(weights)
@@ -113,12 +136,52 @@ def restore_weights(model: ArcModel, folder: Path) -> dict:
     return saved
 
 
+def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
+    """Weights and main optimizer from either checkpoint format into a sharded or unsharded model.
+    -> state.pt's contents."""
+    if is_sharded_checkpoint(folder):
+        # torch.distributed.checkpoint reads the shards it needs, whatever sharding wrote them
+        model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
+        both = {"model": model_state, "optimizer": optimizer_state}
+        saved = {k[len("model."):] for k in dcp.FileSystemReader(folder / SHARDED_DIR).read_metadata()
+                 .state_dict_metadata if k.startswith("model.")}
+        unexpected = sorted(saved - set(model_state))  # DCP reads only what is asked for: say what it would skip
+        if unexpected:
+            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected {unexpected[:3]}): "
+                              f"resume with the flags it was trained with")
+        try:
+            dcp.load(both, checkpoint_id=folder / SHARDED_DIR)
+        except (RuntimeError, ValueError) as err:  # DCP's one error for missing keys or other shapes
+            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model ({str(err).splitlines()[0]}): "
+                              f"resume with the flags and data it was trained with") from None
+        # not strict: the frozen weights, left out on purpose, are the ones the model has
+        set_state_dict(state.model, state.optimizer, model_state_dict=both["model"],
+                       optim_state_dict=both["optimizer"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
+        return load_state(folder)
+    if not is_sharded(state.model):
+        saved = restore_weights(state.model, folder)
+        state.optimizer.load_state_dict(saved["optimizer"])
+        return saved
+    # an unsharded checkpoint into sharded weights: whole tensors in, each process keeps its shards
+    weights, saved = load_checkpoint(folder)
+    full = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    set_model_state_dict(state.model, weights, options=full)
+    # the optimizer's state names parameters by index in the unsharded file, by name here
+    names = {id(p): n for n, p in state.model.named_parameters()}
+    order = [names[id(p)] for group in state.optimizer.param_groups for p in group["params"]]
+    optimizer = saved["optimizer"]
+    set_optimizer_state_dict(state.model, state.optimizer, options=full, optim_state_dict={
+        "state": {order[i]: v for i, v in optimizer["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in optimizer["param_groups"]]})
+    return saved
+
+
 def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist, *, evaluating: bool = False) -> None:
     """Everything of a checkpoint back in place: weights, optimizers, scaler, RNG and counters.
     `evaluating`: nothing will train on, so the optimizer section (how the weights were trained; its
     --amp is the precision evaluation runs in, chosen on purpose) may differ without a warning."""
-    saved = restore_weights(state.model, folder)
-    state.optimizer.load_state_dict(saved["optimizer"])
+    saved = _restore_model_and_optimizer(state, folder)
     state.rl_optimizer.load_state_dict(saved["rl_optimizer"])
     state.amp.load_state_dict(saved["amp"])
     ranks = saved["ranks"]

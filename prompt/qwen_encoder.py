@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,6 +152,9 @@ class QwenTextEncoder(nn.Module):
         # Identifies the weights the features come from (a part of every prompt-cache key).
         self.fingerprint = hashlib.sha1(f"{source}:{cfg.qwen_dtype}:{cfg.qwen_pooling}".encode()).hexdigest()[:16]
         self.stats = EncoderStats()
+        # Under FSDP (engine/fsdp.py) every forward of the sharded trunk is a collective: given the
+        # chunks this process encodes, `lockstep` returns the most any process encodes.
+        self.lockstep: Callable[[int], int] | None = None
         self._token_counts: dict[str, int] = {}
 
     @classmethod
@@ -190,6 +194,20 @@ class QwenTextEncoder(nn.Module):
             keep -= 1
         return demos[:keep], len(demos) - keep
 
+    def _pooled(self, texts: list[str], device: torch.device) -> torch.Tensor:
+        """One trunk forward: texts -> pooled rows [len(texts), hidden] in the trunk's dtype."""
+        tokens = self.tokenizer(texts, padding=True, return_tensors="pt").to(device)
+        mask = tokens["attention_mask"]
+        hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
+        tokens_read = int(mask.sum())
+        self.stats.tokens += tokens_read
+        if hidden.requires_grad:
+            self.stats.tokens_with_grad += tokens_read
+        if self.cfg.qwen_pooling == "mean":
+            weights = mask.unsqueeze(-1).to(hidden.dtype)
+            return (hidden * weights).sum(1) / weights.sum(1)
+        return hidden[torch.arange(len(texts), device=device), mask.sum(1) - 1]  # right padding: last real token
+
     def encode(self, texts: list[str]) -> torch.Tensor:
         """N demo texts -> pooled features [N, hidden] float32, one row per text.
 
@@ -199,24 +217,19 @@ class QwenTextEncoder(nn.Module):
         device = next(self.trunk.parameters()).device
         pooled: list[torch.Tensor | None] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        size = self.cfg.qwen_encode_batch
+        chunks = [order[start:start + size] for start in range(0, len(order), size)]
+        padding = self.lockstep(len(chunks)) - len(chunks) if self.lockstep is not None else 0
         started = time.perf_counter()
-        for start in range(0, len(order), self.cfg.qwen_encode_batch):
-            chunk = order[start:start + self.cfg.qwen_encode_batch]
-            tokens = self.tokenizer([texts[i] for i in chunk], padding=True, return_tensors="pt").to(device)
-            mask = tokens["attention_mask"]
-            hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
-            if self.cfg.qwen_pooling == "mean":
-                weights = mask.unsqueeze(-1).to(hidden.dtype)
-                rows = (hidden * weights).sum(1) / weights.sum(1)
-            else:  # right padding: the last real token sits at length - 1
-                rows = hidden[torch.arange(len(chunk), device=device), mask.sum(1) - 1]
-            tokens_read = int(mask.sum())
-            self.stats.tokens += tokens_read
-            if hidden.requires_grad:
-                self.stats.tokens_with_grad += tokens_read
+        for chunk in chunks:
+            rows = self._pooled([texts[i] for i in chunk], device)
             # float32 whatever the trunk's dtype: the cache and the projection above are float32.
             for j, i in enumerate(chunk):
                 pooled[i] = rows[j].float()
+        if padding:  # forwards matching the other processes'; in the graph (times 0) so backward matches too
+            extra = sum(self._pooled(["0"], device).float().sum() for _ in range(padding))
+            if pooled:
+                pooled[0] = pooled[0] + 0 * extra
         self.stats.seconds += time.perf_counter() - started
         if not texts:
             return torch.zeros(0, self.hidden_size, device=device)

@@ -1,0 +1,96 @@
+"""--fsdp on this CPU (gloo): FSDP2 trains as one unsharded process with the whole batch does, its
+sharded checkpoints resume at another number of processes and with or without --fsdp, and its
+checksums hold."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
+from tests.conftest import ROOT
+from tests.test_end_to_end import scalars
+from tests.test_multiprocess import BIN, TORCHRUN, args
+
+ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-fsdp.yaml"),
+                   "--num_processes", "2", "--dynamo_backend", "no"]
+# two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
+# and re-reading its prompts in every micro-batch
+RUN = ("--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1", "--qwen_train", "full",
+       "--save_every", "1", "--keep_checkpoints", "0")
+
+
+def launch(command: list[str]) -> subprocess.CompletedProcess:
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def norms(run_dir) -> dict[int, float]:
+    return dict(scalars(run_dir)["grad/norm"])
+
+
+def keep_until(run_dir, step: int) -> None:
+    """The run folder as a run killed after checkpoint `step` left it."""
+    root = run_dir / "checkpoints"
+    for folder in root.glob("step_*"):
+        if int(folder.name[5:]) > step:
+            shutil.rmtree(folder)
+    (root / LATEST).write_text(f"step_{step:08d}\n")
+    (run_dir / "summary.json").unlink()
+
+
+@pytest.mark.slow
+def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, capsys):
+    """Two FSDP processes (launched by accelerate with the repository's FSDP config) reach DDP's
+    gradient norms and losses; their checkpoints are sharded. Killed after step 2 (a run folder as
+    a kill leaves it), the run resumes with one process, and one unsharded process's checkpoint
+    resumes as two FSDP processes: each continues as an unbroken run of its own size would. (One
+    process differs from two from step 3 on, by design: --canvas fit pads each process's batch to
+    its own largest grid.)"""
+    one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
+    launch([sys.executable, *args(arc_folder, one, 4, *RUN)])
+    launch([*TORCHRUN, *args(arc_folder, ddp, 2, *RUN)])
+    out = launch([*ACCELERATE_FSDP, *args(arc_folder, fsdp, 2, *RUN)])  # the FSDP config turns --fsdp on
+    assert "world_size=2 sharded (--fsdp)" in out.stderr
+    assert sorted(norms(ddp)) == [1, 2, 3, 4]
+    assert norms(fsdp) == pytest.approx(norms(ddp), rel=1e-4)
+    for tag in ("loss/combined", "grad/qwen_norm"):
+        assert dict(scalars(fsdp)[tag]) == pytest.approx(dict(scalars(ddp)[tag]), rel=1e-4)
+    assert {k: norms(one)[k] for k in (1, 2)} == pytest.approx({k: norms(fsdp)[k] for k in (1, 2)}, rel=1e-4)
+    last = fsdp / "checkpoints" / "step_00000004"
+    assert (last / SHARDED_DIR / ".metadata").is_file() and not (last / "model.safetensors").exists()
+    summary = json.loads((fsdp / "summary.json").read_text())
+    assert summary["eval/cell_acc"] == pytest.approx(json.loads((ddp / "summary.json").read_text())["eval/cell_acc"])
+
+    two_to_one = tmp_path / "two_to_one"
+    shutil.copytree(fsdp, two_to_one)
+    keep_until(two_to_one, 2)
+    launch([sys.executable, *args(arc_folder, two_to_one, 4, *RUN, "--fsdp", "--resume", str(two_to_one))])
+    assert norms(two_to_one) == pytest.approx(norms(one), rel=1e-4)
+    assert (two_to_one / "checkpoints" / "step_00000004" / SHARDED_DIR).is_dir()
+
+    one_to_two = tmp_path / "one_to_two"
+    shutil.copytree(one, one_to_two)
+    keep_until(one_to_two, 2)
+    launch([*TORCHRUN, *args(arc_folder, one_to_two, 2, *RUN, "--fsdp", "--resume", str(one_to_two))])
+    assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
+
+    # a sharded checkpoint evaluated by one unsharded process: the scores the sharded run reported
+    frozen = subprocess.run([sys.executable, *args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume",
+                                                    str(fsdp))], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert frozen.returncode == 2 and "the checkpoint does not fit the model (unexpected ['qwen.trunk." in frozen.stderr
+    launch([sys.executable, *args(arc_folder, tmp_path / "eval", 4, "--qwen_train", "full", "--eval_only", "--resume",
+                                  str(fsdp))])
+    evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    scores = [k for k in summary if k.startswith("eval/") and k != "eval/seconds_per_task"]
+    assert "eval/ttt_steps_per_task" in scores
+    assert {k: evaluated[k] for k in scores} == pytest.approx({k: summary[k] for k in scores})
+
+    # a damaged shard: named, and resuming falls back to the newest intact checkpoint
+    shard = sorted((last / SHARDED_DIR).glob("*.distcp"))[1]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert find_checkpoint(str(fsdp)).name == "step_00000003"
+    assert f"step_00000004 is damaged ({shard} does not match its checksum" in capsys.readouterr().err
