@@ -17,8 +17,8 @@ What FSDP asks of the loop, and where it is done:
 - every forward and backward of a unit is a collective: every process runs backward on every
   micro-batch, even with a non-finite loss (fixed.train_step), and encodes as many chunks of Qwen
   texts as the process with the most (QwenTextEncoder.lockstep);
-- gradients are sharded, so the fp16 scaler must agree on inf/nan over every shard: torch's
-  ShardedGradScaler (engine/precision.py);
+- gradients are sharded: the fp16 scaler and the clipping norm must see every shard (torch's
+  GradScaler and clip_grad_norm_ do with DTensor gradients; engine/precision.py's group norms too);
 - validation adapts weights per task, which sharded weights cannot do without every process in
   step: it runs on an unsharded copy (`unsharded_copy`);
 - checkpoints are written by every process with torch.distributed.checkpoint (engine/run_state.py).

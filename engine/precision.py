@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 AMP_MODES = ("off", "bf16", "fp16")
@@ -62,16 +61,15 @@ def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
 
 
 class MixedPrecision:
-    def __init__(self, mode: str, device: torch.device, *, init_scale: float = 2.0**16, sharded: bool = False):
-        """`sharded`: gradients are FSDP shards. Each process then sees only its part of every
-        gradient, and torch's GradScaler would skip or step per process on what its part holds;
-        ShardedGradScaler agrees on inf/nan over every process, so all skip together."""
+    def __init__(self, mode: str, device: torch.device, *, init_scale: float = 2.0**16):
         if mode not in AMP_MODES:
             raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
         self.mode = mode
         self.device_type = device.type
-        scaler = ShardedGradScaler if sharded else torch.amp.GradScaler
-        self.scaler = scaler(device.type, init_scale=init_scale) if mode == "fp16" else None
+        # With FSDP's sharded gradients each process holds a part of each gradient; torch's GradScaler
+        # finds inf/nan in DTensor gradients over every part (tests/test_multiprocess.py: a NaN in
+        # one process's shard alone skips the step on every process).
+        self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == "fp16" else None
         self.skipped_steps = 0
 
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -17,8 +17,9 @@ from tests.test_multiprocess import BIN, TORCHRUN, args
 ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-fsdp.yaml"),
                    "--num_processes", "2", "--dynamo_backend", "no"]
 # two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
-# and re-reading its prompts in every micro-batch
-RUN = ("--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1", "--qwen_train", "full",
+# and re-reading its prompts in every micro-batch; a short validation (it runs on an unsharded copy)
+SHORT_TTT = ("--ttt_steps", "10", "--ttt_views", "2", "--ttt_stop_views", "2")
+RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1", "--qwen_train", "full",
        "--save_every", "1", "--keep_checkpoints", "0")
 
 
@@ -82,8 +83,8 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     frozen = subprocess.run([sys.executable, *args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume",
                                                     str(fsdp))], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert frozen.returncode == 2 and "the checkpoint does not fit the model (unexpected ['qwen.trunk." in frozen.stderr
-    launch([sys.executable, *args(arc_folder, tmp_path / "eval", 4, "--qwen_train", "full", "--eval_only", "--resume",
-                                  str(fsdp))])
+    launch([sys.executable, *args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
+                                  "--resume", str(fsdp))])
     evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
     scores = [k for k in summary if k.startswith("eval/") and k != "eval/seconds_per_task"]
     assert "eval/ttt_steps_per_task" in scores

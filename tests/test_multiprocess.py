@@ -82,8 +82,8 @@ from engine.config import Config
 from engine.distributed import init_distributed, shutdown
 
 cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, amp={amp!r},
-                        fp16_init_scale=256.0, prompt_cache_dir="none")
-dist, device = init_distributed("cpu")
+                        fp16_init_scale=256.0, prompt_cache_dir="none", fsdp={fsdp!r})
+dist, device = init_distributed("cpu", cfg.optim.fsdp)
 fixed.seed_everything(0)
 data = fixed.build_data(cfg, device, dist)
 state = fixed.build_train_state(cfg, device, dist)
@@ -91,18 +91,30 @@ data.sampler.set_epoch(0)
 first, second = [b for _, b in zip(range(2), data.loader)]
 main = [p for g in state.optimizer.param_groups for p in g["params"]]
 hook = None
-if dist.rank == 1 and {fault!r} == "gradient":  # made inside backward, as an overflow would be
-    hook = state.model.agent.head.out.bias.register_hook(lambda g: torch.full_like(g, float("nan")))
+bias = state.model.agent.head.out.bias
+if dist.rank == 1 and {fault!r} == "gradient" and not cfg.optim.fsdp:  # made inside backward, as an overflow would be
+    hook = bias.register_hook(lambda g: torch.full_like(g, float("nan")))
+if dist.rank == 1 and {fault!r} == "gradient" and cfg.optim.fsdp:
+    # in rank 1's shard of the reduced gradient only: rank 0's shard is finite, and only a scaler
+    # that agrees over the shards (ShardedGradScaler) skips on both
+    step = state.amp.step
+    def poisoned(*a, **k):
+        bias.grad.to_local().fill_(float("nan"))
+        return step(*a, **k)
+    state.amp.step = poisoned
 if dist.rank == 1 and {fault!r} == "loss":  # NaN features: a NaN loss on this process only
     first = {{**first, "numeric": torch.full_like(first["numeric"], float("nan"))}}
-before, scale = [p.detach().clone() for p in main], state.amp.scale
+mine = lambda p: p.to_local() if hasattr(p, "to_local") else p  # this process's shard under FSDP
+whole = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p
+before, scale = [mine(p).detach().clone() for p in main], state.amp.scale
 skipped = fixed.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
-unchanged = all(torch.equal(a, p) for a, p in zip(before, main))
+unchanged = all(torch.equal(a, mine(p)) for a, p in zip(before, main))
 if hook is not None:
     hook.remove()
+state.amp.__dict__.pop("step", None)
 stepped = fixed.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
 json.dump(dict(skipped=skipped, unchanged=unchanged, scale_ratio=state.amp.scale / scale, stepped=stepped,
-               skipped_steps=state.amp.skipped_steps, checksum=sum(float(p.double().sum()) for p in main)),
+               skipped_steps=state.amp.skipped_steps, checksum=sum(float(whole(p).double().sum()) for p in main)),
           open({out!r} + f"/rank{{dist.rank}}.json", "w"))
 del state  # DDP's reducer goes before its process group, as when fixed.py's train() returns
 shutdown()
@@ -110,14 +122,19 @@ shutdown()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amp,fault", [("off", "gradient"), ("fp16", "gradient"), ("fp16", "loss")])
-def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, arc_folder, tmp_path):
+@pytest.mark.parametrize("amp,fault,fsdp", [("off", "gradient", False), ("fp16", "gradient", False),
+                                            ("fp16", "loss", False), ("fp16", "gradient", True), ("bf16", "loss", True)],
+                         ids=["ddp-off-gradient", "ddp-fp16-gradient", "ddp-fp16-loss", "fsdp-fp16-shard",
+                              "fsdp-bf16-loss"])
+def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, fsdp, arc_folder, tmp_path):
     """docs/invariants.md #3 over processes: rank 1 alone gets a NaN gradient (made in its backward)
     or a NaN loss (in the window's last micro-batch, which under DDP still goes backward); the
     reduction carries it to rank 0, both skip the step (fp16: both halve the scale), neither waits
-    for the other (a timeout would say so), and the next step is taken by both, to the same weights."""
+    for the other (a timeout would say so), and the next step is taken by both, to the same weights.
+    Under FSDP the NaN sits in rank 1's gradient shard alone (or comes from its loss, which still goes
+    backward: every backward is a collective there)."""
     script = tmp_path / "nan_on_rank_1.py"
-    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, fault=fault,
+    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, fault=fault, fsdp=fsdp,
                                            out=str(tmp_path)))
     out = subprocess.run([f"{BIN}/torchrun", "--nproc_per_node", "2", str(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
