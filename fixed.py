@@ -141,17 +141,15 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
 
 def evaluation_view(state: TrainState, cfg: Config, device: torch.device) -> tuple[ArcModel, QwenFeatures | None]:
     """The model and the Qwen features validation scores with. Sharded weights: an unsharded copy
-    (test-time training changes weights per task on each process; made at the first validation,
-    given the current weights at each; collective). A trainable Qwen: a fresh prompt cache, so
-    validation reads features of the weights as they are now (the training cache keeps each feature
-    from the step that encoded it)."""
+    (test-time training changes weights per task on each process), built for this validation and
+    dropped after it, so training never holds both (collective). A trainable Qwen: a fresh prompt
+    cache, so validation reads features of the weights as they are now (the training cache keeps
+    each feature from the step that encoded it)."""
     model = state.model
     if is_sharded(model):
-        if state.replica is None:
-            qwen = model.qwen if model.qwen is not None and not model.qwen.cfg.trainable else None
-            tasks = model.task_embedding.num_embeddings if model.task_embedding is not None else 0
-            state.replica = build_model(cfg, tasks=tasks, qwen=qwen).to(device)
-        model = unsharded_copy(model, state.replica)
+        qwen = model.qwen if model.qwen is not None and not model.qwen.cfg.trainable else None
+        tasks = model.task_embedding.num_embeddings if model.task_embedding is not None else 0
+        model = unsharded_copy(model, build_model(cfg, tasks=tasks, qwen=qwen).to(device))
     if model.qwen is not None and model.qwen.cfg.trainable:
         return model, PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
     return model, state.prompts

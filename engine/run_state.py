@@ -58,7 +58,6 @@ class TrainState:
     # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
     trained: torch.nn.Module | None = None
     rl_head: torch.nn.Module | None = None
-    replica: ArcModel | None = None  # under --fsdp: the unsharded copy validation runs on (fixed.evaluation_view)
 
 
 def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
