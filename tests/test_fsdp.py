@@ -3,9 +3,12 @@ sharded checkpoints resume at another number of processes and with or without --
 checksums hold."""
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -46,9 +49,10 @@ def keep_until(run_dir, step: int) -> None:
 @pytest.mark.slow
 def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, capsys):
     """Two FSDP processes (launched by accelerate with the repository's FSDP config) reach DDP's
-    gradient norms and losses; their checkpoints are sharded. Killed after step 2 (a run folder as
-    a kill leaves it), the run resumes with one process, and one unsharded process's checkpoint
-    resumes as two FSDP processes: each continues as an unbroken run of its own size would. (One
+    gradient norms and losses; their checkpoints are sharded. A sharded run SIGKILLed after step 2
+    resumes there with one process, and one unsharded process's checkpoint (the run folder as a
+    kill after step 2 leaves it) resumes as two FSDP processes: each continues as an unbroken run of
+    its own size would. (One
     process differs from two from step 3 on, by design: --canvas fit pads each process's batch to
     its own largest grid.)"""
     one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
@@ -66,12 +70,21 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     summary = json.loads((fsdp / "summary.json").read_text())
     assert summary["eval/cell_acc"] == pytest.approx(json.loads((ddp / "summary.json").read_text())["eval/cell_acc"])
 
-    two_to_one = tmp_path / "two_to_one"
-    shutil.copytree(fsdp, two_to_one)
-    keep_until(two_to_one, 2)
-    launch([sys.executable, *args(arc_folder, two_to_one, 4, *RUN, "--fsdp", "--resume", str(two_to_one))])
-    assert norms(two_to_one) == pytest.approx(norms(one), rel=1e-4)
-    assert (two_to_one / "checkpoints" / "step_00000004" / SHARDED_DIR).is_dir()
+    # 2 -> 1: a two-process sharded run SIGKILLed once step 2 is saved, resumed there by one process
+    killed = tmp_path / "killed"
+    run = subprocess.Popen([*TORCHRUN, *args(arc_folder, killed, 2, *RUN, "--fsdp")], cwd=ROOT,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (killed / "checkpoints" / "step_00000002").exists() and run.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert not (killed / "summary.json").exists(), "the run ended before it was killed"
+    step_2 = killed / "checkpoints" / "step_00000002"
+    launch([sys.executable, *args(arc_folder, killed, 4, *RUN, "--fsdp", "--resume", str(step_2))])
+    assert norms(killed) == pytest.approx(norms(one), rel=1e-4)
+    assert (killed / "checkpoints" / "step_00000004" / SHARDED_DIR).is_dir()
 
     one_to_two = tmp_path / "one_to_two"
     shutil.copytree(one, one_to_two)
@@ -95,3 +108,18 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     shard.write_bytes(shard.read_bytes()[:-1])
     assert find_checkpoint(str(fsdp)).name == "step_00000003"
     assert f"step_00000004 is damaged ({shard} does not match its checksum" in capsys.readouterr().err
+
+
+def test_fsdp_refuses_what_it_cannot_shard_and_reads_accelerate_configs(monkeypatch):
+    from engine.config import Config, ConfigError
+    from engine.distributed import launcher_wants_fsdp
+
+    with pytest.raises(ConfigError, match="--fsdp does not take --latent_step_lr"):
+        Config.from_flags(fsdp=True, latent_step_lr=0.1)
+    assert not launcher_wants_fsdp()
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    with pytest.raises(ConfigError, match="fsdp_version 1: fixed.py shards with FSDP2"):
+        launcher_wants_fsdp()
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    assert launcher_wants_fsdp()

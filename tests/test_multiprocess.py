@@ -224,3 +224,6 @@ def test_every_accelerate_config_is_one_accelerate_reads():
         machines, gpus = (int(n) for n in path.stem.split("-")[0].split("x"))
         assert (config.num_machines, config.num_processes) == (machines, machines * gpus), path.name
         assert config.mixed_precision == "no", f"{path.name}: precision is fixed.py's --amp"
+        # an FSDP config is read by fixed.py as --fsdp, and only FSDP2 (engine/distributed.launcher_wants_fsdp)
+        assert path.stem.endswith("-fsdp") == (config.distributed_type == "FSDP"), path.name
+        assert config.distributed_type != "FSDP" or str(config.fsdp_config.get("fsdp_version")) == "2", path.name
