@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 AMP_MODES = ("off", "bf16", "fp16")
@@ -48,16 +47,14 @@ def autocast(mode: str, device_type: str) -> contextlib.AbstractContextManager:
 
 
 def _norm(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """The total norm of the gradients of `params`; with sharded (FSDP) gradients every process holds
-    a part: their squares are summed over the processes (a collective every process calls alike)."""
+    """The total norm of the gradients of `params`. Sharded (FSDP) gradients are DTensors, each
+    process holding a part: torch's norm of them is partial per process and `full_tensor` sums
+    the parts (a collective every process calls alike)."""
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    if isinstance(grads[0], DTensor):
-        squares = torch.stack([g.to_local().float().pow(2).sum() for g in grads]).sum()
-        dist.all_reduce(squares)
-        return squares.sqrt()
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+    norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
 class MixedPrecision:

@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import fixed
 from engine.config import QwenCfg
+from tests.conftest import CPU
 from engine.distributed import Dist
 from engine.run_state import restore_run_state
 from prompt import PromptCache, QwenTextEncoder
@@ -157,3 +158,27 @@ def test_lora_adapters_are_saved_and_resumed(small_cfg, tmp_path):
     for k, v in lora.items():
         assert torch.equal(weights[k], v), k
     assert any(v.abs().sum() > 0 for k, v in lora.items() if "lora_B" in k), "the adapters trained"
+
+
+def test_validation_reads_a_trainable_encoder_as_it_is_now(small_cfg, state_and_batches):
+    """Validation's features come from the weights at that validation: the training cache keeps each
+    feature from the micro-batch that encoded it (stamped 0 in an evaluation), so read through it a
+    second validation would see the first one's features of a Qwen that has trained since."""
+    cfg = small_cfg(qwen_train="full")
+    state, _ = state_and_batches(cfg, 0)
+    texts = [("input\n01\noutput\n10\n",)]
+    _, first = fixed.evaluation_view(state, cfg, CPU)
+    before = first.features(texts, 0, CPU, training=False)[0]
+    state.prompts.features(texts, 0, CPU, training=False)  # what the training cache keeps from validation 1
+    with torch.no_grad():
+        for p in state.model.qwen.parameters():
+            p.add_(0.05)  # training moved Qwen
+    model, second = fixed.evaluation_view(state, cfg, CPU)
+    assert model is state.model and second is not state.prompts
+    now = second.features(texts, 0, CPU, training=False)[0]
+    assert not torch.allclose(before, now)
+    torch.testing.assert_close(now, state.model.qwen.encode([texts[0][0]]).detach())
+    # a frozen encoder's features never change: its cache (and disk) serve validation
+    frozen = small_cfg()
+    state, _ = state_and_batches(frozen, 0)
+    assert fixed.evaluation_view(state, frozen, CPU)[1] is state.prompts
