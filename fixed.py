@@ -489,6 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         dist, device = init_distributed(cfg.run.device, cfg.optim.fsdp)
         try:
             summary = train(cfg, device, dist)
+            # no process closes its connections while another still uses them (gloo aborts the other)
+            dist.barrier()
         finally:
             shutdown()
     except ConfigError as err:

@@ -8,11 +8,14 @@ steps only (`find_unused_parameters`: a parameter no process used keeps a None g
 leaves it alone). `Dist` carries the small control collectives of the loop (flags, clocks, counts,
 progress) and the gathering of validation results; no gradient is reduced by the suite's own
 code. Every process ends a step with identical gradients, so identical weights, scaler and RL head.
+With `--fsdp` (engine/fsdp.py) FSDP2 takes DDP's place for the model: `gradient_sync` and
+`is_sharded` speak for both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from dataclasses import dataclass
 
@@ -174,5 +177,8 @@ def init_distributed(device_choice: str, fsdp: bool = False) -> tuple[Dist, torc
 
 
 def shutdown() -> None:
+    """Destroy the process group, after the DDP reducers and FSDP units that use it: FSDP's modules
+    hold reference cycles, so they go at a collection, which must come before the group goes."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
