@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 
+import fixed
 from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
 from tests.conftest import ROOT
 from tests.test_end_to_end import scalars
@@ -22,7 +23,7 @@ ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "c
                    "--num_processes", "2", "--dynamo_backend", "no"]
 # two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
 # and re-reading its prompts in every micro-batch; a short validation (it runs on an unsharded copy)
-SHORT_TTT = ("--ttt_steps", "10", "--ttt_views", "2", "--ttt_stop_views", "2")
+SHORT_TTT = ("--val_every", "end", "--ttt_steps", "10", "--ttt_views", "2", "--ttt_stop_views", "2")
 RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1", "--qwen_train", "full",
        "--save_every", "1", "--keep_checkpoints", "0")
 
@@ -57,7 +58,7 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     process differs from two from step 3 on, by design: --canvas fit pads each process's batch to
     its own largest grid.)"""
     one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
-    launch([sys.executable, *args(arc_folder, one, 4, *RUN)])
+    assert fixed.main(args(arc_folder, one, 4, *RUN)[1:]) == 0  # one process: in this one
     launch([*TORCHRUN, *args(arc_folder, ddp, 2, *RUN)])
     out = launch([*ACCELERATE_FSDP, *args(arc_folder, fsdp, 2, *RUN)])  # the FSDP config turns --fsdp on
     assert "world_size=2 sharded (--fsdp)" in out.stderr
@@ -101,11 +102,11 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
 
     # a sharded checkpoint evaluated by one unsharded process: the scores the sharded run reported
-    frozen = subprocess.run([sys.executable, *args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume",
-                                                    str(fsdp))], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert frozen.returncode == 2 and "the checkpoint does not fit the model (unexpected ['qwen.trunk." in frozen.stderr
-    launch([sys.executable, *args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
-                                  "--resume", str(fsdp))])
+    capsys.readouterr()
+    assert fixed.main(args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume", str(fsdp))[1:]) == 2
+    assert "the checkpoint does not fit the model (unexpected ['qwen.trunk." in capsys.readouterr().err
+    assert fixed.main(args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
+                           "--resume", str(fsdp))[1:]) == 0
     evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
     scores = [k for k in summary if k.startswith("eval/") and k != "eval/seconds_per_task"]
     assert "eval/ttt_steps_per_task" in scores
@@ -114,6 +115,7 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     # a damaged shard: named, and resuming falls back to the newest intact checkpoint
     shard = sorted((last / SHARDED_DIR).glob("*.distcp"))[1]
     shard.write_bytes(shard.read_bytes()[:-1])
+    capsys.readouterr()
     assert find_checkpoint(str(fsdp)).name == "step_00000003"
     assert f"step_00000004 is damaged ({shard} does not match its checksum" in capsys.readouterr().err
 
