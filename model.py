@@ -134,14 +134,19 @@ class ArcModel(nn.Module):
         return {k: v for k, v in self.state_dict().items() if k not in self.frozen_names}
 
     def load_trainable_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.check_fits(state)
+        self.load_state_dict(state, strict=False)
+
+    def check_fits(self, state: dict[str, torch.Tensor]) -> None:
+        """ConfigError unless `state` holds exactly this model's trainable state, in its shapes."""
         shapes = {k: v.shape for k, v in self.state_dict().items()}
         wrong = sorted(k for k, v in state.items() if k in shapes and v.shape != shapes[k])
         if wrong:
             raise ConfigError(f"the checkpoint does not fit the model ({wrong[0]}: {tuple(state[wrong[0]].shape)} "
                               f"there, {tuple(shapes[wrong[0]])} here): resume with the flags and data it was "
                               f"trained with")
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = sorted(set(missing) - self.frozen_names)
+        missing = sorted(set(shapes) - set(state) - self.frozen_names)
+        unexpected = set(state) - set(shapes)
         if missing or unexpected:
             raise ConfigError(f"the checkpoint does not fit the model (missing {missing[:3]}, unexpected "
                               f"{sorted(unexpected)[:3]}): resume with the flags it was trained with")

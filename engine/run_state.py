@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, \
     set_optimizer_state_dict, set_state_dict
@@ -142,9 +141,9 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
         # torch.distributed.checkpoint reads the shards it needs, whatever sharding wrote them
         model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
         both = {"model": model_state, "optimizer": optimizer_state}
-        saved = {k[len("model."):] for k in dcp.FileSystemReader(folder / SHARDED_DIR).read_metadata()
-                 .state_dict_metadata if k.startswith("model.")}
-        unexpected = sorted(saved - set(model_state))  # DCP reads only what is asked for: say what it would skip
+        written = {k[len("model."):] for k in dcp.FileSystemReader(folder / SHARDED_DIR).read_metadata()
+                   .state_dict_metadata if k.startswith("model.")}
+        unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
         if unexpected:
             raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected {unexpected[:3]}): "
                               f"resume with the flags it was trained with")
@@ -164,6 +163,10 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
         return saved
     # an unsharded checkpoint into sharded weights: whole tensors in, each process keeps its shards
     weights, saved = load_checkpoint(folder)
+    try:
+        state.model.check_fits(weights)
+    except ConfigError as err:
+        raise ConfigError(f"--resume {folder}: {err}") from None
     full = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
     set_model_state_dict(state.model, weights, options=full)
     # the optimizer's state names parameters by index in the unsharded file, by name here

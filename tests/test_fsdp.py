@@ -100,6 +100,11 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     keep_until(one_to_two, 2)
     launch([*TORCHRUN, *args(arc_folder, one_to_two, 2, *RUN, "--fsdp", "--resume", str(one_to_two))])
     assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
+    # ... and a checkpoint of another shape is one line, before any shard is touched
+    capsys.readouterr()
+    assert fixed.main(args(arc_folder, tmp_path / "wrong", 4, *RUN, "--fsdp", "--agent_channels", "24", "--resume",
+                           str(one / "checkpoints" / "step_00000002"))[1:]) == 2
+    assert "the checkpoint does not fit the model (agent." in capsys.readouterr().err
 
     # a sharded checkpoint evaluated by one unsharded process: the scores the sharded run reported
     capsys.readouterr()
