@@ -15,7 +15,7 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) fixed.py --epochs 1 --max_batches 20
+	$(PY) fixed.py --config configs/smoke.toml
 
 test: $(STAMP)
 	$(PY) -m pytest

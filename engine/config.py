@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import tomllib
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -422,6 +424,55 @@ def build_parser(prog: str, description: str) -> OneLineParser:
     return parser
 
 
+def read_config_file(path: str) -> dict:
+    """A recipe: a .toml or .yaml file whose keys are flag names (configs/). -> {flag: value}.
+    An unreadable file, an unknown key or a value of the wrong type is one ConfigError naming the file."""
+    file = Path(path)
+    if file.suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"--config {path}: a recipe is a .toml or .yaml file")
+    try:
+        text = file.read_text()
+    except OSError as err:
+        raise ConfigError(f"--config {path}: {err.strerror}") from None
+    if file.suffix == ".toml":
+        try:
+            values = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"--config {path}: not valid TOML: {err}") from None
+    else:
+        import yaml  # noqa: PLC0415 - only YAML recipes need it
+
+        try:
+            values = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--config {path}: not valid YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: a recipe is a table of flag names and values")
+    unknown = sorted(set(values) - set(SECTION_OF))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown setting(s) {', '.join(unknown)} (keys are fixed.py's flag names)")
+    kinds = {f.name: typing.get_type_hints(cls)[f.name] for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    for name, value in values.items():
+        kind = kinds[name]
+        fits = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or \
+            (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise ConfigError(f"--config {path}: {name} = {value!r}: expected {kind.__name__}")
+    return {name: float(v) if kinds[name] is float else v for name, v in values.items()}
+
+
 def parse(argv: list[str] | None, prog: str, description: str) -> Config:
-    """The command line -> Config. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
-    return Config.from_flags(**vars(build_parser(prog, description).parse_args(argv)))
+    """The command line -> Config. `--config FILE` sets the defaults, flags on the command line
+    override them. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
+    parser = build_parser(prog, description)
+    parser.add_argument("--config", metavar="FILE", help="a recipe (configs/*.toml): flag names and values, "
+                                                         "overridden by the flags given here")
+    # only --config is looked for here; the full parser below refuses any unknown flag
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config")
+    recipe = finder.parse_known_args(argv)[0].config
+    if recipe:
+        parser.set_defaults(**read_config_file(recipe))
+    flags = vars(parser.parse_args(argv))
+    flags.pop("config")
+    return Config.from_flags(**flags)

@@ -97,3 +97,44 @@ def test_device_cuda_without_cuda_is_refused():
                          timeout=120)
     assert out.returncode == 2 and "--device cuda: no CUDA device is visible" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_every_recipe_in_configs_loads_and_the_command_line_overrides_it(recipe):
+    from engine.config import parse, read_config_file
+
+    values = read_config_file(str(recipe))
+    assert values, f"{recipe.name} sets nothing"
+    cfg = parse(["--config", str(recipe), "--device", "cpu", "--batch_size", "3"], "fixed.py", "")
+    flags = cfg.flags()
+    assert flags["batch_size"] == 3 and flags["device"] == "cpu"  # flags given win
+    assert all(flags[k] == v for k, v in values.items() if k not in ("batch_size", "device"))
+    # the recipe names the command that runs it
+    assert f"--config configs/{recipe.name}" in recipe.read_text()
+
+
+@pytest.mark.parametrize("text,suffix,says", [
+    ("batch_sise = 4\n", ".toml", "unknown setting(s) batch_sise (keys are fixed.py's flag names)"),
+    ("batch_size = \"four\"\n", ".toml", "batch_size = 'four': expected int"),
+    ("use_qwen = 1\n", ".toml", "use_qwen = 1: expected bool"),
+    ("batch_size = [\n", ".toml", "not valid TOML"),
+    ("batch_size: 4\nepochs: [1\n", ".yaml", "not valid YAML"),
+    ("- 4\n", ".yaml", "a recipe is a table of flag names and values"),
+])
+def test_a_bad_recipe_is_one_line_naming_the_file(text, suffix, says, tmp_path, capsys):
+    import fixed
+
+    recipe = tmp_path / f"recipe{suffix}"
+    recipe.write_text(text)
+    assert fixed.main(["--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"fixed.py: error: --config {recipe}: " in err and says in err, err
+
+
+def test_a_yaml_recipe_reads_as_a_toml_one(tmp_path):
+    from engine.config import parse
+
+    (tmp_path / "a.yaml").write_text("agent: transformer\nagent_lr: 0.002\nuse_qwen: false\n")
+    (tmp_path / "a.toml").write_text('agent = "transformer"\nagent_lr = 2e-3\nuse_qwen = false\n')
+    cfgs = [parse(["--config", str(tmp_path / f)], "fixed.py", "") for f in ("a.yaml", "a.toml")]
+    assert cfgs[0] == cfgs[1] and cfgs[0].agent.agent == "transformer" and cfgs[0].optim.agent_lr == 2e-3

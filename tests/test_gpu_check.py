@@ -109,14 +109,14 @@ def test_a_child_past_the_deadline_gets_sigterm(tmp_path):
 
 
 def test_the_arc_section_runs_the_readmes_one_gpu_recipe():
-    """The README's one-GPU command, less the device, the run length and the weights that cannot be
+    """The README's one-GPU recipe, less the device, the run length and the weights that cannot be
     downloaded there (the same shape, random weights)."""
-    text = (ROOT / "README.md").read_text()
-    start = text.index("python fixed.py", text.index("# one GPU:"))
-    command = text[start:text.index("\n# ", start)].replace("\\\n", " ").split()
-    flags = command[command.index("--amp"):command.index("--epochs")]
-    flags[flags.index("--qwen_model") + 1] = "random:Qwen/Qwen2.5-0.5B"
-    assert tuple(flags) == ONE_GPU_RECIPE
+    from engine.config import read_config_file
+
+    assert "python fixed.py --config configs/gpu-1.toml" in (ROOT / "README.md").read_text()
+    assert ONE_GPU_RECIPE[:2] == ("--config", "configs/gpu-1.toml")
+    recipe = read_config_file(str(ROOT / ONE_GPU_RECIPE[1]))
+    assert ONE_GPU_RECIPE[2:] == ("--qwen_model", f"random:{recipe['qwen_model']}")
 
 
 def test_markdown_table_has_every_key_as_a_column():

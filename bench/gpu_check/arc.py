@@ -22,9 +22,10 @@ from bench.gpu_check.report import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 # the README's one-GPU command, with the published shape's random weights in place of the download
-ONE_GPU_RECIPE = ("--amp", "bf16", "--qwen_model", "random:Qwen/Qwen2.5-0.5B", "--qwen_train", "lora",
-                  "--batch_size", "8", "--prompt_refresh", "10", "--max_prompt_tokens", "2048", "--num_workers", "4")
-TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--prompt_dim", "32", "--num_workers", "0")
+# the README's one-GPU recipe, with Qwen2.5-0.5B's shape and random weights (no download there)
+ONE_GPU_RECIPE = ("--config", "configs/gpu-1.toml", "--qwen_model", "random:Qwen/Qwen2.5-0.5B")
+TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--prompt_dim", "32", "--num_workers", "0",
+              "--eval_augments", "8", "--ttt_batch_size", "8")  # the CPU's validation
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
                  "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
                  "ARC-AGI-1 (docs/adaptation.md)")
