@@ -40,7 +40,7 @@ from engine.evaluation import EvalResult, describe, evaluate, first_tasks, score
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
     seed_everything, summary_line
-from engine.precision import MixedPrecision, check_master_weights
+from engine.precision import MixedPrecision, check_master_weights, slow_precision
 from engine.run_logger import RunLogger
 from engine.run_state import TrainState, plan_run_dir, restore_run_state, save_run_state
 from engine.schedule import TrainingSchedule
@@ -465,6 +465,9 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
           f"[qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
     if validation:
         print(validation, file=sys.stderr)
+    slow = slow_precision(cfg.optim.amp, next(state.model.parameters()).device)
+    if slow:
+        print(slow, file=sys.stderr)
     # A resumed run rewrites the steps after its checkpoint: TensorBoard drops the old ones.
     steps = state.counters.optimizer_steps
     return RunLogger(run_dir, cfg.flags(), state.model.description(), purge_step=steps + 1 if steps else None)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fixed
-from engine.precision import MixedPrecision, check_master_weights
+from engine.precision import MixedPrecision, check_master_weights, slow_precision
 from loss_function import training_loss
 from prompt import with_qwen_features
 
@@ -196,3 +196,17 @@ def slice_batch(batch: dict, n: int) -> dict:
 
 def concat_batches(a: dict, b: dict) -> dict:
     return {k: torch.cat([a[k], b[k]]) if torch.is_tensor(a[k]) else a[k] + b[k] for k in a}
+
+
+def test_a_precision_without_native_kernels_on_this_cpu_is_said_in_one_line(monkeypatch):
+    """docs: --amp bf16 on a CPU without AVX-512 BF16 or AMX runs emulated, several times slower."""
+    cpu = torch.device("cpu")
+    zen3 = {"cpu_name": "AMD EPYC 7B13", "avx2": True, "avx512_bf16": False, "amx_bf16": False}
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: zen3)
+    line = slow_precision("bf16", cpu)
+    assert line.startswith("warning: --amp bf16: this CPU (AMD EPYC 7B13) has no native bf16 kernels")
+    assert "\n" not in line
+    assert slow_precision("off", cpu) is None and slow_precision("bf16", torch.device("cuda")) is None
+    assert slow_precision("fp16", cpu).startswith("warning: --amp fp16")
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {**zen3, "avx512_bf16": True})
+    assert slow_precision("bf16", cpu) is None
