@@ -22,9 +22,12 @@ import torch
 
 from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
+from engine.precision import AMP_MODES
+from engine.scoring import RANKINGS
 
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
+FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
 
 
 class ConfigError(ValueError):
@@ -140,7 +143,7 @@ class PromptCfg:
     use_qwen: bool = flag(True, "Qwen text stream of the prompt")
     use_numeric: bool = flag(True, "15 numeric task features stream of the prompt")
     use_relation: bool = flag(True, "demo input/output relation features stream of the prompt")
-    fuse: str = flag("mean", "how the prompt streams are fused", ("mean", "sum"))
+    fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES)
     rl_rank: int = flag(8, "rank of the RL head's prompt delta")
     task_embedding: bool = flag(False, "a learned embedding per training task (with --train_on_eval_demos, per "
                                        "evaluation task too) added to the prompt; a task never trained on gets none")
@@ -213,7 +216,7 @@ class OptimCfg:
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
     grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
-                    ("off", "bf16", "fp16"))
+                    AMP_MODES)
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
     grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB")
     fsdp: bool = flag(False, "shard weights, gradients and AdamW state over the processes with FSDP2 (a trainable "
@@ -246,7 +249,7 @@ class EvalCfg:
     attempt_ranking: str = flag("votes", "how candidates become the two attempts: votes over the views (ties: mean "
                                          "log-probability); the candidate's log-probability summed over every "
                                          "view; or hedged, the votes' first and the log-probability's first",
-                                ("votes", "logprob", "hedged"))
+                                RANKINGS)
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
                                 "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 from data.features import NUMERIC_DIM, RELATION_DIM
-
-FUSE_MODES = ("mean", "sum")
+from engine.config import FUSE_MODES
 
 
 def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:

@@ -138,3 +138,19 @@ def test_a_yaml_recipe_reads_as_a_toml_one(tmp_path):
     (tmp_path / "a.toml").write_text('agent = "transformer"\nagent_lr = 2e-3\nuse_qwen = false\n')
     cfgs = [parse(["--config", str(tmp_path / f)], "fixed.py", "") for f in ("a.yaml", "a.toml")]
     assert cfgs[0] == cfgs[1] and cfgs[0].agent.agent == "transformer" and cfgs[0].optim.agent_lr == 2e-3
+
+
+def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
+    """A choice added where the code acts on it is a choice of the flag, and no copy can drift."""
+    import prompt.hybrid
+    from data.episodes import CANVAS_MODES
+    from engine import precision, scoring
+    from engine.config import LR_SCHEDULES, TTT_PARAMS
+
+    choices = {f.name: f.metadata.get("choices") for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+    assert choices["amp"] is precision.AMP_MODES
+    assert choices["attempt_ranking"] is scoring.RANKINGS
+    assert choices["fuse"] is prompt.hybrid.FUSE_MODES
+    assert choices["canvas"] is CANVAS_MODES
+    assert choices["ttt_params"] == (*TTT_PARAMS, "task")  # the weight groups, or the per-task adapter
+    assert choices["lr_schedule"] is LR_SCHEDULES

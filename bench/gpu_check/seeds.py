@@ -20,8 +20,8 @@ from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section, one_line
 from engine.config import Config
 from engine.loop import epoch_windows
+from engine.precision import AMP_MODES
 
-AMPS = ("off", "bf16", "fp16")
 QWEN_MODES = ("full", "lora")
 MICRO_BATCHES, GRAD_ACCUM, POISONED = 8, 3, 1  # windows 3 + 3 + 2; the second gets the non-finite gradient
 SCALER_ERRORS = ("no inf checks", "unscale fp16")
@@ -29,7 +29,7 @@ SCALER_ERRORS = ("no inf checks", "unscale fp16")
 
 def run(check: Check, section: Section) -> None:
     seen: dict[str, list[str]] = {}  # each warning's first line -> the cases that raised it
-    for amp, qwen in check.budgeted(section, [(a, q) for q in QWEN_MODES for a in AMPS]):
+    for amp, qwen in check.budgeted(section, [(a, q) for q in QWEN_MODES for a in AMP_MODES]):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
