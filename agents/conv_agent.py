@@ -6,12 +6,17 @@ residual block, and through the generated output layer.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.views import NUM_VIEWS
+
+if TYPE_CHECKING:
+    from engine.config import AgentCfg
 
 
 class FiLMBlock(nn.Module):
@@ -45,6 +50,10 @@ class FiLMConvAgent(nn.Module):
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
         self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
+
+    @classmethod
+    def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> FiLMConvAgent:
+        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> torch.Tensor:

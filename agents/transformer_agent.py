@@ -8,12 +8,17 @@ computation without more parameters.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.views import NUM_VIEWS
+
+if TYPE_CHECKING:
+    from engine.config import AgentCfg
 
 
 class TransformerAgent(nn.Module):
@@ -31,6 +36,11 @@ class TransformerAgent(nn.Module):
                                            batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
+
+    @classmethod
+    def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> TransformerAgent:
+        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
+                   cycles=cfg.agent_cycles, views=cfg.input_views)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> torch.Tensor:

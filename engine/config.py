@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from agents import AGENT_NAMES
 from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
 from engine.precision import AMP_MODES
@@ -164,7 +165,7 @@ class PromptCfg:
 class AgentCfg:
     """The grid agent."""
 
-    agent: str = flag("conv", "grid agent", ("conv", "transformer"))
+    agent: str = flag("conv", "grid agent (agents/__init__.py: AGENTS)", AGENT_NAMES)
     agent_channels: int = flag(64, "channels (model width) of the agent")
     agent_layers: int = flag(3, "transformer agent: layers")
     agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")

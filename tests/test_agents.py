@@ -124,3 +124,33 @@ def test_a_compiled_agent_matches_the_eager_one_as_the_batch_size_changes():
         torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-4)
         for compiled_grad, eager_grad in zip(grads[1][1], grads[0][1]):
             torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_every_registered_agent_keeps_the_contract(name):
+    """agents/contract.py: built from the flags, the Agent protocol's attributes and methods, logits
+    [B, S, S, 12] at any side, its parameter groups its own, and a per-task adapter sized by its
+    shape read in every one of its num_blocks blocks."""
+    from agents import Agent
+    from agents.adapter import TaskAdapters
+
+    cfg = Config.from_flags(agent=name, agent_channels=16, prompt_dim=32)
+    agent = build_agent(cfg.agent, prompt_dim=32)
+    assert isinstance(agent, Agent) and isinstance(agent, torch.nn.Module)
+    torch.manual_seed(0)
+    prompt = torch.randn(2, 32)
+    for side in (3, 7):
+        assert agent(torch.randint(0, 10, (2, side, side)), prompt).shape == (2, side, side, NUM_CLASSES)
+    own = {id(p) for p in agent.parameters()}
+    for group in (agent.late_parameters(), agent.adapter_parameters()):
+        assert group and {id(p) for p in group} <= own
+    canvas = torch.randint(0, 10, (2, 5, 5))
+    adapters = TaskAdapters(slots=1, prompt_dim=32, channels=agent.channels, blocks=agent.num_blocks,
+                            views=agent.num_views, rank=4, seed=0)
+    rows = adapters(torch.zeros(2, dtype=torch.int64))
+    plain = agent(canvas, prompt, rows)
+    for block in range(agent.num_blocks):
+        with torch.no_grad():
+            adapters.up.zero_()
+            adapters.up[:, block] = 0.5
+        assert not torch.allclose(agent(canvas, prompt, adapters(torch.zeros(2, dtype=torch.int64))), plain), block

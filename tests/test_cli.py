@@ -145,6 +145,7 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     import prompt.hybrid
     from data.episodes import CANVAS_MODES
     from engine import precision, scoring
+    from agents import AGENT_NAMES
     from engine.config import LR_SCHEDULES, TTT_PARAMS
 
     choices = {f.name: f.metadata.get("choices") for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
@@ -154,3 +155,4 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     assert choices["canvas"] is CANVAS_MODES
     assert choices["ttt_params"] == (*TTT_PARAMS, "task")  # the weight groups, or the per-task adapter
     assert choices["lr_schedule"] is LR_SCHEDULES
+    assert choices["agent"] is AGENT_NAMES
