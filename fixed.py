@@ -48,7 +48,7 @@ from engine.validation_schedule import ValidationSchedule, fits_in_training
 from loss_function import training_loss
 from model import ArcModel, build_model
 from policy_refined import RLInfo
-from prompt import PromptCache, QwenFeatures, with_qwen_features
+from prompt import QwenFeatures
 
 # ----------------------------------------------------------------------------------------------
 # Building the parts
@@ -119,11 +119,9 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
     if groups["task_embedding"]:
         param_groups.append({"params": groups["task_embedding"], "lr": cfg.optim.task_embedding_lr,
                              "weight_decay": 0.0, "name": "task_embedding"})
-    prompts = None
-    if model.qwen is not None:
-        prompts = PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
-        if prompt_cache_dir is not None:
-            prompts.open_disk(prompt_cache_dir)
+    prompts = model.prompt_cache(cfg.qwen.prompt_refresh)
+    if prompts is not None and prompt_cache_dir is not None:
+        prompts.open_disk(prompt_cache_dir)
     # Under DDP with several processes (no-ops with one). The RL head learns from its own loss with its
     # own optimizer: its own DDP, left out of the model's. A trainable Qwen takes part on refresh steps
     # only: DDP must then look for unused parameters (a walk of the graph each step; off otherwise).
@@ -147,11 +145,9 @@ def evaluation_view(state: TrainState, cfg: Config, device: torch.device) -> tup
     each feature from the step that encoded it)."""
     model = state.model
     if is_sharded(model):
-        qwen = model.qwen if model.qwen is not None and not model.qwen.cfg.trainable else None
-        tasks = model.task_embedding.num_embeddings if model.task_embedding is not None else 0
-        model = unsharded_copy(model, build_model(cfg, tasks=tasks, qwen=qwen).to(device))
-    if model.qwen is not None and model.qwen.cfg.trainable:
-        return model, PromptCache(model.qwen, refresh=cfg.qwen.prompt_refresh)
+        model = unsharded_copy(model, model.fresh_copy(cfg).to(device))
+    if model.trains_qwen:
+        return model, model.prompt_cache(cfg.qwen.prompt_refresh)
     return model, state.prompts
 
 
@@ -190,7 +186,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     for i, batch in enumerate(window):
         last = i == len(window) - 1
         with record_function("step/prompt"):
-            batch = with_qwen_features(batch, state.prompts, counters.micro_batches + i, training=True)
+            batch = model.encode_prompts(batch, state.prompts, counters.micro_batches + i, training=True)
         with gradient_sync(trained, last):
             with record_function("step/forward"), amp.autocast():
                 pred = trained(batch, "sampled+mean")
@@ -207,7 +203,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
             continue
         if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
             loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
-            loss.stats["latent/step_lr"] = model.latent_step.log_lr.detach().exp()
+            loss.stats["latent/step_lr"] = model.latent_step_size()
         for k, v in loss.stats.items():
             stats[k] = stats.get(k, 0.0) + v / len(window)
         infos.append(pred.rl)

@@ -5,14 +5,19 @@
       -> with --latent_step_lr: + one gradient step on the context demos' loss (agents/latent_step.py)
       -> agent on the query inputs, all K refinements in ONE call -> logits [K, B, S, S, 12]
 
-Training, validation, test-time training and the benchmarks all call `model(batch, refinement)`;
-engine code reads the model only through the methods below: `parameter_groups()` (what each
-optimizer holds), `ttt_parameters()` (what test-time training may adapt), `trainable_state()` /
-`load_trainable_state()` (what a checkpoint holds), `rl_update()` and the RL noise state.
+Qwen runs in `encode_prompts` (through the prompt cache: on a miss, or with gradients on a
+trainable encoder's refresh steps), before `model(batch, refinement)`, which reads its features.
+Training, validation, test-time training and the benchmarks all call those two; engine code reads
+the model only through the methods below: `parameter_groups()` (what each optimizer holds),
+`ttt_parameters()` (what test-time training may adapt), `trainable_state()` /
+`load_trainable_state()` (what a checkpoint holds), `prompt_cache()`, `fresh_copy()`,
+`rl_update()`, the RL noise state, `draw_deltas()`, `num_views`, `latent_step_size()`; and FSDP
+its units (`fsdp_units()`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +31,7 @@ from data.features import NUMERIC_DIM
 from engine.config import TTT_PARAMS, Config, ConfigError
 from engine.distributed import Dist
 from policy_refined import PolicyRefiner, RLInfo
-from prompt import QwenHybridPrompt, QwenTextEncoder
+from prompt import PromptCache, QwenFeatures, QwenHybridPrompt, QwenTextEncoder, with_qwen_features
 
 
 @dataclass
@@ -51,6 +56,54 @@ class ArcModel(nn.Module):
         # time, so test-time training toggling requires_grad cannot change what a checkpoint holds.
         self.frozen_names = frozenset(f"qwen.{n}" for n, p in qwen.named_parameters() if not p.requires_grad) \
             if qwen is not None else frozenset()
+
+    def encode_prompts(self, batch: dict, cache: QwenFeatures | None, micro_batch: int, training: bool) -> dict:
+        """Where Qwen runs: the batch with `qwen` [B, hidden] float32 and `qwen_present` [B] bool
+        added from `cache` (the cache encodes what it lacks, and on a trainable encoder's refresh
+        micro-batches in training encodes with gradients); unchanged without a Qwen stream."""
+        return with_qwen_features(batch, cache, micro_batch, training)
+
+    def prompt_cache(self, refresh: int) -> PromptCache | None:
+        """A new, empty prompt cache over this model's Qwen (None without one)."""
+        return PromptCache(self.qwen, refresh=refresh) if self.qwen is not None else None
+
+    @property
+    def trains_qwen(self) -> bool:
+        return self.qwen is not None and self.qwen.cfg.trainable
+
+    def fresh_copy(self, cfg: Config) -> ArcModel:
+        """A new model of this one's build and flags, on the CPU; a frozen Qwen is shared, not loaded
+        again (validation under FSDP copies the sharded weights into it: engine/fsdp.py)."""
+        tasks = self.task_embedding.num_embeddings if self.task_embedding is not None else 0
+        return build_model(cfg, tasks=tasks, qwen=None if self.trains_qwen else self.qwen)
+
+    def fsdp_units(self) -> list[nn.Module]:
+        """What FSDP shards, in the order to shard it: a trainable Qwen's decoder layers, then its
+        trunk; then the prompt heads, the refiner, the agent and the task embedding (each a root)."""
+        units: list[nn.Module] = []
+        if self.trains_qwen:
+            from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+            units += [m for m in self.qwen.trunk.modules() if isinstance(m, Qwen2DecoderLayer)] + [self.qwen.trunk]
+        return units + [m for m in (self.prompt, self.policy.refiner, self.agent, self.task_embedding) if m is not None]
+
+    def encode_in_lockstep(self, most_chunks: Callable[[int], int]) -> None:
+        """Under FSDP: every process runs as many Qwen forwards as the one with the most
+        (`most_chunks`: this process's count -> the most; QwenTextEncoder.lockstep)."""
+        self.qwen.lockstep = most_chunks
+
+    @property
+    def num_views(self) -> int:
+        """The agent's prompt-gated input views (a view start per view in adaptation)."""
+        return self.agent.num_views
+
+    def draw_deltas(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """n prompt deltas [n, P] float32 drawn from the RL head's Gaussian (PolicyRefiner.draw_deltas)."""
+        return self.policy.draw_deltas(n, generator)
+
+    def latent_step_size(self) -> torch.Tensor | None:
+        """The latent step's learned step size (a scalar), None without a latent step."""
+        return self.latent_step.log_lr.detach().exp() if self.latent_step is not None else None
 
     def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
                 adapter: AdapterSlice | None = None) -> Prediction:

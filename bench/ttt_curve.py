@@ -44,7 +44,7 @@ from engine.precision import autocast
 from engine.run_state import restore_run_state
 from engine.scoring import pair_metrics
 from model import ArcModel
-from prompt import QwenFeatures, with_qwen_features
+from prompt import QwenFeatures
 
 COLUMNS = ("cell_acc", "changed_cell_acc", "exact")
 
@@ -53,7 +53,7 @@ COLUMNS = ("cell_acc", "changed_cell_acc", "exact")
 def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int],
                     kept: AdapterSlice | None, cfg: Config, device: torch.device) -> list[dict[str, float]]:
     """pair_metrics of each episode's identity-view prediction (argmax) against its query output."""
-    batch = with_qwen_features(to_device(collate([dataset[(i, 0)] for i in episodes]), device), prompts, 0,
+    batch = model.encode_prompts(to_device(collate([dataset[(i, 0)] for i in episodes]), device), prompts, 0,
                                training=False)
     with autocast(cfg.optim.amp, device.type):
         logits = model(batch, "mean", None if kept is None else kept.repeat(len(episodes))).logits[0]

@@ -42,7 +42,7 @@ from engine.precision import MixedPrecision
 from engine.schedule import lr_factor, set_lrs
 from loss_function import efe_loss
 from model import ArcModel
-from prompt import QwenFeatures, with_qwen_features
+from prompt import QwenFeatures
 
 # A view start's gate bias: that view all but alone. A trained gate's own logits span ~15 (+10 on
 # the views its training used, -5 on the others: measured after a 5-minute run on the unseen
@@ -110,7 +110,7 @@ def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int,
 def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, batch: dict,
                 rows: torch.Tensor, cfg: Config) -> torch.Tensor:
     """Mean EFE over each adapter row's samples -> [rows of the adapter] float32 (0 for a row without)."""
-    pred = model(with_qwen_features(batch, prompts, 0, training=False), "mean", adapters(rows))
+    pred = model(model.encode_prompts(batch, prompts, 0, training=False), "mean", adapters(rows))
     per_sample = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,
                           cfg=cfg.loss).per_sample
     n = adapters.latent.shape[0]
@@ -166,9 +166,9 @@ def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task
     with torch.no_grad():
         for task in usable:
             first = task * per_task
-            draws = model.policy.draw_deltas(cfg.eval.latent_starts - 1, generator)
+            draws = model.draw_deltas(cfg.eval.latent_starts - 1, generator)
             adapters.latent[first + 1:first + cfg.eval.latent_starts] = draws.to(adapters.latent.device)
-            for v in range(model.agent.num_views if cfg.eval.view_starts else 0):
+            for v in range(model.num_views if cfg.eval.view_starts else 0):
                 adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
 
 
@@ -178,7 +178,7 @@ def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTa
     (`--ttt_params task`); all of `tasks` together. Training ends early when `stop()` says so (the
     caller then discards the result)."""
     e = cfg.eval
-    views = model.agent.num_views if e.view_starts else 0
+    views = model.num_views if e.view_starts else 0
     per_task = e.latent_starts + views
     tune = e.ttt_steps > 0 and e.ttt_params == "task"
     unadapted = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)},
@@ -225,7 +225,7 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpis
     The identity view is tried alone first: most checks fail there, at an eighth of the cost."""
     for views in sorted({1, cfg.eval.ttt_stop_views}):
         batch, _ = demos.every({0: 0}, views)
-        batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
+        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
         with MixedPrecision(cfg.optim.amp, device).autocast():
             pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
         if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
@@ -273,7 +273,7 @@ def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask
             _set_step_lr(optimizer, base, steps, cfg.eval.ttt_steps, cfg.eval.ttt_schedule)
             steps += 1
             batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)
-            batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
+            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             with amp.autocast():
                 pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
                 loss = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,

@@ -35,7 +35,7 @@ from engine.precision import autocast
 from engine.render import task_image
 from engine.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from model import ArcModel
-from prompt import QwenFeatures, with_qwen_features
+from prompt import QwenFeatures
 
 IMAGES = 4  # tasks drawn as images for TensorBoard
 
@@ -50,7 +50,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
     out: dict[int, Candidates] = defaultdict(Candidates)
     with autocast(cfg.optim.amp, device.type):
         for batch in loader:
-            batch = with_qwen_features(to_device(batch, device), prompts, 0, training=False)
+            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             adapter = None
             if adapted is not None and adapted.adapters is not None:
                 adapter = adapted.adapters(torch.tensor([adapted.row[t] for t in batch["task_id"]], device=device))

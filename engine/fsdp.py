@@ -42,8 +42,6 @@ def shard_model(model: nn.Module, dist: Dist, device: torch.device, amp: str) ->
 
     Mixed precision follows `amp`: units compute in bf16/fp16 from float32 master shards, and
     gradients are reduced in float32."""
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
     from engine.run_state import weights_checksum  # noqa: PLC0415 - run_state imports the model, this is below it
 
     sums = dist.gather(weights_checksum(model))
@@ -51,18 +49,11 @@ def shard_model(model: nn.Module, dist: Dist, device: torch.device, amp: str) ->
         raise RuntimeError(f"--fsdp: the processes built different weights ({sums}); FSDP2 does not broadcast them")
     mesh = init_device_mesh(device.type, (dist.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=AMP_DTYPES.get(amp), reduce_dtype=torch.float32)
-
-    def shard(module: nn.Module | None) -> None:
-        if module is not None and any(p.requires_grad for p in module.parameters()):
-            fully_shard(module, mesh=mesh, mp_policy=policy)
-
-    if model.qwen is not None and model.qwen.cfg.trainable:
-        for layer in [m for m in model.qwen.trunk.modules() if isinstance(m, Qwen2DecoderLayer)]:
-            shard(layer)
-        shard(model.qwen.trunk)
-        model.qwen.lockstep = dist.max_int
-    for unit in (model.prompt, model.policy.refiner, model.agent, model.task_embedding):
-        shard(unit)
+    for unit in model.fsdp_units():
+        if any(p.requires_grad for p in unit.parameters()):
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+    if model.trains_qwen:
+        model.encode_in_lockstep(dist.max_int)
 
 
 def unsharded_copy(model: nn.Module, replica: nn.Module) -> nn.Module:
