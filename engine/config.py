@@ -150,9 +150,8 @@ class PromptCfg:
                                        "evaluation task too) added to the prompt; a task never trained on gets none")
     latent_step_lr: float = flag(0.0, "LPN's latent step, inside the model: before a query is predicted, its refined "
                                       "prompt takes one gradient step on the agent's loss on its context demos, in "
-                                      "training, validation and adaptation alike (on a CPU about 1.5x a training "
-                                      "step, 2x at validation); the step size starts here and is learned (0: off; "
-                                      "see agents/latent_step.py)")
+                                      "training, validation and adaptation alike; the step size starts here and is "
+                                      "learned (0: off; see agents/latent_step.py)")
     latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample")
 
     def __post_init__(self) -> None:
@@ -258,8 +257,7 @@ class EvalCfg:
     view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
                                    "never picked in training is then one start away), if it sizes every demo right")
     ttt_steps: int = flag(60, "test-time training steps (at most: see --ttt_check_every) on each evaluation "
-                              "task's demos (0: off, the search alone); on 2 CPU cores about 0.8 s a task where "
-                              "the demos get solved, 3-6 s on ARC-AGI-1")
+                              "task's demos (0: off, the search alone)")
     ttt_lr: float = flag(1e-3, "test-time training learning rate (of named groups; of the task adapter's "
                                "low-rank update)")
     ttt_schedule: str = flag("constant", "test-time training learning rate over the steps: constant, or cosine "

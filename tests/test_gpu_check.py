@@ -40,7 +40,7 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert list(sections) == list(gpu_check.SECTIONS)
     assert all(s["error"] is None for s in sections.values()), sections
     cases = sections["seeds"]["rows"]
-    assert [(r["amp"], r["qwen"]) for r in cases] == [(a, q) for q in seeds.QWEN_MODES for a in seeds.AMPS]
+    assert [(r["amp"], r["qwen"]) for r in cases] == [(a, q) for q in seeds.QWEN_MODES for a in seeds.AMP_MODES]
     assert all(r["ok"] and r["stepped"] == "1,0,1" and r["windows"] == "3+3+2" for r in cases)
     assert [r["loss scale"] for r in cases if r["amp"] == "fp16"] == ["1024 > 1024 > 512 > 512"] * 2
     assert [r["mode"] for r in sections["qwen"]["rows"]] == ["frozen", "lora", "full"]
