@@ -151,6 +151,20 @@ def evaluation_view(state: TrainState, cfg: Config, device: torch.device) -> tup
     return model, state.prompts
 
 
+def load_run(cfg: Config, checkpoint: Path | None, device: torch.device, dist: Dist = Dist(),
+             cache_dir: Path | None = None) -> tuple[TrainingData, TrainState]:
+    """A run's data and state as `checkpoint` (a folder find_checkpoint has checked; None: fresh
+    weights) left them, to evaluate: seeded, the data built (its training episodes set the
+    difficulty scale of the prompt's controls), the weights restored. The one way a bench, a test
+    or --eval_only loads a run."""
+    seed_everything(cfg.run.seed)
+    data = build_data(cfg, device, dist)
+    state = build_train_state(cfg, device, dist, cache_dir, len(data.task_ids))
+    if checkpoint is not None:
+        restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
+    return data, state
+
+
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:
     if cfg.qwen.prompt_cache_dir == "none":
         return None
@@ -348,13 +362,9 @@ def train_epochs(cfg: Config, device: torch.device, dist: Dist, stop: StopReques
 def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest) -> dict:
     """Validate the weights of `--resume` (or fresh ones) on `--eval_tasks` (-1: all) into a new run
     folder; nothing trains and the resumed run's folder is only read. -> the summary."""
-    seed_everything(cfg.run.seed)
-    data = build_data(cfg, device, dist)  # its training episodes set the difficulty scale of the prompt's controls
     checkpoint = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     run_dir = plan_run_dir(cfg.run, checkpoint)
-    state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, run_dir), len(data.task_ids))
-    if checkpoint is not None:
-        restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
+    data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
     weights = checkpoint or "fresh weights"
     logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {weights}")
     started = time.time()

@@ -29,9 +29,7 @@ import fixed
 from data.synthetic import FAMILIES
 from engine.checkpoint import find_checkpoint
 from engine.config import SECTION_OF, Config
-from engine.distributed import Dist
 from engine.evaluation import evaluate
-from engine.run_state import restore_run_state
 
 CPU = torch.device("cpu")
 
@@ -65,11 +63,8 @@ def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) 
     """Re-evaluate the run's final checkpoint as `cfg` says (--eval_refinement mean/sampled/zero,
     eval augments, test-time training). With `by_family`, fill it with {synthetic family:
     first-attempt exact match}."""
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, CPU)
+    data, state = fixed.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
     eval_set = data.eval_set
-    state = fixed.build_train_state(cfg, CPU, prompt_cache_dir=run_dir.parent / "cache", tasks=len(data.task_ids))
-    restore_run_state(state, find_checkpoint(str(run_dir)), cfg.flags(), Dist(), evaluating=True)
     result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     metrics, submission = result.metrics, result.submission
     if by_family is not None:

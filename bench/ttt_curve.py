@@ -37,11 +37,9 @@ from data.episodes import EpisodeDataset, collate
 from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
 from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config, ConfigError
-from engine.distributed import Dist
 from engine.evaluation import first_tasks
 from engine.loop import to_device
 from engine.precision import autocast
-from engine.run_state import restore_run_state
 from engine.scoring import pair_metrics
 from model import ArcModel
 from prompt import QwenFeatures
@@ -74,12 +72,8 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
     if cfg.eval.ttt_params == "task":
         raise SystemExit("--set ttt_params=task: the per-task adapter trains outside adapted_weights; "
                          "choose all, late, adapter or prompt")
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, device)
+    data, state = fixed.load_run(cfg, folder, device, cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent))
     evals = data.eval_set
-    state = fixed.build_train_state(cfg, device, prompt_cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent),
-                                    tasks=len(data.task_ids))
-    restore_run_state(state, folder, cfg.flags(), Dist(), evaluating=True)
     model = state.model.train(False)
     chosen = set(first_tasks(evals, tasks))  # the evaluation set holds every evaluation task
     by_task: dict[str, list[int]] = defaultdict(list)
