@@ -97,7 +97,7 @@ def cell_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas
     """Mean per-cell log-likelihood of the target over valid cells: [B] float32, with gradients.
 
     logits [B, S, S, C] float; target, input_canvas [B, S, S] int64. The latent step
-    (agents/latent_step.py) descends its negative on the context demos.
+    (prompt/latent_step.py) descends its negative on the context demos.
     """
     log_q = F.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
     validf = valid_cells(input_canvas, target).float()

@@ -2,7 +2,7 @@
 
     batch (with Qwen features from the prompt cache) -> QwenHybridPrompt -> prompt [B, P]
       -> PolicyRefiner: refined prompts [K, B, P] (the mean, a sampled delta, both, or one given)
-      -> with --latent_step_lr: + one gradient step on the context demos' loss (agents/latent_step.py)
+      -> with --latent_step_lr: + one gradient step on the context demos' loss (prompt/latent_step.py)
       -> agent on the query inputs, all K refinements in ONE call -> logits [K, B, S, S, 12]
 
 Qwen runs in `encode_prompts` (through the prompt cache: on a miss, or with gradients on a
@@ -25,13 +25,13 @@ from torch import nn
 
 from agents import build_agent
 from agents.adapter import AdapterSlice, TaskAdapters
-from agents.latent_step import LatentStep
 from data.episodes import CTRL_DIM
 from data.features import NUMERIC_DIM
 from engine.config import TTT_PARAMS, Config, ConfigError
 from engine.distributed import Dist
 from policy_refined import PolicyRefiner, RLInfo
 from prompt import PromptCache, QwenFeatures, QwenHybridPrompt, QwenTextEncoder, with_qwen_features
+from prompt.latent_step import LatentStep
 
 
 @dataclass

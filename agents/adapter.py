@@ -1,5 +1,5 @@
 """Per-task adapters: a small state per task that batches over tasks, each sample reading its own
-task's slice (engine/adaptation.py trains them on a task's demos; the shared weights never change).
+task's slice (evaluation/adaptation.py trains them on a task's demos; the shared weights never change).
 
     latent      [T, P]              added to the refined prompt: the latent the search moves
     gate_bias   [T, V]              added to the view gate's logits: a view the prompt cannot pick

@@ -28,7 +28,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from torch.profiler import ProfilerActivity, profile
 
-import fixed
+import training
 from engine.config import Config
 from engine.distributed import init_distributed, shutdown
 from engine.loop import epoch_windows
@@ -64,16 +64,16 @@ def worker(run: str, steps: int) -> None:
     shape, engine = run.split("/")
     cfg = Config.from_flags(data="synthetic:200", synthetic_size="3-6", fsdp=engine == "fsdp", **SHAPES[shape])
     dist, device = init_distributed("cpu", cfg.optim.fsdp)
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, device, dist)
-    state = fixed.build_train_state(cfg, device, dist)
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, device, dist)
+    state = training.build_train_state(cfg, device, dist)
     data.sampler.set_epoch(0)
     windows = epoch_windows(data.loader, steps + 1, 1, device)
-    fixed.train_step(state, next(windows), cfg, dist)  # warm-up; AdamW's state exists from here
+    training.train_step(state, next(windows), cfg, dist)  # warm-up; AdamW's state exists from here
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for window in windows:
-            fixed.train_step(state, window, cfg, dist)
+            training.train_step(state, window, cfg, dist)
     seconds = (time.perf_counter() - start) / steps
     calls = sum(e.count for e in prof.key_averages()  # gloo's or nccl's
                 if ":" in e.key and any(c in e.key.split(":")[-1] for c in COLLECTIVES)) / steps

@@ -25,11 +25,11 @@ import numpy as np
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import fixed
+import training
 from data.synthetic import FAMILIES
 from engine.checkpoint import find_checkpoint
 from engine.config import SECTION_OF, Config
-from engine.evaluation import evaluate
+from evaluation.evaluate import evaluate
 
 CPU = torch.device("cpu")
 
@@ -56,14 +56,14 @@ def run(minutes: float, run_dir: Path, reuse: bool = False, **overrides) -> tupl
                             prompt_cache_dir=str(run_dir.parent / "cache"), **{**SETTINGS, **overrides})
     if reuse and (run_dir / "summary.json").exists():
         return cfg, json.loads((run_dir / "summary.json").read_text()), run_dir
-    return cfg, fixed.train(cfg, CPU), run_dir
+    return cfg, training.train(cfg, CPU), run_dir
 
 
 def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) -> dict:
     """Re-evaluate the run's final checkpoint as `cfg` says (--eval_refinement mean/sampled/zero,
     eval augments, test-time training). With `by_family`, fill it with {synthetic family:
     first-attempt exact match}."""
-    data, state = fixed.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
+    data, state = training.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
     eval_set = data.eval_set
     result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     metrics, submission = result.metrics, result.submission

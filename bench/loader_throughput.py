@@ -14,14 +14,14 @@ import time
 
 import torch
 
-import fixed
+import training
 from engine.config import Config
 
 CPU = torch.device("cpu")
 
 
 def loader_rate(cfg: Config, n: int) -> float:
-    data = fixed.build_data(cfg, CPU)
+    data = training.build_data(cfg, CPU)
     data.sampler.set_epoch(0)
     it = iter(data.loader)
     next(it)  # worker start-up is paid once per epoch, not per batch
@@ -32,17 +32,17 @@ def loader_rate(cfg: Config, n: int) -> float:
 
 
 def training_rate(cfg: Config, n: int) -> float:
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, CPU)
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, CPU)
     data.sampler.set_epoch(0)
     batches = [b for _, b in zip(range(n + 1), data.loader)]
-    state = fixed.build_train_state(cfg, CPU)
+    state = training.build_train_state(cfg, CPU)
     for b in batches:  # fill the prompt cache: steady state of a frozen encoder after one epoch
         state.prompts.features(b["demo_texts"], 0, CPU, training=False)
-    fixed.train_step(state, [batches[0]], cfg)
+    training.train_step(state, [batches[0]], cfg)
     start = time.perf_counter()
     for b in batches[1:]:
-        fixed.train_step(state, [b], cfg)
+        training.train_step(state, [b], cfg)
     return n / (time.perf_counter() - start)
 
 

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-import fixed
+import training
 from engine.config import Config, QwenCfg
 from prompt import QwenTextEncoder
 from prompt.cache import CacheStats
@@ -58,9 +58,9 @@ class EveryNBatches:
 def run_policy(name: str, max_batches: int) -> dict:
     trainable = name.startswith("(d)")
     cfg = Config.from_flags(qwen_train="full" if trainable else "frozen", prompt_refresh=10)
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, CPU)
-    state = fixed.build_train_state(cfg, CPU)
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, CPU)
+    state = training.build_train_state(cfg, CPU)
     encoder = state.model.qwen
     if name.startswith("(a)"):
         state.prompts = EveryNBatches(encoder, 1)
@@ -70,7 +70,7 @@ def run_policy(name: str, max_batches: int) -> dict:
     n = data.batches_in_epoch(max_batches)
     start = time.perf_counter()
     for _, batch in zip(range(n), data.loader):
-        fixed.train_step(state, [batch], cfg)
+        training.train_step(state, [batch], cfg)
     total = time.perf_counter() - start
     return {"policy": name, "batches": n, "tokens": encoder.stats.tokens, "grad_tokens": encoder.stats.tokens_with_grad,
             "encoder_s": encoder.stats.seconds, "step_s": total}

@@ -26,7 +26,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-import fixed
+import training
 from engine.config import Config
 from engine.loop import epoch_windows
 from engine.precision import slow_precision
@@ -64,7 +64,7 @@ def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps
         t0 = clock(device)
         window = next(windows)
         t1 = clock(device)
-        stats = fixed.train_step(state, window, cfg)
+        stats = training.train_step(state, window, cfg)
         t2 = clock(device)
         logger.accumulate(stats)
         if state.counters.optimizer_steps % cfg.run.log_every == 0:
@@ -109,9 +109,9 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
     long run once the augmentation pool has been seen); with `phases` a third, profiled, splits the
     warm `train_step` into its phases (host time: on a CPU the phases' own). -> {"cold": pass,
     "warm": pass, "phases": seconds per step, ...}"""
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, device)
-    state = fixed.build_train_state(cfg, device)
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, device)
+    state = training.build_train_state(cfg, device)
     logger = RunLogger(log_dir, cfg.flags(), "bench")
     cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, device=device)
     warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, bare=True, device=device)
@@ -123,7 +123,7 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
                                      device))
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for window in windows[warmup:]:
-                fixed.train_step(state, window, cfg)
+                training.train_step(state, window, cfg)
         by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
     return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
 

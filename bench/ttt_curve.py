@@ -29,18 +29,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import fixed
+import training
 from agents.adapter import AdapterSlice
 from bench.learnability import CPU, parse_settings
 from data.canvas import decode_logits
 from data.episodes import EpisodeDataset, collate
-from engine.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
+from evaluation.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
 from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config, ConfigError
-from engine.evaluation import first_tasks
+from evaluation.evaluate import first_tasks
 from engine.loop import to_device
 from engine.precision import autocast
-from engine.scoring import pair_metrics
+from evaluation.scoring import pair_metrics
 from model import ArcModel
 from prompt import QwenFeatures
 
@@ -72,7 +72,7 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
     if cfg.eval.ttt_params == "task":
         raise SystemExit("--set ttt_params=task: the per-task adapter trains outside adapted_weights; "
                          "choose all, late, adapter or prompt")
-    data, state = fixed.load_run(cfg, folder, device, cache_dir=fixed.prompt_cache_dir(cfg, folder.parent.parent))
+    data, state = training.load_run(cfg, folder, device, cache_dir=training.prompt_cache_dir(cfg, folder.parent.parent))
     evals = data.eval_set
     model = state.model.train(False)
     chosen = set(first_tasks(evals, tasks))  # the evaluation set holds every evaluation task

@@ -92,7 +92,7 @@ class EpisodeDataset(Dataset):
         `fit_target`: False for evaluation episodes, whose side must not depend on their output.
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
         `context_demos`: each sample also carries up to this many of its (augmented) context demos
-        as grids, for a model's latent step (agents/latent_step.py); they fit the episode's side."""
+        as grids, for a model's latent step (prompt/latent_step.py); they fit the episode's side."""
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas

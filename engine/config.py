@@ -24,11 +24,11 @@ from agents import AGENT_NAMES
 from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
 from engine.precision import AMP_MODES
-from engine.scoring import RANKINGS
 
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
+RANKINGS = ("votes", "logprob", "hedged")  # how candidates become the two attempts (evaluation/scoring.py)
 
 
 class ConfigError(ValueError):
@@ -151,7 +151,7 @@ class PromptCfg:
     latent_step_lr: float = flag(0.0, "LPN's latent step, inside the model: before a query is predicted, its refined "
                                       "prompt takes one gradient step on the agent's loss on its context demos, in "
                                       "training, validation and adaptation alike; the step size starts here and is "
-                                      "learned (0: off; see agents/latent_step.py)")
+                                      "learned (0: off; see prompt/latent_step.py)")
     latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample")
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 Gradients are averaged by torch's DistributedDataParallel (`data_parallel`, `gradient_sync`).
 DDP reduces from hooks inside backward, so every process takes part in a window's last backward
-(fixed.train_step: a non-finite loss there still goes backward, and its NaN reaches every process
+(training.train_step: a non-finite loss there still goes backward, and its NaN reaches every process
 through the reduction, so every process skips that step); a trainable Qwen takes part on refresh
 steps only (`find_unused_parameters`: a parameter no process used keeps a None gradient, so AdamW
 leaves it alone). `Dist` carries the small control collectives of the loop (flags, clocks, counts,
@@ -93,6 +93,13 @@ class Dist:
     def barrier(self) -> None:
         if self.active:
             dist.barrier()
+
+
+def weights_checksum(model: nn.Module) -> float:
+    """A cheap fingerprint of every trainable weight of an ArcModel (float64 sums), to compare processes."""
+    with torch.no_grad():
+        return float(sum(v.double().sum() * (i + 1) for i, v in enumerate(model.trainable_state().values())
+                         if v.is_floating_point()))
 
 
 def data_parallel(module: nn.Module, dist_: Dist, device: torch.device, *, bucket_mb: float,

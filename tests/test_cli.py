@@ -122,11 +122,11 @@ def test_every_recipe_in_configs_loads_and_the_command_line_overrides_it(recipe)
     ("- 4\n", ".yaml", "a recipe is a table of flag names and values"),
 ])
 def test_a_bad_recipe_is_one_line_naming_the_file(text, suffix, says, tmp_path, capsys):
-    import fixed
+    import training
 
     recipe = tmp_path / f"recipe{suffix}"
     recipe.write_text(text)
-    assert fixed.main(["--config", str(recipe)]) == 2
+    assert training.main(["--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"fixed.py: error: --config {recipe}: " in err and says in err, err
 
@@ -144,7 +144,8 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     """A choice added where the code acts on it is a choice of the flag, and no copy can drift."""
     import prompt.hybrid
     from data.episodes import CANVAS_MODES
-    from engine import precision, scoring
+    from engine import precision
+    from evaluation import scoring
     from agents import AGENT_NAMES
     from engine.config import LR_SCHEDULES, TTT_PARAMS
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import fixed
+import training
 from tests.conftest import ROOT
 
 REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "grad/norm", "grad/qwen_norm",
@@ -60,8 +60,8 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
 
 def test_same_seed_same_losses(small_cfg, tmp_path):
     """docs/invariants.md #9, first half: two runs with one seed give identical losses."""
-    a = fixed.train(small_cfg(run_dir=str(tmp_path / "a")), torch.device("cpu"))
-    b = fixed.train(small_cfg(run_dir=str(tmp_path / "b")), torch.device("cpu"))
+    a = training.train(small_cfg(run_dir=str(tmp_path / "a")), torch.device("cpu"))
+    b = training.train(small_cfg(run_dir=str(tmp_path / "b")), torch.device("cpu"))
     assert scalars(a["run_dir"])["loss/combined"] == scalars(b["run_dir"])["loss/combined"]
 
 
@@ -70,12 +70,12 @@ def test_same_seed_same_losses(small_cfg, tmp_path):
 def test_resume_mid_epoch_gives_the_same_weights(small_cfg, tmp_path, lr_schedule):
     """docs/invariants.md #9, second half: 4 steps straight == 2 steps, resume, 2 more (bit-identical);
     under a decaying lr too (the checkpoint holds decayed lrs; the schedule's base is the flags')."""
-    straight = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, lr_schedule=lr_schedule),
+    straight = training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, lr_schedule=lr_schedule),
                            torch.device("cpu"))
     half = small_cfg(run_dir=str(tmp_path / "b"), max_batches=4, save_every=2, lr_schedule=lr_schedule)
-    fixed.train(half, torch.device("cpu"))
+    training.train(half, torch.device("cpu"))
     ckpt_2 = tmp_path / "b" / "checkpoints" / "step_00000002"
-    resumed = fixed.train(small_cfg(run_dir=str(tmp_path / "c"), max_batches=4, resume=str(ckpt_2),
+    resumed = training.train(small_cfg(run_dir=str(tmp_path / "c"), max_batches=4, resume=str(ckpt_2),
                                     lr_schedule=lr_schedule), torch.device("cpu"))
     assert straight["steps"] == resumed["steps"] == 4
     wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_00000004" / "model.safetensors"))
@@ -92,10 +92,10 @@ def test_resume_under_fp16_with_accumulation_and_a_trainable_qwen_gives_the_same
     the same weights, optimizer moments and scaler state, bit for bit."""
     flags = dict(amp="fp16", grad_accum=2, qwen_train="lora", prompt_refresh=2, qwen_lr=1e-3, max_batches=8,
                  fp16_init_scale=1024.0, val_every="end", eval_tasks=1, ttt_steps=1)
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), **flags), torch.device("cpu"))
-    fixed.train(small_cfg(run_dir=str(tmp_path / "b"), save_every=2, **flags), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), **flags), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "b"), save_every=2, **flags), torch.device("cpu"))
     ckpt_2 = tmp_path / "b" / "checkpoints" / "step_00000002"
-    fixed.train(small_cfg(run_dir=str(tmp_path / "c"), resume=str(ckpt_2), **flags), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "c"), resume=str(ckpt_2), **flags), torch.device("cpu"))
     a, c = (tmp_path / name / "checkpoints" / "step_00000004" for name in ("a", "c"))
     wa, wc = load_file(str(a / "model.safetensors")), load_file(str(c / "model.safetensors"))
     assert any(k.startswith("qwen.") and "lora_" in k for k in wa)

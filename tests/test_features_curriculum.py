@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-import fixed
+import training
 from data.arc import ArcPair
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import DifficultyScale, episode_difficulty, training_episodes
@@ -109,7 +109,7 @@ def test_loader_workers_give_the_same_batches():
     """--num_workers takes the samples' arithmetic off the training process without changing them."""
     def batches(workers: int) -> list[dict]:
         cfg = Config.from_flags(data="synthetic:40", batch_size=4, num_workers=workers)
-        data = fixed.build_data(cfg, torch.device("cpu"))
+        data = training.build_data(cfg, torch.device("cpu"))
         data.sampler.set_epoch(1)
         return [b for _, b in zip(range(6), data.loader)]
 

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-import fixed
+import training
 from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
 from tests.conftest import ROOT
 from tests.test_end_to_end import scalars
@@ -58,7 +58,7 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     process differs from two from step 3 on, by design: --canvas fit pads each process's batch to
     its own largest grid.)"""
     one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
-    assert fixed.main(args(arc_folder, one, 4, *RUN)[1:]) == 0  # one process: in this one
+    assert training.main(args(arc_folder, one, 4, *RUN)[1:]) == 0  # one process: in this one
     launch([*TORCHRUN, *args(arc_folder, ddp, 2, *RUN)])
     out = launch([*ACCELERATE_FSDP, *args(arc_folder, fsdp, 2, *RUN)])  # the FSDP config turns --fsdp on
     assert "world_size=2 sharded (--fsdp)" in out.stderr
@@ -102,15 +102,15 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
     # ... and a checkpoint of another shape is one line, before any shard is touched
     capsys.readouterr()
-    assert fixed.main(args(arc_folder, tmp_path / "wrong", 4, *RUN, "--fsdp", "--agent_channels", "24", "--resume",
+    assert training.main(args(arc_folder, tmp_path / "wrong", 4, *RUN, "--fsdp", "--agent_channels", "24", "--resume",
                            str(one / "checkpoints" / "step_00000002"))[1:]) == 2
     assert "the checkpoint does not fit the model (agent." in capsys.readouterr().err
 
     # a sharded checkpoint evaluated by one unsharded process: the scores the sharded run reported
     capsys.readouterr()
-    assert fixed.main(args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume", str(fsdp))[1:]) == 2
+    assert training.main(args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume", str(fsdp))[1:]) == 2
     assert "the checkpoint does not fit the model (unexpected ['qwen.trunk." in capsys.readouterr().err
-    assert fixed.main(args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
+    assert training.main(args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
                            "--resume", str(fsdp))[1:]) == 0
     evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
     scores = [k for k in summary if k.startswith("eval/") and k != "eval/seconds_per_task"]

@@ -1,14 +1,14 @@
-"""LPN's latent step inside the model (--latent_step_lr, agents/latent_step.py): what it reads, that it
+"""LPN's latent step inside the model (--latent_step_lr, prompt/latent_step.py): what it reads, that it
 descends, and that a run trains it, saves it and resumes it."""
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixed
-from agents.latent_step import MAX_STEP_RATIO, LatentStep
+import training
+from prompt.latent_step import MAX_STEP_RATIO, LatentStep
 from engine.config import Config, ConfigError
-from engine.evaluation import evaluate
+from evaluation.evaluate import evaluate
 from prompt import with_qwen_features
 from tests.test_end_to_end import scalars
 
@@ -33,7 +33,7 @@ def test_batches_carry_each_samples_context_demos(small_cfg, state_and_batches):
 
 def context_losses(agent, prompt, batch):
     """Each sample's mean cross-entropy over its context demos' valid cells [B] (written out here
-    apart from agents/latent_step.py, to check it)."""
+    apart from prompt/latent_step.py, to check it)."""
     owner = batch["context_owner"]
     logits = agent(batch["context_input"], prompt[owner])
     ce = torch.nn.functional.cross_entropy(logits.permute(0, 3, 1, 2), batch["context_target"], reduction="none")
@@ -104,9 +104,9 @@ def test_a_run_learns_the_step_size_logs_it_and_resumes_it_bit_for_bit(small_cfg
     """The step size is a trained weight: it moves, it is in TensorBoard and the checkpoint, and a
     resumed run continues it exactly; validation with test-time training runs on the same model."""
     flags = dict(latent_step_lr=10.0, max_batches=4, eval_tasks=2, ttt_steps=2)
-    straight = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), **flags), CPU)
-    fixed.train(small_cfg(run_dir=str(tmp_path / "b"), save_every=2, **flags), CPU)
-    fixed.train(small_cfg(run_dir=str(tmp_path / "c"), resume=str(tmp_path / "b" / "checkpoints" / "step_00000002"),
+    straight = training.train(small_cfg(run_dir=str(tmp_path / "a"), **flags), CPU)
+    training.train(small_cfg(run_dir=str(tmp_path / "b"), save_every=2, **flags), CPU)
+    training.train(small_cfg(run_dir=str(tmp_path / "c"), resume=str(tmp_path / "b" / "checkpoints" / "step_00000002"),
                           **flags), CPU)
     tags = scalars(straight["run_dir"])
     assert {"latent/step_norm", "latent/step_lr"} <= tags.keys()
@@ -121,9 +121,9 @@ def test_a_run_learns_the_step_size_logs_it_and_resumes_it_bit_for_bit(small_cfg
 def test_adaptation_runs_the_step_on_the_demo_episodes(small_cfg, state_and_batches):
     """Latent search and weight TTT read batches of demo episodes: they carry context demos too."""
     cfg = small_cfg(latent_step_lr=10.0, eval_tasks=2, ttt_steps=2, latent_steps=2, eval_augments=1)
-    fixed.seed_everything(0)
-    data = fixed.build_data(cfg, CPU)
-    state = fixed.build_train_state(cfg, CPU)
+    training.seed_everything(0)
+    data = training.build_data(cfg, CPU)
+    state = training.build_train_state(cfg, CPU)
     steps = []  # (samples, their context demos) of every step the model took
     state.model.latent_step.register_forward_hook(
         lambda module, args, out: steps.append((args[1].shape[0], args[2].shape[0])))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixed
+import training
 from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
 from engine.precision import MixedPrecision
 from tests.conftest import ROOT
@@ -24,7 +24,7 @@ def test_no_scaler_assertion_in_any_combination(amp, qwen_train, small_cfg, tmp_
     partial last window, and --max_batches ending mid-window)."""
     cfg = small_cfg(amp=amp, qwen_train=qwen_train, grad_accum=2, max_batches=3, prompt_refresh=2,
                     run_dir=str(tmp_path / "run"), fp16_init_scale=256.0)
-    summary = fixed.train(cfg, torch.device("cpu"))
+    summary = training.train(cfg, torch.device("cpu"))
     assert summary["steps"] == 2
 
 
@@ -102,44 +102,44 @@ def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_pa
 
 
 def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp_path, capsys):
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     capsys.readouterr()
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=3e-4, clip=0.5,
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=3e-4, clip=0.5,
                           resume=str(tmp_path / "a")), torch.device("cpu"))
     err = capsys.readouterr().err
     assert "resuming with a different config: agent_lr, clip" in err
 
 
 def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_default(small_cfg, tmp_path, capsys):
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     ckpt = find_checkpoint(str(tmp_path / "a"))
     state = torch.load(ckpt / STATE_FILE, weights_only=False)
     del state["config"]["clip"]  # as a checkpoint written before the flag existed
     torch.save(state, ckpt / STATE_FILE)
     write_checksums(ckpt)
     capsys.readouterr()
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=3, resume=str(tmp_path / "a")),
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=3, resume=str(tmp_path / "a")),
                 torch.device("cpu"))
     assert "different config" not in capsys.readouterr().err
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, clip=0.5, resume=str(ckpt)),
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=4, clip=0.5, resume=str(ckpt)),
                 torch.device("cpu"))
     assert "resuming with a different config: clip" in capsys.readouterr().err
 
 
 def test_evaluating_a_checkpoint_under_other_optimizer_flags_is_no_change(small_cfg, tmp_path, capsys):
-    fixed.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     capsys.readouterr()
-    fixed.train(small_cfg(run_dir=str(tmp_path / "b"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
+    training.train(small_cfg(run_dir=str(tmp_path / "b"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
                           agent_lr=3e-4, eval_tasks=1, ttt_steps=1), torch.device("cpu"))
     assert "different config" not in capsys.readouterr().err
-    fixed.train(small_cfg(run_dir=str(tmp_path / "c"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
+    training.train(small_cfg(run_dir=str(tmp_path / "c"), eval_only=True, resume=str(tmp_path / "a"), amp="bf16",
                           lambda_c=0.5, eval_tasks=1, ttt_steps=1), torch.device("cpu"))
     assert "resuming with a different config: lambda_c" in capsys.readouterr().err  # TTT trains on the loss
 
 
 def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
     run = tmp_path / "a"
-    fixed.train(small_cfg(run_dir=str(run), max_batches=2), torch.device("cpu"))
+    training.train(small_cfg(run_dir=str(run), max_batches=2), torch.device("cpu"))
     (run / "checkpoints" / ".tmp-step_00000009").mkdir()  # what a kill during a save leaves behind
     assert find_checkpoint(str(run)).name == "step_00000002"
 
@@ -150,8 +150,8 @@ def test_max_minutes_stops_saves_validates_and_is_each_invocations_own_budget(sm
     run = tmp_path / "run"
     cfg = small_cfg(run_dir=str(run), epochs=1000, max_batches=2, max_minutes=0.02, val_every="end", eval_tasks=1,
                     ttt_steps=1)
-    first = fixed.train(cfg, torch.device("cpu"))
+    first = training.train(cfg, torch.device("cpu"))
     assert first["train_seconds"] >= 1.2 and first["eval/tasks"] == 1  # 0.02 min
     assert find_checkpoint(str(run)).name == f"step_{first['steps']:08d}"
-    second = fixed.train(cfg.replace(resume=str(run)), torch.device("cpu"))
+    second = training.train(cfg.replace(resume=str(run)), torch.device("cpu"))
     assert second["steps"] > first["steps"] and second["train_seconds"] >= 1.2

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixed
+import training
 from tests.conftest import ROOT
 from tests.test_end_to_end import scalars
 
@@ -44,7 +44,7 @@ TWO_WINDOWS = ("--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1
                          ids=["torchrun", "accelerate-lora"])
 def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_folder, tmp_path):
     extra = (*TWO_WINDOWS, "--qwen_train", qwen_train)
-    assert fixed.main(args(arc_folder, tmp_path / "one", 4, *extra)[1:]) == 0  # one process: in this one
+    assert training.main(args(arc_folder, tmp_path / "one", 4, *extra)[1:]) == 0  # one process: in this one
     two = subprocess.run([*launcher, *args(arc_folder, tmp_path / "two", 2, *extra)], cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -77,16 +77,16 @@ def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_
 NAN_ON_RANK_1 = """
 import gc, json, sys, torch
 sys.path.insert(0, {root!r})
-import fixed
+import training
 from engine.config import Config
 from engine.distributed import init_distributed, shutdown
 
 cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, amp={amp!r},
                         fp16_init_scale=256.0, prompt_cache_dir="none", fsdp={fsdp!r})
 dist, device = init_distributed("cpu", cfg.optim.fsdp)
-fixed.seed_everything(0)
-data = fixed.build_data(cfg, device, dist)
-state = fixed.build_train_state(cfg, device, dist)
+training.seed_everything(0)
+data = training.build_data(cfg, device, dist)
+state = training.build_train_state(cfg, device, dist)
 data.sampler.set_epoch(0)
 first, second = [b for _, b in zip(range(2), data.loader)]
 main = [p for g in state.optimizer.param_groups for p in g["params"]]
@@ -107,12 +107,12 @@ if dist.rank == 1 and {fault!r} == "loss":  # NaN features: a NaN loss on this p
 mine = lambda p: p.to_local() if hasattr(p, "to_local") else p  # this process's shard under FSDP
 whole = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p
 before, scale = [mine(p).detach().clone() for p in main], state.amp.scale
-skipped = fixed.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
+skipped = training.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
 unchanged = all(torch.equal(a, mine(p)) for a, p in zip(before, main))
 if hook is not None:
     hook.remove()
 state.amp.__dict__.pop("step", None)
-stepped = fixed.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
+stepped = training.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
 json.dump(dict(skipped=skipped, unchanged=unchanged, scale_ratio=state.amp.scale / scale, stepped=stepped,
                skipped_steps=state.amp.skipped_steps, checksum=sum(float(whole(p).double().sum()) for p in main)),
           open({out!r} + f"/rank{{dist.rank}}.json", "w"))
@@ -152,7 +152,7 @@ def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, fsdp, 
 SAME_ON_EVERY_RANK = """
 import json, sys, torch
 sys.path.insert(0, {root!r})
-import fixed
+import training
 from engine.config import Config
 from engine.distributed import init_distributed, shutdown
 from engine.loop import epoch_windows
@@ -160,18 +160,18 @@ from engine.loop import epoch_windows
 cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, qwen_train="lora",
                         prompt_refresh=3, grad_accum=2, prompt_cache_dir="none")
 dist, device = init_distributed("cpu")
-fixed.seed_everything(0)
-data = fixed.build_data(cfg, device, dist)
-state = fixed.build_train_state(cfg, device, dist)
+training.seed_everything(0)
+data = training.build_data(cfg, device, dist)
+state = training.build_train_state(cfg, device, dist)
 data.sampler.set_epoch(0)
 qwen = state.model.parameter_groups()["qwen"]
 before = [p.detach().clone() for p in qwen]
 windows = list(epoch_windows(data.loader, 6, 2, device))
 for window in windows[:2]:
-    fixed.train_step(state, window, cfg, dist)
+    training.train_step(state, window, cfg, dist)
 moved = any(not torch.equal(a, p) for a, p in zip(before, qwen))
 kept = [p.detach().clone() for p in qwen] + [v.clone() for p in qwen for v in state.optimizer.state[p].values()]
-fixed.train_step(state, windows[2], cfg, dist)  # micro-batches 4 and 5: Qwen takes part in neither
+training.train_step(state, windows[2], cfg, dist)  # micro-batches 4 and 5: Qwen takes part in neither
 untouched = all(torch.equal(a, b) for a, b in zip(kept, [p for p in qwen] + [v for p in qwen
                                                                                 for v in state.optimizer.state[p].values()]))
 main = [p for g in state.optimizer.param_groups for p in g["params"]]

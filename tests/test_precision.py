@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-import fixed
+import training
 from engine.precision import MixedPrecision, check_master_weights, slow_precision
 from loss_function import training_loss
 from prompt import with_qwen_features
@@ -37,7 +37,7 @@ def test_amp_off_makes_no_scaler_call(monkeypatch, small_cfg):
     """docs/invariants.md #5: the leftover window used the scaler with mixed precision off."""
     forbid_scaler(monkeypatch)
     cfg = small_cfg(amp="off", grad_accum=2, max_batches=3)
-    summary = fixed.train(cfg, torch.device("cpu"))
+    summary = training.train(cfg, torch.device("cpu"))
     assert summary["steps"] == 2  # windows of 2 + 1
 
 
@@ -51,13 +51,13 @@ def test_fp16_grad_accum_partial_window_is_stepped(small_cfg, state_and_batches)
     real_step = scaler.step
     scaler.step = lambda opt: calls.append(opt) or real_step(opt)
     for window in [batches[:3], batches[3:]]:
-        stats = fixed.train_step(state, window, cfg)
+        stats = training.train_step(state, window, cfg)
         assert "grad/norm" in stats  # the step routine ran (whether the update applied is the scaler's call)
     assert len(calls) == 2, "both windows, the partial one included, must go through scaler.step"
 
 
 def test_max_batches_ending_mid_window_runs_through(small_cfg):
-    summary = fixed.train(small_cfg(amp="fp16", grad_accum=2, max_batches=3, epochs=2), torch.device("cpu"))
+    summary = training.train(small_cfg(amp="fp16", grad_accum=2, max_batches=3, epochs=2), torch.device("cpu"))
     assert summary["steps"] == 4  # per epoch: windows of 2 + 1
 
 
@@ -83,7 +83,7 @@ def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, state_and
     state.optimizer.register_step_pre_hook(
         lambda optimizer, args, kwargs: stepped.update(grads=[p.grad.clone() if p.grad is not None else None
                                                                for p in params]))
-    fixed.train_step(state, [first, second], cfg)
+    training.train_step(state, [first, second], cfg)
     assert sum(g is not None for g in reference) > 10
     for ref, got in zip(reference, stepped["grads"]):
         if ref is None:
@@ -126,7 +126,7 @@ def test_all_nan_window_makes_no_scaler_call(small_cfg, state_and_batches, monke
     with torch.no_grad():
         state.model.agent.head.out.bias.fill_(float("nan"))
     forbid_scaler(monkeypatch)
-    stats = fixed.train_step(state, batches, cfg)
+    stats = training.train_step(state, batches, cfg)
     assert stats["amp/nonfinite_losses"] == 2
     assert stats["amp/stepped"] == 0.0 and "grad/norm" not in stats
 
@@ -143,7 +143,7 @@ def test_nan_in_half_a_window_skips_that_micro_batch_and_steps_on_the_rest(small
     state, (bad, good) = state_and_batches(cfg, 2)
     params = [p for g in state.optimizer.param_groups for p in g["params"]]
     before = [p.detach().clone() for p in params]
-    stats = fixed.train_step(state, [poisoned(bad), good], cfg)
+    stats = training.train_step(state, [poisoned(bad), good], cfg)
     assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 1.0
     assert all(torch.isfinite(p).all() for p in params)
     assert any(not torch.equal(a, b) for a, b in zip(before, params))
@@ -154,15 +154,15 @@ def test_nan_in_a_partial_last_window_skips_it_and_training_goes_on(small_cfg, s
     its own) NaN: no scaler call at all for it, nothing changes, and the next window steps."""
     cfg = small_cfg(amp="fp16", grad_accum=2, fp16_init_scale=256.0)
     state, batches = state_and_batches(cfg, 4)
-    assert fixed.train_step(state, batches[:2], cfg)["amp/stepped"] == 1.0
+    assert training.train_step(state, batches[:2], cfg)["amp/stepped"] == 1.0
     weights = [p.detach().clone() for p in state.model.parameters()]
     with monkeypatch.context() as m:
         forbid_scaler(m)
-        stats = fixed.train_step(state, [poisoned(batches[2])], cfg)
+        stats = training.train_step(state, [poisoned(batches[2])], cfg)
     assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 0.0
     main = {id(p) for g in state.optimizer.param_groups for p in g["params"]}
     assert all(torch.equal(a, p) for a, p in zip(weights, state.model.parameters()) if id(p) in main)
-    assert fixed.train_step(state, [batches[3]], cfg)["amp/stepped"] == 1.0
+    assert training.train_step(state, [batches[3]], cfg)["amp/stepped"] == 1.0
 
 
 def test_clip_sees_unscaled_gradients():

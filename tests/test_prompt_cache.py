@@ -9,11 +9,11 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-import fixed
+import training
 from engine.config import QwenCfg
 from tests.conftest import CPU
 from engine.distributed import Dist
-from engine.run_state import restore_run_state
+from training.run_state import restore_run_state
 from prompt import PromptCache, QwenTextEncoder
 from tests.conftest import ROOT
 
@@ -74,10 +74,10 @@ def scalar(run_dir, tag):
 
 def test_second_run_with_disk_cache_encodes_no_token(small_cfg, tmp_path):
     cache_dir = tmp_path / "cache"
-    first = fixed.train(small_cfg(run_dir=str(tmp_path / "a"), prompt_cache_dir=str(cache_dir)), torch.device("cpu"))
+    first = training.train(small_cfg(run_dir=str(tmp_path / "a"), prompt_cache_dir=str(cache_dir)), torch.device("cpu"))
     assert scalar(first["run_dir"], "cache/qwen_tokens_encoded") > 0
     assert list(cache_dir.glob("*/*.safetensors"))
-    second = fixed.train(small_cfg(run_dir=str(tmp_path / "b"), prompt_cache_dir=str(cache_dir)),
+    second = training.train(small_cfg(run_dir=str(tmp_path / "b"), prompt_cache_dir=str(cache_dir)),
                          torch.device("cpu"))
     assert scalar(second["run_dir"], "cache/qwen_tokens_encoded") == 0
     assert scalar(second["run_dir"], "cache/loaded") > 0
@@ -146,13 +146,13 @@ def test_unreachable_hub_model_is_one_line_saying_how_to_get_it(tmp_path):
 @pytest.mark.slow
 def test_lora_adapters_are_saved_and_resumed(small_cfg, tmp_path):
     cfg = small_cfg(qwen_train="lora", prompt_refresh=1, qwen_lr=1e-2, max_batches=2, run_dir=str(tmp_path / "a"))
-    fixed.train(cfg, torch.device("cpu"))
+    training.train(cfg, torch.device("cpu"))
     ckpt = tmp_path / "a" / "checkpoints" / "step_00000002"
     weights = load_file(str(ckpt / "model.safetensors"))
     lora = {k: v for k, v in weights.items() if "lora_" in k}
     assert lora and not any(k.startswith("qwen.") and "lora_" not in k for k in weights), \
         "only the adapters of the trunk are saved"
-    state = fixed.build_train_state(cfg, torch.device("cpu"))
+    state = training.build_train_state(cfg, torch.device("cpu"))
     restore_run_state(state, ckpt, cfg.flags(), Dist())
     weights = state.model.state_dict()
     for k, v in lora.items():
@@ -167,13 +167,13 @@ def test_validation_reads_a_trainable_encoder_as_it_is_now(small_cfg, state_and_
     cfg = small_cfg(qwen_train="full")
     state, _ = state_and_batches(cfg, 0)
     texts = [("input\n01\noutput\n10\n",)]
-    _, first = fixed.evaluation_view(state, cfg, CPU)
+    _, first = training.evaluation_view(state, cfg, CPU)
     before = first.features(texts, 0, CPU, training=False)[0]
     state.prompts.features(texts, 0, CPU, training=False)  # what the training cache keeps from validation 1
     with torch.no_grad():
         for p in state.model.qwen.parameters():
             p.add_(0.05)  # training moved Qwen
-    model, second = fixed.evaluation_view(state, cfg, CPU)
+    model, second = training.evaluation_view(state, cfg, CPU)
     assert model is state.model and second is not state.prompts
     now = second.features(texts, 0, CPU, training=False)[0]
     assert not torch.allclose(before, now)
@@ -181,4 +181,4 @@ def test_validation_reads_a_trainable_encoder_as_it_is_now(small_cfg, state_and_
     # a frozen encoder's features never change: its cache (and disk) serve validation
     frozen = small_cfg()
     state, _ = state_and_batches(frozen, 0)
-    assert fixed.evaluation_view(state, frozen, CPU)[1] is state.prompts
+    assert training.evaluation_view(state, frozen, CPU)[1] is state.prompts

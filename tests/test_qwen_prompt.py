@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import fixed
+import training
 from data.arc import ArcPair
 from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_difficulty, training_episodes
 from data.sources import load_folder_split
@@ -88,7 +88,7 @@ def test_trainable_qwen_with_cache_and_fp16(mode, small_cfg, state_and_batches):
     assert state.amp.scaler.is_enabled()
     qwen_params = state.model.parameter_groups()["qwen"]
     assert qwen_params and all(p.dtype == torch.float32 for p in qwen_params)
-    norms = [fixed.train_step(state, [batch], cfg)["grad/qwen_norm"] for batch in batches]
+    norms = [training.train_step(state, [batch], cfg)["grad/qwen_norm"] for batch in batches]
     assert 0 < norms[0] < float("inf") and 0 < norms[2] < float("inf"), f"refresh steps must reach Qwen: {norms}"
     assert norms[1] == 0 and norms[3] == 0, f"cached steps must not: {norms}"
 
@@ -99,7 +99,7 @@ def test_qwen_gets_gradients_through_the_refinement(small_cfg, state_and_batches
     torch.no_grad (the earlier suite's fix) cuts it and Qwen gets none."""
     cfg = small_cfg(qwen_train="full", prompt_refresh=1, lambda_c=0.0)
     state, (batch,) = state_and_batches(cfg, 1)
-    stats = fixed.train_step(state, [batch], cfg)
+    stats = training.train_step(state, [batch], cfg)
     assert stats["grad/qwen_norm"] > 0
 
 
@@ -108,7 +108,7 @@ def test_qwen_gets_gradients_in_fp32(small_cfg, state_and_batches):
     state, (batch,) = state_and_batches(cfg, 1)
     qwen = state.model.parameter_groups()["qwen"]
     before = [p.detach().clone() for p in qwen]
-    stats = fixed.train_step(state, [batch], cfg)
+    stats = training.train_step(state, [batch], cfg)
     assert stats["grad/qwen_norm"] > 0 and stats["amp/stepped"] == 1.0
     assert any(not torch.equal(a, b) for a, b in zip(before, qwen))
 
@@ -123,7 +123,7 @@ def test_from_pretrained_folder_trains_offline(tmp_path, small_cfg, monkeypatch)
     tiny_tokenizer().save_pretrained(folder)
     cfg = small_cfg(qwen_model=str(folder), qwen_train="full", max_batches=1, eval_tasks=1)
     assert "pretrained" in build_model(cfg).qwen.description
-    summary = fixed.train(cfg, torch.device("cpu"))
+    summary = training.train(cfg, torch.device("cpu"))
     assert summary["steps"] == 1
 
 

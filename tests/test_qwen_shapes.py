@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2Model
 
-import fixed
+import training
 from engine.config import ConfigError, QwenCfg
 from prompt import QwenTextEncoder
 from prompt.qwen_encoder import QWEN25_COMMON, QWEN25_SHAPES
@@ -34,9 +34,9 @@ def test_half_billion_shape_trains_two_steps_with_lora(small_cfg):
     gradients (refresh every step); only the adapters train, and they move."""
     cfg = small_cfg(qwen_model="random:Qwen/Qwen2.5-0.5B", qwen_train="lora", max_prompt_tokens=64,
                     prompt_refresh=1, batch_size=2, max_batches=2, eval_tasks=1, qwen_lr=1e-3)
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, torch.device("cpu"))
-    state = fixed.build_train_state(cfg, torch.device("cpu"))
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, torch.device("cpu"))
+    state = training.build_train_state(cfg, torch.device("cpu"))
     encoder = state.model.qwen
     assert "UNTRAINED" in encoder.description and "Qwen2.5-0.5B" in encoder.description
     assert encoder.hidden_size == 896
@@ -44,7 +44,7 @@ def test_half_billion_shape_trains_two_steps_with_lora(small_cfg):
     assert trainable and all("lora_" in n for n in trainable)
     data.sampler.set_epoch(0)
     for _, batch in zip(range(2), data.loader):
-        stats = fixed.train_step(state, [batch], cfg)
+        stats = training.train_step(state, [batch], cfg)
         assert stats["amp/stepped"] == 1.0 and stats["grad/qwen_norm"] > 0
     moved = [n for n, p in encoder.named_parameters() if n in trainable and not torch.equal(p, trainable[n])]
     assert moved

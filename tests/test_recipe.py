@@ -16,7 +16,7 @@ other sign.
 import pytest
 import torch
 
-import fixed
+import training
 from engine.config import Config
 from tests.test_end_to_end import scalars
 
@@ -29,7 +29,7 @@ def test_default_recipe_losses_are_pinned(arc_folder, tmp_path):
     defaults = Config().flags()
     assert {k for k, v in cfg.flags().items() if v != defaults[k]} == \
         {"data", "run_dir", "prompt_cache_dir", "max_batches", "log_every", "eval_tasks"}, "only plumbing differs"
-    fixed.train(cfg, torch.device("cpu"))
+    training.train(cfg, torch.device("cpu"))
     losses = [value for _, value in scalars(tmp_path / "run")["loss/combined"]]
     assert len(losses) == 3
     assert losses[0] == pytest.approx(PINNED[0], rel=1e-5), f"re-pin (see the module docstring): {losses}"

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-import fixed
+import training
 from engine.schedule import TRAIN_LR_FLOOR, TrainingSchedule, lr_factor, run_progress
 
 CPU = torch.device("cpu")
@@ -29,7 +29,7 @@ def test_cosine_goes_from_the_base_to_a_tenth():
 
 def test_every_optimizer_group_decays_from_its_own_base_even_after_a_resume_loads_decayed_lrs(small_cfg):
     cfg = small_cfg(task_embedding=True, lr_schedule="cosine")
-    state = fixed.build_train_state(cfg, CPU, tasks=3)
+    state = training.build_train_state(cfg, CPU, tasks=3)
     optimizers = [state.optimizer, state.rl_optimizer]
     schedule = TrainingSchedule("cosine", optimizers, total_steps=10)
     schedule.apply(10, 0.0)
@@ -37,7 +37,7 @@ def test_every_optimizer_group_decays_from_its_own_base_even_after_a_resume_load
     assert lrs == pytest.approx({"main": 0.1 * cfg.optim.agent_lr, "task_embedding": 0.1 * cfg.optim.task_embedding_lr})
     assert state.rl_optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * cfg.optim.rl_lr)
     saved = [o.state_dict() for o in optimizers]  # what a checkpoint holds: the decayed lrs
-    fresh = fixed.build_train_state(cfg, CPU, tasks=3)
+    fresh = training.build_train_state(cfg, CPU, tasks=3)
     resumed = TrainingSchedule("cosine", [fresh.optimizer, fresh.rl_optimizer], total_steps=10)
     for o, s in zip([fresh.optimizer, fresh.rl_optimizer], saved):
         o.load_state_dict(s)
@@ -48,7 +48,7 @@ def test_every_optimizer_group_decays_from_its_own_base_even_after_a_resume_load
 @pytest.mark.slow
 def test_a_cosine_run_logs_its_factor_and_trains_other_weights_than_a_constant_one(small_cfg, tmp_path):
     from tests.test_end_to_end import scalars
-    runs = {s: fixed.train(small_cfg(run_dir=str(tmp_path / s), max_batches=4, lr_schedule=s), CPU)
+    runs = {s: training.train(small_cfg(run_dir=str(tmp_path / s), max_batches=4, lr_schedule=s), CPU)
             for s in ("constant", "cosine")}
     factors = [v for _, v in scalars(runs["cosine"]["run_dir"])["optim/lr_factor"]]
     assert factors == pytest.approx([0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)])

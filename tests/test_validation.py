@@ -15,12 +15,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import fixed
+import training
+import training.loop
 from engine.checkpoint import MODEL_FILE, find_checkpoint
 from engine.config import Config, ConfigError, EvalCfg
 from engine.distributed import Dist
 from engine.loop import StopRequest
-from engine.validation_schedule import ValidationSchedule, fits_in_training
+from evaluation.schedule import ValidationSchedule, fits_in_training
 from tests.conftest import ROOT
 from tests.test_end_to_end import scalars
 
@@ -89,7 +90,7 @@ def test_eval_tasks_below_minus_one_and_a_zero_share_are_refused():
 def test_every_validation_starts_from_a_checkpoint_of_the_weights_it_scores(small_cfg, tmp_path, monkeypatch):
     run = tmp_path / "run"
     seen = []
-    real = fixed.score_tasks
+    real = training.score_tasks
 
     def at_validation(model, prompts, dataset, task_ids, **kwargs):
         latest = find_checkpoint(str(run))
@@ -99,8 +100,8 @@ def test_every_validation_starts_from_a_checkpoint_of_the_weights_it_scores(smal
         seen.append((latest.name, same, len(task_ids)))
         return real(model, prompts, dataset, task_ids, **kwargs)
 
-    monkeypatch.setattr(fixed, "score_tasks", at_validation)
-    fixed.train(small_cfg(run_dir=str(run), epochs=2, max_batches=3, val_every="2", val_share=1e9, val_tasks=1,
+    monkeypatch.setattr(training.loop, "score_tasks", at_validation)  # where validate() looks it up
+    training.train(small_cfg(run_dir=str(run), epochs=2, max_batches=3, val_every="2", val_share=1e9, val_tasks=1,
                           eval_tasks=0, ttt_steps=1), CPU)
     # steps 1-3 in epoch 1 and 4-6 in epoch 2: validations at steps 2 and 4, the final one at step 6
     # (its first task, then the other two)
@@ -116,7 +117,7 @@ def test_validating_often_or_never_trains_the_same_weights(small_cfg, tmp_path):
     for name, every in (("often", "1"), ("never", "end")):
         cfg = small_cfg(run_dir=str(tmp_path / name / "run"), max_batches=4, val_every=every, val_share=1e9,
                         val_tasks=1, eval_tasks=1, ttt_steps=2, eval_refinement="sampled")
-        runs[name] = fixed.train(cfg, CPU)
+        runs[name] = training.train(cfg, CPU)
     assert runs["often"]["validations"] == 3 and runs["never"]["validations"] == 0
     a, b = (load_file(str(tmp_path / n / "run" / "checkpoints" / "step_00000004" / MODEL_FILE))
             for n in ("often", "never"))
@@ -128,14 +129,14 @@ def test_validation_leaves_every_random_stream_as_it_found_it(small_cfg, tmp_pat
     """Scoring draws from the global streams (each DataLoader iterator takes a seed from torch's) and
     from the RL head's noise (--eval_refinement sampled); validate() must put every one back."""
     cfg = small_cfg(run_dir=str(tmp_path / "run"), val_tasks=1, ttt_steps=1, eval_refinement="sampled")
-    data, state = fixed.build_data(cfg, CPU), fixed.build_train_state(cfg, CPU)
+    data, state = training.build_data(cfg, CPU), training.build_train_state(cfg, CPU)
 
     def streams():
         return (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate(),
                 state.model.rl_noise_state())
 
     before = streams()
-    fixed.validate(state, data, cfg, CPU, Dist(), None, StopRequest(), ValidationSchedule.of(cfg.eval), final=False,
+    training.validate(state, data, cfg, CPU, Dist(), None, StopRequest(), ValidationSchedule.of(cfg.eval), final=False,
                    train_seconds=0.0)
     after = streams()
     assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1])
@@ -143,7 +144,7 @@ def test_validation_leaves_every_random_stream_as_it_found_it(small_cfg, tmp_pat
 
 
 def test_validations_log_the_subset_and_the_final_one_every_task_asked(small_cfg, tmp_path):
-    summary = fixed.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, val_every="2", val_share=1e9,
+    summary = training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, val_every="2", val_share=1e9,
                                     val_tasks=1, eval_tasks=0, ttt_steps=1), CPU)
     tags = scalars(summary["run_dir"])
     assert [s for s, _ in tags["val/pass2"]] == [2, 4, 5]
@@ -154,7 +155,7 @@ def test_validations_log_the_subset_and_the_final_one_every_task_asked(small_cfg
 def test_max_minutes_counts_training_only(small_cfg, tmp_path):
     """--max_minutes is a training budget: the validations during it do not use it up, and the
     summary's training and validation times add up to the run's."""
-    summary = fixed.train(small_cfg(run_dir=str(tmp_path / "run"), epochs=1000, max_batches=2, max_minutes=0.05,
+    summary = training.train(small_cfg(run_dir=str(tmp_path / "run"), epochs=1000, max_batches=2, max_minutes=0.05,
                                     val_share=1.0, val_tasks=1, eval_tasks=1, ttt_steps=30), CPU)
     assert summary["validations"] >= 2 and summary["train_seconds"] >= 3.0  # 0.05 min
     assert summary["train_seconds"] + summary["validation_seconds"] <= summary["seconds"] + 0.2

@@ -15,7 +15,7 @@ import warnings
 
 import torch
 
-import fixed
+import training
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section, one_line
 from engine.config import Config
@@ -56,9 +56,9 @@ def case_config(check: Check, amp: str, qwen: str) -> Config:
 def one_case(check: Check, amp: str, qwen: str) -> dict:
     """Train the three windows, the second poisoned; -> the case's row."""
     cfg = case_config(check, amp, qwen)
-    fixed.seed_everything(cfg.run.seed)
-    data = fixed.build_data(cfg, check.device)
-    state = fixed.build_train_state(cfg, check.device)
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, check.device)
+    state = training.build_train_state(cfg, check.device)
     data.sampler.set_epoch(0)
     windows = list(epoch_windows(data.loader, MICRO_BATCHES, GRAD_ACCUM, check.device))
     main = [p for g in state.optimizer.param_groups for p in g["params"]]
@@ -78,7 +78,7 @@ def one_case(check: Check, amp: str, qwen: str) -> dict:
         poison["left"] = int(i == POISONED)
         before = [p.detach().clone() for p in main] if i == POISONED else None
         started = check.clock()
-        stats = fixed.train_step(state, window, cfg)
+        stats = training.train_step(state, window, cfg)
         step_seconds.append(check.clock() - started)
         stepped.append(int(stats["amp/stepped"]))
         scales.append(state.amp.scale)

@@ -17,9 +17,7 @@ import numpy as np
 from data.arc import Grid
 from data.augment import Augmentation
 from data.canvas import PAD, encode
-
-
-RANKINGS = ("votes", "logprob", "hedged")
+from engine.config import RANKINGS
 
 
 def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:

@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from engine.checkpoint import SHARDED_DIR, commit_checkpoint, is_sharded_checkpoint, load_checkpoint, load_state, \
     rng_state, set_rng_state, start_checkpoint, staging_folder
 from engine.config import SECTION_OF, Config, ConfigError, RunCfg
-from engine.distributed import Dist, is_sharded
+from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.precision import MixedPrecision
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
@@ -76,13 +76,6 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
         return resumed_from.parent.parent
     name = f"{run.run_name}-eval" if run.eval_only else run.run_name
     return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def weights_checksum(model: ArcModel) -> float:
-    """A cheap fingerprint of every trainable weight (float64 sums), to compare processes."""
-    with torch.no_grad():
-        return float(sum(v.double().sum() * (i + 1) for i, v in enumerate(model.trainable_state().values())
-                         if v.is_floating_point()))
 
 
 def _rank_state(state: TrainState) -> dict:

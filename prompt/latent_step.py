@@ -9,7 +9,7 @@ agent, reading r, reproduces the episode's context demos:
 First order: the gradient enters the outer loss as a constant, so the outer backward never runs
 through the inner one (a training step costs about 1.5x on a CPU, not 3x); the agent still learns
 to read a prompt moved along the demos' gradient, which is what makes a latent search at test
-time (engine/adaptation.py) move it somewhere useful. The step size is learned, as its log, from
+time (evaluation/adaptation.py) move it somewhere useful. The step size is learned, as its log, from
 `--latent_step_lr`, and a step is at most half as long as the prompt it moves: early in training
 the demos' gradient is large, and unbounded steps (norms of 90-140 against a prompt of ~25, at lr
 10) held the training loss at 25-35 for a thousand steps. Only the context demos (never the

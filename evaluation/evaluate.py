@@ -4,7 +4,7 @@ For each evaluation test input the model predicts under K reversible augmentatio
 first); every prediction is mapped back with the exact inverse and the distinct candidates are
 ranked by votes, ties broken by mean log-probability; the top two are attempts 1 and 2.
 
-With test-time training (engine/adaptation.py), each task is predicted by weights adapted to its
+With test-time training (evaluation/adaptation.py), each task is predicted by weights adapted to its
 demos, restored bit for bit after. A task's test outputs are read by the scorer only.
 """
 
@@ -27,13 +27,13 @@ from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate
-from engine.adaptation import AdaptedTasks, adapt_tasks, adapted_weights
+from evaluation.adaptation import AdaptedTasks, adapt_tasks, adapted_weights
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
-from engine.render import task_image
-from engine.scoring import RANKINGS, Candidates, pair_metrics, summarise
+from evaluation.render import task_image
+from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from model import ArcModel
 from prompt import QwenFeatures
 

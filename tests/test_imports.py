@@ -1,0 +1,53 @@
+"""One direction of imports: each part of the suite imports only from its own floor or below, so a
+reader can learn it from the ground up (the ground knows nothing of the model, the model nothing
+of evaluation or training), and nothing imports fixed.py, the entry point."""
+
+import ast
+
+import pytest
+
+from tests.conftest import ROOT
+
+# floor of each part, lowest first; a module may import from its own floor and those below
+FLOORS = {
+    "data": 0,  # ARC tasks, canvases, features, episodes
+    "agents": 1,  # the grid agents and their adapters
+    "engine": 2, "loss_function": 2,  # flags, precision, processes, checkpoints, the loop's plumbing; the loss
+    "prompt": 3, "policy_refined": 3, "model": 3,  # the model
+    "evaluation": 4,  # validation, per-task adaptation, scoring
+    "training": 5,  # building a run, the step, the loop
+    "fixed": 6, "bench": 6,  # the entry point and the benchmarks
+}
+
+
+def modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        part = path.relative_to(ROOT).parts[0].removesuffix(".py")
+        if part in FLOORS:
+            yield path, part
+
+
+def imported(tree: ast.Module):
+    """Top-level parts this module imports at run time (TYPE_CHECKING blocks are not run)."""
+    checking = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+                "TYPE_CHECKING" for n in ast.walk(node)}
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.split(".")[0]
+
+
+def test_every_module_imports_only_from_its_floor_or_below():
+    upward = [f"{path.relative_to(ROOT)} imports {name} (floor {FLOORS[name]} above {FLOORS[part]})"
+              for path, part in modules() for name in imported(ast.parse(path.read_text()))
+              if name in FLOORS and FLOORS[name] > FLOORS[part]]
+    assert not upward, "\n".join(upward)
+
+
+@pytest.mark.parametrize("folder", ["tests", "bench", "training", "evaluation", "engine"])
+def test_nothing_imports_the_entry_point(folder):
+    for path in (ROOT / folder).rglob("*.py"):
+        assert "fixed" not in set(imported(ast.parse(path.read_text()))), path
