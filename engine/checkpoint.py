@@ -108,12 +108,6 @@ def commit_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor]
     return final
 
 
-def save_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor], state: dict, keep: int) -> Path:
-    """Write checkpoint `step` (the optimizer step) and point `latest` at it; keep the newest `keep`."""
-    start_checkpoint(run_dir, step)
-    return commit_checkpoint(run_dir, step, weights, state, keep)
-
-
 def is_sharded_checkpoint(folder: Path) -> bool:
     return (folder / SHARDED_DIR).is_dir()
 
