@@ -79,6 +79,8 @@ class Candidates:
     def attempts(self, by: str = "votes") -> tuple[Grid, Grid]:
         """The two attempts: the first two of `ranked(by)`; hedged: the votes' first, then the
         summed log-probability's first (the votes' second when the two rankings agree)."""
+        if by not in RANKINGS:
+            raise ValueError(f"attempt ranking {by!r}: choose one of {', '.join(RANKINGS)}")
         ranked = self.ranked("votes" if by == "hedged" else by)
         second = ranked[1] if len(ranked) > 1 else ranked[0]
         if by == "hedged" and self.key(best := self.ranked("logprob")[0]) != self.key(ranked[0]):
