@@ -198,7 +198,11 @@ class QwenTextEncoder(nn.Module):
         """One trunk forward: texts -> pooled rows [len(texts), hidden] in the trunk's dtype."""
         tokens = self.tokenizer(texts, padding=True, return_tensors="pt").to(device)
         mask = tokens["attention_mask"]
-        hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
+        # The trunk computes in its own dtype (--qwen_dtype) under any caller's autocast: the cache key
+        # names that dtype, so a feature must not depend on which call encoded it first (training
+        # encodes outside autocast, validation predicts inside --amp's).
+        with torch.autocast(device.type, enabled=False):
+            hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
         tokens_read = int(mask.sum())
         self.stats.tokens += tokens_read
         if hidden.requires_grad:

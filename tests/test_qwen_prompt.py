@@ -79,6 +79,20 @@ def test_frozen_cache_serves_what_recomputing_gives(arc_folder):
     torch.testing.assert_close(first, direct, rtol=1e-5, atol=1e-6)
 
 
+def test_a_feature_does_not_depend_on_the_autocast_of_the_call_that_encoded_it(arc_folder):
+    """The cache key names the trunk's dtype, not the caller's autocast: validation predicts under
+    --amp bf16's autocast, training encodes outside it, and both must read the same feature."""
+    episodes = training_episodes(load_folder_split(arc_folder / "training"))
+    texts = list(collate([EpisodeDataset(episodes, DifficultyScale(np.zeros(1)))[(0, 0)]])["demo_texts"][0])
+    encoder = QwenTextEncoder.load(QwenCfg(), seed=0)
+    with torch.no_grad():
+        plain = encoder.encode(texts)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = encoder.encode(texts)
+    assert plain.dtype == under_autocast.dtype == torch.float32
+    assert torch.equal(plain, under_autocast)
+
+
 @pytest.mark.parametrize("mode", ["full", "lora"])
 def test_trainable_qwen_with_cache_and_fp16(mode, small_cfg, state_and_batches):
     """docs/invariants.md #1 and #7: Qwen gets gradients on refresh micro-batches only, and the steps
