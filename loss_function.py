@@ -1,4 +1,5 @@
-"""The EFE (expected free energy) loss with hard-cell weighting, and the combined training loss.
+"""The EFE (expected free energy) loss with hard-cell weighting, the combined training loss, and the
+loss per-task adaptation descends (the EFE of its one prediction).
 
 Pure functions. Per valid cell, with q = softmax(logits) and C classes:
 
@@ -91,6 +92,19 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
     parts = {"risk": cell_mean(risk), "divergence": cell_mean(divergence), "ambiguity": cell_mean(ambiguity),
              "complexity": complexity.mean().detach()}
     return EFEResult(per_sample, mask_ratio, parts)
+
+
+def adaptation_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
+                    input_canvas: torch.Tensor, *, cfg: LossCfg) -> torch.Tensor:
+    """What per-task adaptation (latent search, test-time training; evaluation/adaptation.py)
+    descends on a task's demo episodes: the EFE of the one prediction it makes (the mean refinement,
+    moved by the task's latent), with the training loss's coefficients. Training weighs this term
+    and the sampled refinement's (combined_loss); adaptation has no sampled refinement, and Adam does
+    not see a constant weight.
+
+    logits [B, S, S, C] float; refined, prompt [B, P]; target, input_canvas [B, S, S] int64.
+    -> [B] float32 with gradients."""
+    return efe_loss(logits, target, input_canvas, refined, prompt, cfg=cfg).per_sample
 
 
 def cell_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,10 @@
                                   [--device cuda] [--json rows.json]
 
 For each of the first `--tasks` evaluation tasks of the run (its own data flags, from the
-checkpoint), the default search keeps a start, then weight TTT runs `max(--marks)` steps with no
-early stop. At every mark the adapting weights predict, under the identity view alone (argmax, no
-voting), every leave-one-out demo episode (what TTT trains on) and every test input (what it is
-scored on; the test outputs are read here only, to score). The table averages over pairs:
+checkpoint), the default search keeps a start, then test-time training (any `--ttt_params`) runs
+`max(--marks)` steps with no early stop. At every mark the adapting model predicts, under the
+identity view alone (argmax, no voting), every leave-one-out demo episode (what TTT trains on) and
+every test input (what it is scored on; the test outputs are read here only, to score). The table averages over pairs:
 
     cell     share of the target's cells right (0 when the shape is wrong)
     changed  the same over the cells where the target differs from the input: the rule's part
@@ -30,11 +30,10 @@ import numpy as np
 import torch
 
 import training
-from agents.adapter import AdapterSlice
 from bench.learnability import CPU, parse_settings
 from data.canvas import decode_logits
 from data.episodes import EpisodeDataset, collate
-from evaluation.adaptation import DemoEpisodes, adapt_tasks, adapted_weights
+from evaluation.adaptation import AdaptedTasks, DemoEpisodes, adapted
 from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config, ConfigError
 from evaluation.evaluate import first_tasks
@@ -49,12 +48,13 @@ COLUMNS = ("cell_acc", "changed_cell_acc", "exact")
 
 @torch.no_grad()
 def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int],
-                    kept: AdapterSlice | None, cfg: Config, device: torch.device) -> list[dict[str, float]]:
-    """pair_metrics of each episode's identity-view prediction (argmax) against its query output."""
+                    adaptation: AdaptedTasks, cfg: Config, device: torch.device) -> list[dict[str, float]]:
+    """pair_metrics of each episode's identity-view prediction (argmax, each task under its adapted
+    rows) against its query output."""
     batch = model.encode_prompts(to_device(collate([dataset[(i, 0)] for i in episodes]), device), prompts, 0,
                                training=False)
     with autocast(cfg.optim.amp, device.type):
-        logits = model(batch, "mean", None if kept is None else kept.repeat(len(episodes))).logits[0]
+        logits = model(batch, "mean", adaptation.rows_of(batch["task_id"], device)).logits[0]
     out = []
     for b, i in enumerate(episodes):
         grid, query = decode_logits(logits[b].float()), dataset.episodes[i].query
@@ -69,9 +69,6 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
     saved = load_state(folder)
     cfg = Config.from_flags(**{**saved["config"], "eval_tasks": tasks, **settings, "ttt_steps": max(marks),
                                "ttt_check_every": 0})
-    if cfg.eval.ttt_params == "task":
-        raise SystemExit("--set ttt_params=task: the per-task adapter trains outside adapted_weights; "
-                         "choose all, late, adapter or prompt")
     data, state = training.load_run(cfg, folder, device, cache_dir=training.prompt_cache_dir(cfg, folder.parent.parent))
     evals = data.eval_set
     model = state.model.train(False)
@@ -88,18 +85,16 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
         if not demos.episodes[0]:  # one demo: nothing to train on
             continue
 
-        def observe(steps: int, kept: AdapterSlice | None) -> None:
+        def observe(steps: int, adaptation: AdaptedTasks) -> None:
             if steps not in table:
                 return
             for where, dataset, episodes in (("demo", demos.dataset, range(len(demos.dataset))),
                                              ("test", evals, by_task[task_id])):
-                for scores in identity_scores(model, state.prompts, dataset, list(episodes), kept, cfg, device):
+                for scores in identity_scores(model, state.prompts, dataset, list(episodes), adaptation, cfg, device):
                     for column in COLUMNS:
                         table[steps][f"{where}_{column}"].append(scores[column])
 
-        searched = adapt_tasks(model, state.prompts, [task], evals, cfg=cfg, device=device)
-        with adapted_weights(model, state.prompts, task, evals, cfg=cfg, device=device, searched=searched,
-                             observe=observe):
+        with adapted(model, state.prompts, [task], evals, cfg=cfg, device=device, observe=observe):
             pass
     return {m: {k: np.asarray(v) for k, v in cols.items()} for m, cols in table.items()}
 

@@ -266,8 +266,9 @@ class EvalCfg:
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
                                   "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
     ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
-    ttt_check_every: int = flag(5, "weight test-time training stops a task once its leave-one-out demos are "
-                                   "predicted exactly, checked before the first step and every this many (0: never)")
+    ttt_check_every: int = flag(5, "test-time training stops once the leave-one-out demos of every task it adapts "
+                                   "are predicted exactly, checked before the first step and every this many (0: "
+                                   "never)")
     ttt_stop_views: int = flag(8, "views (1: the identity, up to --ttt_views) under which the demos must be exact "
                                   "for --ttt_check_every to stop a task")
     ttt_views: int = flag(8, "fixed augmented views (the identity first, then dihedral x colour permutations) of "
@@ -275,6 +276,16 @@ class EvalCfg:
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+
+    @property
+    def trains_shared_weights(self) -> bool:
+        """Test-time training moves named groups of the shared weights, one task at a time."""
+        return self.ttt_steps > 0 and self.ttt_params != "task"
+
+    @property
+    def trains_task_adapter(self) -> bool:
+        """Test-time training moves a per-task adapter, tasks batched (`--ttt_params task`)."""
+        return self.ttt_steps > 0 and self.ttt_params == "task"
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",

@@ -9,27 +9,29 @@ read. The shared weights end exactly as they started.
   moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
 - View starts (`--view_starts`): a start per input view, the view gate forced towards it; only
   the views that give every demo output its shape are tried.
-- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_schedule`, `--ttt_params`), after the search:
-  `task`: a per-task adapter (agents/adapter.py: latent, view-gate bias, class-map bias, a rank
-  `--ttt_rank` update of the cell states after every block) trained from the kept start;
-  `all` / `late` / `adapter` / `prompt`: named groups of the shared weights (ArcModel.ttt_parameters),
-  trained one task at a time under the kept start and restored bit for bit after; a task stops
-  early once every demo episode is exact under `--ttt_stop_views` views (checked every
-  `--ttt_check_every` steps), so steps go to the tasks whose demos are not yet solved.
-- Both per-task states batch over tasks: `--adapt_tasks` tasks (x K starts) share every step, each
-  sample reading its own task's rows, so a GPU adapts hundreds of tasks at once and a CPU pays no
-  per-task overhead.
+- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_schedule`, `--ttt_params`), after the search,
+  from the kept start: `task` trains a per-task adapter (agents/adapter.py: latent, view-gate bias,
+  class-map bias, a rank `--ttt_rank` update of the cell states after every block); `all` / `late` /
+  `adapter` / `prompt` train named groups of the shared weights (ArcModel.ttt_parameters) one task
+  at a time, restored bit for bit after. Training stops early once every adapted task's demo
+  episodes are exact under `--ttt_stop_views` views (checked every `--ttt_check_every` steps), so
+  steps go to the tasks whose demos are not yet solved.
+- The latent search and both kinds of test-time training are one loop (`_fit`) over a different
+  set of parameters, on the loss loss_function.adaptation_loss defines. Per-task states batch over
+  tasks: `--adapt_tasks` tasks (x K starts) share every step, each sample reading its own task's
+  rows, so a GPU adapts hundreds of tasks at once and a CPU pays no per-task overhead.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
 
 from agents.adapter import AdapterSlice, TaskAdapters
 from agents.views import views_fitting
@@ -40,7 +42,7 @@ from engine.config import Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
 from engine.schedule import lr_factor, set_lrs
-from loss_function import efe_loss
+from loss_function import adaptation_loss
 from model import ArcModel
 from prompt import QwenFeatures
 
@@ -52,11 +54,19 @@ VIEW_START_LOGIT = 30.0
 
 @dataclass
 class AdaptedTasks:
-    """What prediction needs: the per-task adapter (None when nothing adapted it) and each task's row."""
+    """What prediction needs: the per-task adapter (None when nothing adapted it) and each task's
+    row of it; and what adapting found and took."""
 
     adapters: TaskAdapters | None
     row: dict[str, int]  # task id -> its row of `adapters`
-    demo_loss: dict[str, float]  # task id -> the demos' loss with the kept state (nan when not adapted)
+    demo_loss: dict[str, float]  # task id -> the demos' loss as adapted (nan when not adapted)
+    steps: int = 0  # test-time-training steps taken (every task of the group took them)
+
+    def rows_of(self, task_ids: list[str], device: torch.device) -> AdapterSlice | None:
+        """The adapter rows of samples of these tasks (one per id, in order); None without an adapter."""
+        if self.adapters is None:
+            return None
+        return self.adapters(torch.tensor([self.row[t] for t in task_ids], device=device))
 
 
 class DemoEpisodes:
@@ -71,8 +81,14 @@ class DemoEpisodes:
                                       context_demos=eval_set.context_demos)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
-        self.rng = np.random.default_rng([seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())])
+        self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
+        self.restart_draws()
         self.samples: dict[tuple[int, int], dict] = {}
+
+    def restart_draws(self) -> None:
+        """Draw from the start of this group's stream again: test-time training sees the same episodes
+        whatever the search drew before it."""
+        self.rng = np.random.default_rng(self.seed)
 
     def sample(self, index: int, aug: int) -> dict:
         if (index, aug) not in self.samples:
@@ -107,54 +123,92 @@ def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int,
     set_lrs(optimizer, base, lr_factor(schedule, step / steps))
 
 
-def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, batch: dict,
-                rows: torch.Tensor, cfg: Config) -> torch.Tensor:
-    """Mean EFE over each adapter row's samples -> [rows of the adapter] float32 (0 for a row without)."""
-    pred = model(model.encode_prompts(batch, prompts, 0, training=False), "mean", adapters(rows))
-    per_sample = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,
-                          cfg=cfg.loss).per_sample
-    n = adapters.latent.shape[0]
-    total = torch.zeros(n, device=per_sample.device).index_add(0, rows, per_sample)
-    count = torch.zeros(n, device=per_sample.device).index_add(0, rows, torch.ones_like(per_sample))
+def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
+                of: torch.Tensor, slots: int, cfg: Config, amp: MixedPrecision) -> torch.Tensor:
+    """Mean adaptation loss over each row's samples -> [slots] float32 (0 for a row without samples).
+    batch: demo episodes on the model's device, the mean refinement; `of` [B] int64: each sample's
+    adapter row (also the row its loss counts to when `adapters` is None)."""
+    batch = model.encode_prompts(batch, prompts, 0, training=False)
+    with amp.autocast():
+        pred = model(batch, "mean", None if adapters is None else adapters(of))
+        per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
+                                     cfg=cfg.loss)
+    total = torch.zeros(slots, device=per_sample.device).index_add(0, of, per_sample)
+    count = torch.zeros(slots, device=per_sample.device).index_add(0, of, torch.ones_like(per_sample))
     return total / count.clamp_min(1)
 
 
-def _train(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, groups: list[dict],
-           demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, cfg: Config,
-           device: torch.device, stop: Callable[[], bool]) -> None:
-    """Adam on parameter groups of the adapter, each group's lr under `schedule`. The loss is the sum
-    over rows of each row's mean, so every row moves as if it were trained alone (Adam works per element).
-    Ends early when `stop()` says so."""
-    optimizer = torch.optim.Adam(groups, fused=True)
-    base = [g["lr"] for g in optimizer.param_groups]
+@torch.no_grad()
+def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, demos: DemoEpisodes,
+                 rows: dict[int, int], slots: int, cfg: Config, device: torch.device) -> torch.Tensor:
+    """Each row's loss on every demo episode of its task, unaugmented -> [slots] float32 on the CPU."""
+    batch, of = demos.every(rows)
     amp = MixedPrecision(cfg.optim.amp, device)
-    for step in range(steps):
-        if stop():
-            return
-        _set_step_lr(optimizer, base, step, steps, schedule)
-        batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
-        with amp.autocast():
-            loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), cfg).sum()
-        amp.backward(loss)
-        amp.step(optimizer, clip=0.0)
+    return _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).float().cpu()
 
 
 @torch.no_grad()
-def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters, demos: DemoEpisodes,
-                 rows: dict[int, int], cfg: Config, device: torch.device) -> torch.Tensor:
-    batch, of = demos.every(rows)
-    with MixedPrecision(cfg.optim.amp, device).autocast():
-        return _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), cfg).float().cpu()
+def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, demos: DemoEpisodes,
+                  rows: dict[int, int], cfg: Config, device: torch.device) -> bool:
+    """Whether every row's task has each leave-one-out demo episode predicted exactly (every cell),
+    under `--ttt_stop_views` views. The identity view is tried alone first: most checks fail there,
+    at an eighth of the cost."""
+    for views in sorted({1, cfg.eval.ttt_stop_views}):
+        batch, of = demos.every(rows, views)
+        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+        with MixedPrecision(cfg.optim.amp, device).autocast():
+            pred = model(batch, "mean", None if adapters is None else adapters(of.to(device)))
+        if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
+            return False
+    return True
+
+
+def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
+         demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
+         cfg: Config, device: torch.device, stop: Callable[[], bool],
+         observe: Callable[[int], None] = lambda steps: None) -> int:
+    """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
+    group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
+    random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
+    row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
+    clips the global norm). Stops early once every row's demos are solved (checked before the first
+    step and every `check_every`; 0: never) or when `stop()` says so. `observe(steps)` is called
+    before the first step and after each. -> the steps taken."""
+    chosen = {id(p) for group in groups for p in group["params"]}
+    for p in [*model.parameters(), *(adapters.parameters() if adapters is not None else ())]:
+        p.requires_grad_(id(p) in chosen)
+    optimizer = torch.optim.Adam(groups, fused=True)
+    base = [g["lr"] for g in optimizer.param_groups]
+    amp = MixedPrecision(cfg.optim.amp, device)
+    slots = max(rows) + 1
+    taken = 0
+    observe(taken)
+    while taken < steps and not stop() and not (
+            check_every and taken % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
+                                                                        device)):
+        _set_step_lr(optimizer, base, taken, steps, schedule)
+        taken += 1
+        batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
+        loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).sum()
+        amp.backward(loss)
+        amp.step(optimizer, clip)
+        observe(taken)
+    return taken
 
 
 @contextmanager
-def frozen(model: ArcModel):
-    """No gradient for any shared weight: adaptation computes none and changes none."""
+def _shared_weights_kept(model: ArcModel, trained: list[nn.Parameter]) -> Iterator[None]:
+    """On exit every shared weight in `trained` holds its value again (bit for bit, no gradient
+    left), and every parameter of the model its requires_grad flag."""
     flags = [p.requires_grad for p in model.parameters()]
-    model.requires_grad_(False)
+    saved = [p.detach().clone() for p in trained]
     try:
         yield
     finally:
+        with torch.no_grad():
+            for p, s in zip(trained, saved):
+                p.copy_(s)
+                p.grad = None
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
 
@@ -172,121 +226,81 @@ def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task
                 adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
 
 
-def adapt_tasks(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
-                cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False) -> AdaptedTasks:
-    """Search (starts, latent steps), keep each task's best start, then train its adapter
-    (`--ttt_params task`); all of `tasks` together. Training ends early when `stop()` says so (the
-    caller then discards the result)."""
+def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: DemoEpisodes,
+            usable: list[int], *, cfg: Config, device: torch.device,
+            stop: Callable[[], bool]) -> tuple[TaskAdapters | None, torch.Tensor | None]:
+    """Each task's starts, the latent steps from them, and the start with the lowest demo loss kept.
+    -> (an adapter with one row per task holding its kept start, each task's demo loss there
+    [len(tasks)] float32 (0 for a task not usable)); (None, None) when there is nothing to search
+    and no adapter to train."""
     e = cfg.eval
-    views = model.num_views if e.view_starts else 0
-    per_task = e.latent_starts + views
-    tune = e.ttt_steps > 0 and e.ttt_params == "task"
-    unadapted = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)},
-                             {t.task_id: float("nan") for t in tasks})
-    if not (per_task > 1 or e.latent_steps or tune):
-        return unadapted
-    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, cfg.eval.ttt_views)
-    usable = [i for i, eps in enumerate(demos.episodes) if eps]  # a task with one demo has no episode
-    if not usable:
-        return unadapted
+    per_task = e.latent_starts + (model.num_views if e.view_starts else 0)
+    if not (per_task > 1 or e.latent_steps or e.trains_task_adapter):
+        return None, None
     adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
     rows = {}  # row -> task: every latent start, and the view starts whose views size the task's demos right
     for task in usable:
-        fits = [True] * e.latent_starts + (views_fitting(tasks[task].train) if views else [])
+        fits = [True] * e.latent_starts + (views_fitting(tasks[task].train) if e.view_starts else [])
         rows.update({task * per_task + k: task for k in range(per_task) if fits[k]})
-    with frozen(model):
-        _starts(model, adapters, usable, per_task, cfg)
-        if e.latent_steps:
-            _train(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
-                   steps=e.latent_steps, schedule="constant", cfg=cfg, device=device, stop=stop)
-        loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
-        best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
-        if per_task > 1:  # one row per task from here on: its best start
-            kept = model.task_adapters(len(tasks), rank=e.ttt_rank, seed=cfg.run.seed)
-            with torch.no_grad():
-                for name in ("latent", "gate_bias"):
-                    getattr(kept, name)[list(best)] = getattr(adapters, name)[list(best.values())]
-            adapters, loss = kept, loss[[best.get(t, 0) for t in range(len(tasks))]]
-        rows = {task: task for task in usable}
-        if tune:
-            _train(model, prompts, adapters, adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr,
-                                                                   latent_lr=e.latent_lr),
-                   demos, rows, steps=e.ttt_steps, schedule=e.ttt_schedule, cfg=cfg, device=device, stop=stop)
-            loss = _demo_losses(model, prompts, adapters, demos, rows, cfg, device)
-    return AdaptedTasks(adapters, {t.task_id: i for i, t in enumerate(tasks)},
-                        {t.task_id: float(loss[i]) if i in rows else float("nan") for i, t in enumerate(tasks)})
+    _starts(model, adapters, usable, per_task, cfg)
+    if e.latent_steps:
+        _fit(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
+             steps=e.latent_steps, schedule="constant", clip=0.0, check_every=0, cfg=cfg, device=device, stop=stop)
+    loss = _demo_losses(model, prompts, adapters, demos, rows, len(tasks) * per_task, cfg, device)
+    if per_task == 1:
+        return adapters, loss
+    best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
+    kept = model.task_adapters(len(tasks), rank=e.ttt_rank, seed=cfg.run.seed)
+    with torch.no_grad():
+        for name in ("latent", "gate_bias"):
+            getattr(kept, name)[list(best)] = getattr(adapters, name)[list(best.values())]
+    return kept, loss[[best.get(t, 0) for t in range(len(tasks))]]
 
 
-@torch.no_grad()
-def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, demos: DemoEpisodes, kept, cfg: Config,
-                  device: torch.device) -> bool:
-    """Whether the model (under the kept start `kept`, an AdapterSlice of one row, or None) predicts
-    every cell of each leave-one-out demo episode of the task exactly, under `--ttt_stop_views` views.
-    The identity view is tried alone first: most checks fail there, at an eighth of the cost."""
-    for views in sorted({1, cfg.eval.ttt_stop_views}):
-        batch, _ = demos.every({0: 0}, views)
-        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-        with MixedPrecision(cfg.optim.amp, device).autocast():
-            pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
-        if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
-            return False
-    return True
+def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Config) -> tuple[list[dict], float]:
+    """What test-time training moves -> (Adam groups, gradient clip). Named groups of the shared
+    weights clip like training; a per-task adapter's rows do not (one global norm would tie the
+    tasks of a group together)."""
+    e = cfg.eval
+    if e.trains_task_adapter:
+        return adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr, latent_lr=e.latent_lr), 0.0
+    return [{"params": model.ttt_parameters(e.ttt_params), "lr": e.ttt_lr}], cfg.optim.clip
 
 
 @contextmanager
-def adapted_weights(model: ArcModel, prompts: QwenFeatures | None, task: ArcTask, eval_set: EpisodeDataset, *,
-                    cfg: Config, device: torch.device, searched: AdaptedTasks | None = None,
-                    observe: Callable[[int, AdapterSlice | None], None] | None = None,
-                    stop: Callable[[], bool] = lambda: False):
-    """`--ttt_params all|late|adapter|prompt`: train named groups of the shared weights on one task's
-    demos, under the start the search kept for it (`searched`, frozen); restore them exactly on exit.
-    Yields the steps taken: `--ttt_steps`, fewer when `--ttt_check_every` finds the demos solved (a
-    task the search already solves takes none). `observe(steps, kept start)`, when given, is called
-    before the first step and after every step (bench/ttt_curve.py measures the weights there).
-    Training ends early when `stop()` says so (the caller then discards the task)."""
-    demos = None  # built only when something trains: this runs for every task group of every validation
-    if cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task":
-        demos = DemoEpisodes([task], eval_set, cfg.run.seed, cfg.eval.ttt_views)
-    if demos is None or not demos.episodes[0]:
-        yield 0
+def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
+            cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False,
+            observe: Callable[[int, AdaptedTasks], None] | None = None) -> Iterator[AdaptedTasks]:
+    """Adapt to `tasks` together: search the starts and keep each task's best, then test-time train
+    what `--ttt_params` names from it (named groups of the shared weights: one task at a time).
+    Yields what prediction needs; on exit the shared weights are as they were, bit for bit.
+
+    `observe(steps, adapted)`, when given, is called before the first test-time-training step and
+    after every step, with the model and the adapter as they are then (bench/ttt_curve.py measures
+    them). Training ends early when `stop()` says so (the caller then discards the result)."""
+    e = cfg.eval
+    if e.trains_shared_weights and len(tasks) != 1:
+        raise ValueError(f"--ttt_params {e.ttt_params} adapts shared weights: one task at a time, got {len(tasks)}")
+    result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks})
+    searches = e.latent_starts + (model.num_views if e.view_starts else 0) > 1 or e.latent_steps
+    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, e.ttt_views) if searches or e.ttt_steps else None
+    usable = [i for i, eps in enumerate(demos.episodes) if eps] if demos else []  # one demo: no episode
+    if not usable:
+        yield result
         return
-    kept = None
-    if searched is not None and searched.adapters is not None:
-        kept = searched.adapters(torch.tensor([searched.row[task.task_id]], device=device)).detach()
-    check = cfg.eval.ttt_check_every
-    params = model.ttt_parameters(cfg.eval.ttt_params)
-    chosen = {id(p) for p in params}
-    every = list(model.parameters())
-    flags = [p.requires_grad for p in every]
-    saved = [p.detach().clone() for p in params]
-    for p in every:  # gradients reach the chosen parameters only
-        p.requires_grad_(id(p) in chosen)
-    optimizer = torch.optim.AdamW(params, lr=cfg.eval.ttt_lr, weight_decay=0.0, fused=True)
-    base = [cfg.eval.ttt_lr]
-    amp = MixedPrecision(cfg.optim.amp, device)
-    try:
-        steps = 0
-        if observe is not None:
-            observe(steps, kept)
-        while steps < cfg.eval.ttt_steps and not stop() and not (
-                check and steps % check == 0 and _solves_demos(model, prompts, demos, kept, cfg, device)):
-            _set_step_lr(optimizer, base, steps, cfg.eval.ttt_steps, cfg.eval.ttt_schedule)
-            steps += 1
-            batch, _ = demos.draw({0: 0}, cfg.eval.ttt_batch_size)
-            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-            with amp.autocast():
-                pred = model(batch, "mean", None if kept is None else kept.repeat(batch["input"].shape[0]))
-                loss = efe_loss(pred.logits[0], batch["target"], batch["input"], pred.refined[0], pred.prompt,
-                                cfg=cfg.loss).per_sample.mean()
-            amp.backward(loss)
-            amp.step(optimizer, cfg.optim.clip)
-            if observe is not None:
-                observe(steps, kept)
-        yield steps
-    finally:
-        with torch.no_grad():
-            for p, s in zip(params, saved):
-                p.copy_(s)
-                p.grad = None
-        for p, flag in zip(every, flags):
-            p.requires_grad_(flag)
+    shared = model.ttt_parameters(e.ttt_params) if e.trains_shared_weights else []
+    with _shared_weights_kept(model, shared):
+        model.requires_grad_(False)
+        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, stop=stop)
+        rows = {task: task for task in usable}
+        if e.ttt_steps:
+            groups, clip = _test_time_groups(model, result.adapters, cfg)
+            demos.restart_draws()
+            result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
+                                schedule=e.ttt_schedule, clip=clip, check_every=e.ttt_check_every, cfg=cfg,
+                                device=device, stop=stop,
+                                observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+            loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device)
+        if loss is not None:
+            result.demo_loss.update({tasks[i].task_id: float(loss[i]) for i in usable})
+        yield result

@@ -27,7 +27,7 @@ from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate
-from evaluation.adaptation import AdaptedTasks, adapt_tasks, adapted_weights
+from evaluation.adaptation import AdaptedTasks, adapted
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
@@ -51,9 +51,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
     with autocast(cfg.optim.amp, device.type):
         for batch in loader:
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-            adapter = None
-            if adapted is not None and adapted.adapters is not None:
-                adapter = adapted.adapters(torch.tensor([adapted.row[t] for t in batch["task_id"]], device=device))
+            adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
             logits = model(batch, cfg.eval.eval_refinement, adapter).logits[0].float()
             logp = F.log_softmax(logits, -1)
             colour_logp, colour = F.log_softmax(logits[..., :NUM_COLOURS], -1).max(-1)
@@ -74,7 +72,7 @@ class TaskScores:
     copy_records: list[tuple[str, dict[str, float]]]  # the same for copying the input
     attempts: dict[int, tuple[Grid, Grid]]  # episode index -> its two attempts
     seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
-    ttt_steps: dict[str, int]  # task id -> weight test-time-training steps taken
+    ttt_steps: dict[str, int]  # task id -> test-time-training steps taken
 
     def merged(self, other: TaskScores) -> TaskScores:
         return TaskScores(self.records + other.records, self.copy_records + other.copy_records,
@@ -83,12 +81,12 @@ class TaskScores:
 
     def metrics(self, prefix: str, cfg: Config) -> dict[str, float]:
         """`<prefix>/*`: ARC Prize metrics, the copy baseline as `<prefix>/copy_*`, tasks, seconds a task
-        and (weight TTT) its steps a task."""
+        and (with test-time training) its steps a task."""
         out = {f"{prefix}/{k}": v for k, v in summarise(self.records).items()}
         out.update({f"{prefix}/copy_{k}": v for k, v in summarise(self.copy_records).items() if k != "oracle"})
         out[f"{prefix}/seconds_per_task"] = float(np.mean(list(self.seconds.values())))
         out[f"{prefix}/tasks"] = float(len(self.seconds))
-        if _per_task_weights(cfg):
+        if cfg.eval.ttt_steps:
             out[f"{prefix}/ttt_steps_per_task"] = float(np.mean(list(self.ttt_steps.values())))
         return out
 
@@ -117,11 +115,6 @@ class EvalResult:
         return cls(scores.metrics("eval", cfg), submission, images)
 
 
-def _per_task_weights(cfg: Config) -> bool:
-    """Weight TTT adapts one task at a time (the per-task adapter batches tasks)."""
-    return cfg.eval.ttt_steps > 0 and cfg.eval.ttt_params != "task"
-
-
 def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:
     """The ids of the first `n` tasks of the evaluation set, in its order (n <= 0: all)."""
     ids = list(dict.fromkeys(ep.task.task_id for ep in dataset.episodes))
@@ -144,7 +137,7 @@ def describe(cfg: Config) -> str:
     if e.latent_steps:
         parts.append(f"{e.latent_steps} latent steps")
     if e.ttt_steps:
-        parts.append(f"{'up to ' if _per_task_weights(cfg) and e.ttt_check_every else ''}{e.ttt_steps} "
+        parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
                      f"test-time-training steps (--ttt_params {e.ttt_params})")
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
 
@@ -163,7 +156,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(dataset.episodes):
         by_task[ep.task.task_id].append(i)
-    size = 1 if _per_task_weights(cfg) else cfg.eval.adapt_tasks
+    size = 1 if cfg.eval.trains_shared_weights else cfg.eval.adapt_tasks  # shared weights: one task at a time
     # every process knows every process's groups, so all make the same number of agreement calls
     groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
     mine = groups_of[dist.rank]
@@ -180,7 +173,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
             totals = [a + b for a, b in zip(totals, done)]
             if done[0]:
                 bar.update(int(done[0]))
-                bar.set_postfix(_postfix(totals, time.perf_counter() - started, _per_task_weights(cfg)), refresh=False)
+                bar.set_postfix(_postfix(totals, time.perf_counter() - started, cfg.eval.ttt_steps > 0), refresh=False)
             if stopping:
                 raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
             progress = [0.0] * 4
@@ -190,15 +183,13 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
             start = time.perf_counter()
             tasks = [dataset.episodes[by_task[t][0]].task for t in group]
             episodes = [i for t in group for i in by_task[t]]
-            adapted = adapt_tasks(model, prompts, tasks, dataset, cfg=cfg, device=device, stop=stop)
-            with adapted_weights(model, prompts, tasks[0], dataset, cfg=cfg, device=device, searched=adapted,
-                                 stop=stop) as steps:
+            with adapted(model, prompts, tasks, dataset, cfg=cfg, device=device, stop=stop) as adaptation:
                 if stop():  # the adaptation was cut short: nothing of this group will be kept
                     continue
-                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adapted)
+                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adaptation)
             for t in group:
                 seconds[t] = (time.perf_counter() - start) / len(group)
-                ttt_steps[t] = steps
+                ttt_steps[t] = adaptation.steps
             for i in episodes:
                 ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
                 attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
@@ -213,7 +204,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 progress[1] += 1
                 progress[2] += metrics["pass2"]
             progress[0] += len(group)
-            progress[3] += steps * len(group)
+            progress[3] += adaptation.steps * len(group)
     finally:
         bar.close()
         model.train(was_training)
@@ -221,10 +212,10 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     return reduce(TaskScores.merged, gathered)
 
 
-def _postfix(totals: list[float], elapsed: float, per_task_weights: bool) -> dict[str, str]:
+def _postfix(totals: list[float], elapsed: float, test_time_training: bool) -> dict[str, str]:
     tasks, pairs, solved, steps = totals
     out = {"pass@2": f"{solved / max(pairs, 1):.1%}", "s/task": f"{elapsed / max(tasks, 1):.2f}"}
-    if per_task_weights:
+    if test_time_training:
         out["ttt_steps"] = f"{steps / max(tasks, 1):.1f}"
     return out
 

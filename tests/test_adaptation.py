@@ -13,8 +13,8 @@ from agents.views import NUM_VIEWS, views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
-from evaluation.adaptation import (DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapt_tasks,
-                               adapted_weights)
+from engine.precision import MixedPrecision
+from evaluation.adaptation import DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapted
 from evaluation.evaluate import first_tasks
 from evaluation.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
@@ -57,7 +57,7 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
     def grads(keep):
         sub = {k: v[keep] if torch.is_tensor(v) else [v[i] for i in keep.tolist()] for k, v in batch.items()}
         adapters.zero_grad(set_to_none=True)
-        _row_losses(state.model, state.prompts, adapters, sub, rows[keep], cfg).sum().backward()
+        _row_losses(state.model, state.prompts, adapters, sub, rows[keep], 3, cfg, MixedPrecision("off", CPU)).sum().backward()
         return {n: p.grad.clone() for n, p in adapters.named_parameters()}
 
     everything = grads(torch.arange(len(rows)))
@@ -67,12 +67,17 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
             torch.testing.assert_close(everything[name][row], alone[name][row], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def search(state, tasks, eval_set, cfg):
+    """What the search alone keeps for `tasks` (no test-time training)."""
+    with adapted(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(ttt_steps=0), device=CPU) as result:
+        return result
+
+
 def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
     cfg, state, eval_set, tasks = setup(small_cfg, latent_starts=3, latent_lr=0.03)  # 0.1 overshoots one task
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
-    start = adapt_tasks(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(latent_steps=1, latent_lr=0.0),
-                        device=CPU)
-    searched = adapt_tasks(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(latent_steps=20), device=CPU)
+    start = search(state, tasks, eval_set, cfg.replace(latent_steps=1, latent_lr=0.0))
+    searched = search(state, tasks, eval_set, cfg.replace(latent_steps=20))
     for task_id, loss in start.demo_loss.items():
         if not math.isnan(loss):
             assert searched.demo_loss[task_id] < loss, task_id
@@ -89,7 +94,7 @@ def test_the_kept_start_is_one_whose_views_size_the_demos_right(small_cfg):
     grids = [rng.integers(1, 5, (4, 6)) for _ in range(3)]  # no background: the crop keeps 4x6
     task = ArcTask("halved", tuple(ArcPair(g, g[::2, ::2].copy()) for g in grids), ())
     assert sum(views_fitting(task.train)) == 1
-    kept = adapt_tasks(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU).adapters.gate_bias[0]
+    kept = search(state, [task], eval_set, cfg).adapters.gate_bias[0]
     forced = {int(v) for v in torch.nonzero(kept).flatten()}
     assert forced in ({10}, set())
 
@@ -113,19 +118,18 @@ def test_a_view_start_gives_its_view_the_whole_gate_against_a_trained_gate(small
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg, amp):
     """--ttt_params all after the view-start search: the weights trained under the kept start differ
-    from those trained from the plain mean (the start is used), and both are restored bit for bit,
-    also under bf16 autocast (float32 weights, bf16 arithmetic)."""
+    from those trained from the plain mean (no search: the start is used), and both are restored bit
+    for bit, also under bf16 autocast (float32 weights, bf16 arithmetic)."""
     cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
                                         amp=amp)
     model = state.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    searches = ((t, adapt_tasks(model, state.prompts, [t], eval_set, cfg=cfg, device=CPU))
-                for t in tasks if len(t.train) > 1)
     # a task whose search kept a view start (which one does depends on the untrained weights)
-    task, searched = next((t, s) for t, s in searches if s.adapters.gate_bias.abs().sum() > 0)
+    task = next(t for t in tasks if len(t.train) > 1 and search(state, [t], eval_set, cfg).adapters.gate_bias.any())
     trained = []
-    for start in (None, searched):
-        with adapted_weights(model, state.prompts, task, eval_set, cfg=cfg, device=CPU, searched=start):
+    for start in (cfg.replace(view_starts=False), cfg):
+        with adapted(model, state.prompts, [task], eval_set, cfg=start, device=CPU) as result:
+            assert result.steps == 2
             trained.append({k: v.clone() for k, v in model.state_dict().items()})
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     changed = [k for k in before if not torch.equal(trained[0][k], trained[1][k])]
@@ -143,24 +147,66 @@ def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
     grids = [rng.integers(0, 3, (3, 3)) for _ in range(3)]
     task = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids), ())
     demos = DemoEpisodes([task], eval_set, seed=0, views=8)
-    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg, device=CPU) as steps:
-        assert _solves_demos(state.model, state.prompts, demos, None, cfg, CPU)
-    assert 0 < steps < 200 and steps % 5 == 0
-    assert not _solves_demos(state.model, state.prompts, demos, None, cfg, CPU)  # restored
-    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg.replace(ttt_steps=7, ttt_check_every=0),
-                         device=CPU) as steps:
-        assert steps == 7
+    solved = lambda: _solves_demos(state.model, state.prompts, None, demos, {0: 0}, cfg, CPU)  # noqa: E731
+    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
+        assert solved()
+    assert 0 < result.steps < 200 and result.steps % 5 == 0
+    assert not solved()  # restored
+    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(ttt_steps=7, ttt_check_every=0),
+                 device=CPU) as result:
+        assert result.steps == 7
+
+
+@pytest.mark.parametrize("params", ["task", "all"])
+def test_a_group_whose_demos_are_solved_takes_no_step_whatever_trains(small_cfg, params):
+    """One early stop for both kinds of test-time training: with an agent that copies its input, a
+    group of copy tasks is solved before the first step (no step taken); one task of another rule in
+    the group keeps it training to the end."""
+    from tests.test_evaluation import CopyAgent
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params=params, view_starts=False)
+    state.model.agent = CopyAgent()
+    rng = np.random.default_rng(0)
+    copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
+            for i in range(2)]
+    flip = ArcTask("flip", tuple(ArcPair(g, g[::-1].copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
+    for group, steps in (([copy[0]], 0), ([flip], 6)) + ((((*copy, flip), 6), (copy, 0)) if params == "task" else ()):
+        with adapted(state.model, state.prompts, list(group), eval_set, cfg=cfg, device=CPU) as result:
+            assert result.steps == steps, [t.task_id for t in group]
+
+
+@pytest.mark.parametrize("params", ["task", "all"])
+def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, params, monkeypatch):
+    """The loss adaptation trains on is loss_function's: a change to a loss coefficient (--hard_weight)
+    changes the demo loss test-time training reaches and the weights or adapter it ends with; and
+    the demo loss it reports is loss_function.adaptation_loss of the adapted model on every demo."""
+    import loss_function
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params=params, ttt_lr=1e-2, ttt_check_every=0,
+                                        view_starts=False)
+    task = next(t for t in tasks if len(t.train) > 1)
+    seen = []
+    real = loss_function.adaptation_loss
+    monkeypatch.setattr("evaluation.adaptation.adaptation_loss", lambda *a, **k: seen.append(k["cfg"]) or real(*a, **k))
+    ends = []
+    for hard_weight in (2.0, 8.0):
+        with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(hard_weight=hard_weight),
+                     device=CPU) as result:
+            moved = [p.detach().clone() for p in (result.adapters.parameters() if params == "task"
+                                                  else state.model.ttt_parameters(params))]
+            ends.append((result.demo_loss[task.task_id], moved))
+    assert {c.hard_weight for c in seen} == {2.0, 8.0}
+    assert ends[0][0] != ends[1][0]
+    assert any(not torch.equal(a, b) for a, b in zip(ends[0][1], ends[1][1]))
 
 
 def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_every_step(small_cfg):
-    """`observe(steps, kept)` sees 0 (the weights as trained) and then each step's weights: each call's
-    weights differ from the last; after the context the weights are the trained ones again."""
+    """`observe(steps, adapted)` sees 0 (the weights as trained) and then each step's weights: each
+    call's weights differ from the last; after the context the weights are the trained ones again."""
     cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, seen = weight.detach().clone(), []
-    with adapted_weights(state.model, state.prompts, task, eval_set, cfg=cfg, device=CPU,
-                         observe=lambda steps, kept: seen.append((steps, weight.detach().clone()))):
+    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU,
+                 observe=lambda steps, adaptation: seen.append((steps, weight.detach().clone()))):
         pass
     assert [s for s, _ in seen] == [0, 1, 2, 3]
     assert torch.equal(seen[0][1], trained) and torch.equal(weight, trained)
@@ -304,7 +350,7 @@ def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp
     names = {n for n, p in model.named_parameters() if id(p) in late}
     assert names and any(n.startswith("agent.head.") for n in names)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with adapted_weights(model, state.prompts, task, eval_set, cfg=cfg, device=CPU) as steps:
+    with adapted(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
         moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    assert steps == 3 and moved and moved <= names
+    assert result.steps == 3 and moved and moved <= names
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
