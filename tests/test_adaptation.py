@@ -3,6 +3,7 @@ independently, latent search lowers the demos' loss, and attempts can be ranked 
 log-probability over every view."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -232,6 +233,23 @@ def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_c
         assert all(len(cols[f"demo_{c}"]) == sum(len(t.train) for t in tasks) for c in COLUMNS)
         assert all(len(cols[f"test_{c}"]) == sum(len(t.test) for t in tasks) for c in COLUMNS)
         assert all(((v >= 0) & (v <= 1)).all() for v in cols.values())
+
+
+def test_bench_adaptation_scores_each_family_over_the_scored_tasks_only(small_cfg):
+    """bench.adaptation's per-family exact match reads the submission of the first --eval_tasks
+    tasks; the evaluation set holds every evaluation task (a task not scored is not a miss)."""
+    from bench.learnability import evaluate_variant
+    cfg = small_cfg(data="synthetic:40", synthetic_rules="recolour", synthetic_eval_rules="flip,transpose",
+                    epochs=1, max_batches=2, eval_tasks=3, ttt_steps=0)
+    training.train(cfg, CPU)
+    eval_set = training.build_data(cfg, CPU).eval_set
+    scored = first_tasks(eval_set, 3)
+    assert len({ep.task.task_id for ep in eval_set.episodes}) > len(scored)
+    by_family: dict = {}
+    metrics = evaluate_variant(cfg, Path(cfg.run.run_dir), by_family)
+    assert metrics["eval/tasks"] == 3
+    assert set(by_family) == {t.rsplit("-", 1)[-1] for t in scored}
+    assert all(0 <= v <= 1 for v in by_family.values())
 
 
 def test_grid_logprob_hand_worked():
