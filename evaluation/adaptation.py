@@ -43,7 +43,7 @@ from engine.loop import to_device
 from engine.precision import MixedPrecision
 from engine.schedule import lr_factor, set_lrs
 from loss_function import adaptation_loss
-from model import ArcModel
+from model import ArcModel, Prediction
 from prompt import QwenFeatures
 
 # A view start's gate bias: that view all but alone. A trained gate's own logits span ~15 (+10 on
@@ -123,16 +123,23 @@ def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int,
     set_lrs(optimizer, base, lr_factor(schedule, step / steps))
 
 
+def _predict(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
+             of: torch.Tensor, amp: MixedPrecision) -> tuple[dict, Prediction]:
+    """The model on demo episodes (a collated batch on the model's device) with the mean refinement,
+    each sample reading its adapter row (`of` [B] int64; none when `adapters` is None), under
+    --amp's autocast. -> (the batch with its prompt features, the prediction)."""
+    batch = model.encode_prompts(batch, prompts, 0, training=False)
+    with amp.autocast():
+        return batch, model(batch, "mean", None if adapters is None else adapters(of))
+
+
 def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
                 of: torch.Tensor, slots: int, cfg: Config, amp: MixedPrecision) -> torch.Tensor:
     """Mean adaptation loss over each row's samples -> [slots] float32 (0 for a row without samples).
-    batch: demo episodes on the model's device, the mean refinement; `of` [B] int64: each sample's
-    adapter row (also the row its loss counts to when `adapters` is None)."""
-    batch = model.encode_prompts(batch, prompts, 0, training=False)
-    with amp.autocast():
-        pred = model(batch, "mean", None if adapters is None else adapters(of))
-        per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
-                                     cfg=cfg.loss)
+    batch, of: as `_predict` (`of` also names the row a sample's loss counts to when `adapters` is None)."""
+    batch, pred = _predict(model, prompts, adapters, batch, of, amp)
+    per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
+                                 cfg=cfg.loss)
     total = torch.zeros(slots, device=per_sample.device).index_add(0, of, per_sample)
     count = torch.zeros(slots, device=per_sample.device).index_add(0, of, torch.ones_like(per_sample))
     return total / count.clamp_min(1)
@@ -153,11 +160,10 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
     """Whether every row's task has each leave-one-out demo episode predicted exactly (every cell),
     under `--ttt_stop_views` views. The identity view is tried alone first: most checks fail there,
     at an eighth of the cost."""
+    amp = MixedPrecision(cfg.optim.amp, device)
     for views in sorted({1, cfg.eval.ttt_stop_views}):
         batch, of = demos.every(rows, views)
-        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-        with MixedPrecision(cfg.optim.amp, device).autocast():
-            pred = model(batch, "mean", None if adapters is None else adapters(of.to(device)))
+        batch, pred = _predict(model, prompts, adapters, to_device(batch, device), of.to(device), amp)
         if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
             return False
     return True
