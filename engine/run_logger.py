@@ -13,6 +13,7 @@ from torch.utils.tensorboard import SummaryWriter
 class RunLogger:
     def __init__(self, run_dir: Path, config: dict, description: str, *, purge_step: int | None = None):
         """`purge_step`: events at this step and later, left by an earlier life of the run, are dropped."""
+        self.run_dir = run_dir
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
         self.writer.add_text("models", description, 0)

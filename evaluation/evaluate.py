@@ -33,6 +33,7 @@ from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.render import task_image
+from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from model import ArcModel
 from prompt import QwenFeatures
@@ -68,22 +69,40 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
 class TaskScores:
     """What scoring some evaluation tasks gave, gathered from every process."""
 
-    records: list[tuple[str, dict[str, float]]]  # (task id, pair metrics and pass2_<ranking>), one per test input
-    copy_records: list[tuple[str, dict[str, float]]]  # the same for copying the input
+    records: dict[int, tuple[str, dict[str, float]]]  # episode index (a test input) -> (task id, pair metrics
+    #                                                    and pass2_<ranking>)
+    copy_records: dict[int, tuple[str, dict[str, float]]]  # the same for copying the input
     attempts: dict[int, tuple[Grid, Grid]]  # episode index -> its two attempts
     seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
     ttt_steps: dict[str, int]  # task id -> test-time-training steps taken
 
     def merged(self, other: TaskScores) -> TaskScores:
-        return TaskScores(self.records + other.records, self.copy_records + other.copy_records,
+        return TaskScores({**self.records, **other.records}, {**self.copy_records, **other.copy_records},
                           {**self.attempts, **other.attempts}, {**self.seconds, **other.seconds},
                           {**self.ttt_steps, **other.ttt_steps})
+
+    def cards(self, dataset: EpisodeDataset) -> list[dict]:
+        """The report's card of every scored task (evaluation/report.py), in the evaluation set's order."""
+        return task_cards(self.attempts, self.records, self.seconds, self.ttt_steps, dataset)
+
+    def images(self, dataset: EpisodeDataset) -> list[tuple[str, np.ndarray]]:
+        """(task id, [H, W, 3] uint8) of the first IMAGES scored tasks in the evaluation set's order
+        (the same tasks at every validation: its first tasks are scored first), grids labelled."""
+        first: dict[str, int] = {}
+        for i in sorted(self.attempts):
+            first.setdefault(dataset.episodes[i].task.task_id, i)
+        images = []
+        for task_id, i in list(first.items())[:IMAGES]:
+            ep = dataset.episodes[i]  # the target is drawn after scoring, beside the attempts
+            images.append((task_id, task_image(ep.task.train, ep.query.input, ep.query.output, self.attempts[i])))
+        return images
 
     def metrics(self, prefix: str, cfg: Config) -> dict[str, float]:
         """`<prefix>/*`: ARC Prize metrics, the copy baseline as `<prefix>/copy_*`, tasks, seconds a task
         and (with test-time training) its steps a task."""
-        out = {f"{prefix}/{k}": v for k, v in summarise(self.records).items()}
-        out.update({f"{prefix}/copy_{k}": v for k, v in summarise(self.copy_records).items() if k != "oracle"})
+        out = {f"{prefix}/{k}": v for k, v in summarise(list(self.records.values())).items()}
+        out.update({f"{prefix}/copy_{k}": v for k, v in summarise(list(self.copy_records.values())).items()
+                    if k != "oracle"})
         out[f"{prefix}/seconds_per_task"] = float(np.mean(list(self.seconds.values())))
         out[f"{prefix}/tasks"] = float(len(self.seconds))
         if cfg.eval.ttt_steps:
@@ -96,6 +115,7 @@ class EvalResult:
     metrics: dict[str, float]  # eval/* incl. eval/copy_* and eval/seconds_per_task
     submission: dict[str, list[dict]]  # {task_id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, test inputs in order
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
+    cards: list[dict]  # the report's card of every scored task (evaluation/report.py)
 
     @classmethod
     def of(cls, scores: TaskScores, dataset: EpisodeDataset, cfg: Config) -> EvalResult:
@@ -105,14 +125,7 @@ class EvalResult:
             a1, a2 = attempts[i]
             submission.setdefault(dataset.episodes[i].task.task_id, []).append(
                 {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
-        first = {}
-        for i in sorted(attempts):
-            first.setdefault(dataset.episodes[i].task.task_id, i)
-        images = []
-        for task_id in sorted(first)[:IMAGES]:
-            ep = dataset.episodes[first[task_id]]
-            images.append((task_id, task_image(ep.context, ep.query.input, ep.query.output, attempts[first[task_id]])))
-        return cls(scores.metrics("eval", cfg), submission, images)
+        return cls(scores.metrics("eval", cfg), submission, scores.images(dataset), scores.cards(dataset))
 
 
 def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:
@@ -161,7 +174,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
-    records, copy_records, attempts, seconds, ttt_steps = [], [], {}, {}, {}
+    records, copy_records, attempts, seconds, ttt_steps = {}, {}, {}, {}, {}
     progress = [0.0] * 4  # this slot's tasks, test inputs, of them solved (pass@2), TTT steps
     totals = [0.0] * 4
     bar = tqdm(total=len(task_ids), desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
@@ -198,9 +211,9 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 for ranking in RANKINGS:
                     metrics[f"pass2_{ranking}"] = pair_metrics(cands[i].attempts(ranking), ep.query.output,
                                                                ep.query.input)["pass2"]
-                records.append((ep.task.task_id, metrics))
-                copy_records.append((ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
-                                                                    ep.query.input)))
+                records[i] = (ep.task.task_id, metrics)
+                copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
+                                                                  ep.query.input))
                 progress[1] += 1
                 progress[2] += metrics["pass2"]
             progress[0] += len(group)

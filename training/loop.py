@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -24,6 +25,8 @@ from engine.precision import slow_precision
 from engine.run_logger import RunLogger
 from engine.schedule import TrainingSchedule
 from evaluation.evaluate import EvalResult, describe, evaluate, first_tasks, score_tasks
+from evaluation.report import header as report_header
+from evaluation.report import write_report
 from evaluation.schedule import ValidationSchedule, fits_in_training
 from training.build import TrainingData, build_data, build_train_state, evaluation_view, load_run, prompt_cache_dir
 from training.run_state import TrainState, plan_run_dir, restore_run_state, save_run_state
@@ -162,6 +165,8 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         result = evaluate(model, prompts, data.eval_set, cfg=cfg, device=device, dist=dist, tasks=tasks, stop=stop,
                           desc="evaluate")
         publish(result, state.counters.optimizer_steps, cfg, dist, logger)
+        write_run_report(logger, "evaluation", str(weights), state.counters.optimizer_steps, cfg, result.metrics,
+                         "eval", result.cards)
         return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
                           {"evaluated": str(weights), **result.metrics}, dist)
     except Interrupted as err:
@@ -195,6 +200,10 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
         metrics = scores.metrics("val", cfg)
         if logger is not None and len(first) == len(subset):
             logger.write(step, metrics)
+            log_images(logger, scores.images(data.eval_set), step)
+        if not final:
+            write_run_report(logger, f"validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg, metrics,
+                             "val", scores.cards(data.eval_set))
         if final:
             rest = chosen[len(first):]  # both are the first tasks of one list
             so_far = dist.from_main(time.perf_counter() - started)
@@ -210,6 +219,8 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                                                    dist=dist, stop=stop, desc="final"))
             result = EvalResult.of(scores, data.eval_set, cfg)
             publish(result, step, cfg, dist, logger)
+            write_run_report(logger, f"final validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg,
+                             result.metrics, "eval", result.cards)
             metrics = result.metrics
     state.model.set_rl_noise_state(noise)
     schedule.val_seconds += dist.from_main(time.perf_counter() - started)
@@ -221,14 +232,36 @@ def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunL
     """The final scores: eval/* scalars and task images at `step`, and the submission file."""
     if logger is not None:
         logger.write(step, result.metrics)
-        for task_id, image in result.images:
-            logger.writer.add_image(f"eval_tasks/{task_id}", image, step, dataformats="HWC")
+        log_images(logger, result.images, step)
     if cfg.eval.submission and dist.is_main:
         path = Path(cfg.eval.submission)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(result.submission))
         tmp.replace(path)
+
+
+def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], step: int) -> None:
+    """Labelled task images at `step`, one tag per task: the same tasks at every validation, so
+    TensorBoard's step slider shows one task over the run."""
+    if logger is not None:
+        for task_id, image in images:
+            logger.writer.add_image(f"tasks/{task_id}", image, step, dataformats="HWC")
+
+
+def write_run_report(logger: RunLogger | None, what: str, weights: str, step: int, cfg: Config,
+                     metrics: dict[str, float], prefix: str, cards: list[dict]) -> None:
+    """report.html and report.json in the run folder (main process: the one with a logger), after
+    a validation's scoring; the time it takes is printed (it is not part of the validation's)."""
+    if logger is None:
+        return
+    started = time.perf_counter()
+    data = cfg.data.data + (f", evaluation: {cfg.data.eval_data}" if cfg.data.eval_data else "")
+    head = report_header(run=logger.run_dir.name, what=what, weights=weights, step=step, data=data,
+                         settings=describe(cfg), metrics=metrics, prefix=prefix)
+    page = write_report(logger.run_dir, head, cards)
+    tqdm.write(f"report: {page} ({len(cards)} tasks, {page.stat().st_size / 2**20:.1f} MiB, "
+               f"{time.perf_counter() - started:.2f} s)", file=sys.stderr)
 
 
 def announce(dist: Dist, line: str) -> None:

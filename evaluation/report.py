@@ -1,0 +1,134 @@
+"""A run's report: one self-contained page of every evaluated task (report.html) and its data
+(report.json), written after each validation.
+
+A card per task: its demos, and for each test input the input, the target and both attempts, each
+marked right or wrong with its cells wrong (or a wrong shape); test-time-training steps and seconds.
+The page (evaluation/report_page.html: no network, no server, the data inline) filters and sorts in
+the browser; its URL's hash holds the choice (`report.html#filter=near&cells=5&sort=cells`), so a
+view can be linked. Grids are drawn on canvases in ARC's colours with cell lines.
+evaluation/compare.py shows two runs' attempts side by side on the same page.
+
+The targets shown are the evaluation tasks' test outputs: the report is written from what the
+scorer kept, after scoring, and nothing in it goes back to the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from data.arc import Grid
+from data.episodes import EpisodeDataset
+
+PAGE = Path(__file__).with_name("report_page.html")
+FILTERS = ("all", "solved", "oracle", "near", "shape")  # the page's own list; a test holds them equal
+
+
+def grid_rows(grid: Grid) -> list[str]:
+    """[h, w] colours 0-9 -> h strings of w digits (what the page draws)."""
+    return ["".join(map(str, row)) for row in np.asarray(grid).tolist()]
+
+
+def cells_wrong(attempt: Grid, target: Grid) -> int | None:
+    """Cells of `attempt` that differ from `target`; None when the shapes differ."""
+    if attempt.shape != target.shape:
+        return None
+    return int((attempt != target).sum())
+
+
+def run_of_task(pairs: list[tuple[tuple[Grid, Grid], Grid, dict[str, float]]], seconds: float,
+                ttt_steps: int) -> dict:
+    """One run's side of a task card from its test pairs ((attempt 1, attempt 2), target, pair
+    metrics): per pair each attempt's rightness and cells wrong, and for the task whether it is
+    solved (every pair by one of its attempts), solved by the oracle only (a candidate was right
+    where both attempts were wrong), its cells wrong (per unsolved pair the closer attempt's, summed;
+    None when some unsolved pair has no attempt of the target's shape) and a wrong shape (attempt 1
+    of some pair)."""
+    out_pairs, solved, oracle_only, wrong, wrong_shape = [], True, True, 0, False
+    for attempts, target, metrics in pairs:
+        right = [a.shape == target.shape and bool((a == target).all()) for a in attempts]
+        cells = [cells_wrong(a, target) for a in attempts]
+        out_pairs.append({"attempts": [grid_rows(a) for a in attempts], "right": right, "cells_wrong": cells,
+                          "oracle": bool(metrics.get("oracle", 0.0))})
+        wrong_shape |= cells[0] is None
+        if not any(right):
+            solved = False
+            oracle_only &= bool(metrics.get("oracle", 0.0))
+            closest = [c for c in cells if c is not None]
+            wrong = wrong + min(closest) if closest and wrong is not None else None
+    return {"pairs": out_pairs, "solved": solved, "oracle_only": oracle_only and not solved,
+            "cells_wrong": 0 if solved else wrong, "wrong_shape": wrong_shape, "seconds": round(seconds, 3),
+            "ttt_steps": ttt_steps}
+
+
+def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[str, dict[str, float]]],
+               seconds: dict[str, float], ttt_steps: dict[str, int], dataset: EpisodeDataset) -> list[dict]:
+    """One card per scored task, in the evaluation set's order: {"id", "demos": [[input, output]],
+    "tests": [{"input", "target"}], "runs": [run_of_task(...)]} (grids as digit rows).
+    attempts, records: by episode index of `dataset` (evaluation.evaluate.TaskScores)."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i in sorted(attempts):
+        by_task[dataset.episodes[i].task.task_id].append(i)
+    cards = []
+    for task_id, episodes in by_task.items():
+        task = dataset.episodes[episodes[0]].task
+        queries = [dataset.episodes[i].query for i in episodes]
+        run = run_of_task([(attempts[i], q.output, records[i][1]) for i, q in zip(episodes, queries)],
+                          seconds.get(task_id, 0.0), ttt_steps.get(task_id, 0))
+        cards.append({"id": task_id, "demos": [[grid_rows(d.input), grid_rows(d.output)] for d in task.train],
+                      "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output)} for q in queries],
+                      "runs": [run]})
+    return cards
+
+
+def page_html(title: str, header: list[tuple[str, str]], runs: list[str], cards: list[dict],
+              default_filter: str = "all") -> str:
+    """The self-contained page: `header` rows (label, value) above the cards; `runs` names each
+    entry of a card's "runs" (one for a report, two for a comparison)."""
+    data = {"title": title, "header": header, "runs": runs, "cards": cards, "default_filter": default_filter}
+    # inside <script>, "</" would end the element: JSON allows "<\/"
+    text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    page = PAGE.read_text()
+    return page.replace("__TITLE__", _escape(title)).replace("__DATA__", text)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it: a reader never sees half."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_report(folder: Path, header: dict, cards: list[dict]) -> Path:
+    """report.json ({"header": {...}, "cards": [...]}, what compare.py reads) and report.html in
+    `folder`. header: "title", "run", "rows" [(label, value)] shown above the cards. -> the page's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_whole(folder / "report.json", json.dumps({"header": header, "cards": cards}, separators=(",", ":")))
+    page = folder / "report.html"
+    write_whole(page, page_html(header["title"], header["rows"], [header["run"]], cards))
+    return page
+
+
+def header(*, run: str, what: str, weights: str, step: int, data: str, settings: str, metrics: dict[str, float],
+           prefix: str) -> dict:
+    """What report.json keeps of a validation and the page shows above the cards: `metrics` are its
+    `<prefix>/*` scalars (evaluation.evaluate.TaskScores.metrics)."""
+    scores = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(prefix + "/")}
+
+    def pct(name: str) -> str:
+        return f"{100 * scores[name]:.1f}%" if name in scores else "-"
+
+    rows = [("run", run), ("weights", f"{weights} (step {step})"), ("data", data), ("adaptation", settings),
+            ("tasks", f"{scores.get('tasks', 0):.0f}"), ("pass@2", pct("pass2")), ("oracle", pct("oracle")),
+            ("task score", f"{scores['task_score']:.3f}" if "task_score" in scores else "-"),
+            ("copy the input: pass@2", pct("copy_pass2")),
+            ("seconds a task", f"{scores.get('seconds_per_task', 0.0):.2f}")]
+    return {"title": f"{run}: {what}", "run": run, "step": step, "weights": weights, "metrics": scores, "rows": rows}
