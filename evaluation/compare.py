@@ -1,0 +1,118 @@
+"""Compare two runs: the tasks one solves and the other does not, and the pass@2 difference.
+
+    python -m evaluation.compare RUN_A RUN_B [--out PAGE]
+
+Reads the report.json each run's last validation wrote (evaluation/report.py), takes the tasks both
+scored, and prints each run's pass@2 over their test pairs, the difference with its paired count
+(tasks B solves and A does not: gained; the reverse: lost) and a table of the tasks solved by one
+run only. Writes a page (default: RUN_B/compare.html) with both runs' attempts side by side,
+showing those tasks first (its filter offers the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from evaluation.report import page_html, write_whole
+
+
+@dataclass
+class Comparison:
+    names: tuple[str, str]  # the runs' folder names
+    cards: list[dict]  # the tasks both scored, each with two runs
+    pass2: tuple[float, float]  # each run's pass@2 over the test pairs of those tasks
+    gained: list[str]  # task ids solved by B, not by A
+    lost: list[str]  # task ids solved by A, not by B
+
+
+def read_report(run: Path) -> dict:
+    """A run folder's report.json -> {"header", "cards"}; a missing or damaged file is one line."""
+    path = run / "report.json"
+    if not path.is_file():
+        raise SystemExit(f"{path}: no report (a run writes it at each validation; --eval_only writes one too)")
+    try:
+        report = json.loads(path.read_text())
+        return {"header": report["header"], "cards": report["cards"]}
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise SystemExit(f"{path}: not a report ({err})") from None
+
+
+def pass2(cards: list[dict], run: int) -> float:
+    """Share of the cards' test pairs that run `run` solves with one of its two attempts."""
+    pairs = [any(p["right"]) for c in cards for p in c["runs"][run]["pairs"]]
+    return sum(pairs) / len(pairs) if pairs else 0.0
+
+
+def compare(a: dict, b: dict) -> Comparison:
+    """Two reports -> the cards of the tasks both scored (A's run first, then B's), in A's order."""
+    theirs = {c["id"]: c for c in b["cards"]}
+    cards = []
+    for card in a["cards"]:
+        other = theirs.get(card["id"])
+        if other is None:
+            continue
+        if other["tests"] != card["tests"]:
+            raise SystemExit(f"task {card['id']}: the two runs scored different test pairs (other evaluation data?)")
+        cards.append({**card, "runs": [card["runs"][0], other["runs"][0]]})
+    if not cards:
+        raise SystemExit(f"{a['header']['run']} and {b['header']['run']}: no evaluated task in common")
+    solved = [[c["runs"][r]["solved"] for c in cards] for r in (0, 1)]
+    return Comparison((a["header"]["run"], b["header"]["run"]), cards, (pass2(cards, 0), pass2(cards, 1)),
+                      gained=[c["id"] for c, x, y in zip(cards, *solved) if y and not x],
+                      lost=[c["id"] for c, x, y in zip(cards, *solved) if x and not y])
+
+
+def table(result: Comparison) -> str:
+    """The printed comparison: pass@2 of each run, the difference and its paired count, then one line
+    per task solved by one run only (with each run's cells wrong)."""
+    (a, b), (pa, pb) = result.names, result.pass2
+    pairs = sum(len(c["tests"]) for c in result.cards)
+    lines = [f"{len(result.cards)} tasks ({pairs} test pairs) scored by both",
+             f"pass@2  A {a}: {100 * pa:.1f}%   B {b}: {100 * pb:.1f}%   B - A: {100 * (pb - pa):+.1f} points",
+             f"tasks   gained (B solves, A does not): {len(result.gained)}   lost (A solves, B does not): "
+             f"{len(result.lost)}"]
+    differs = {t: "gained" for t in result.gained} | {t: "lost" for t in result.lost}
+    if differs:
+        lines.append(f"\n{'task':<14}{'':<8}{'A':>14}{'B':>14}")
+
+        def state(run: dict) -> str:
+            return "solved" if run["solved"] else "shape" if run["cells_wrong"] is None else f"{run['cells_wrong']} wrong"
+
+        for card in result.cards:
+            if card["id"] in differs:
+                lines.append(f"{card['id']:<14}{differs[card['id']]:<8}{state(card['runs'][0]):>14}"
+                             f"{state(card['runs'][1]):>14}")
+    return "\n".join(lines)
+
+
+def compare_page(result: Comparison, heads: tuple[dict, dict]) -> str:
+    (a, b), (pa, pb) = result.names, result.pass2
+    rows = [("A", f"{a}: {heads[0]['weights']} (step {heads[0]['step']})"),
+            ("B", f"{b}: {heads[1]['weights']} (step {heads[1]['step']})"),
+            ("tasks scored by both", str(len(result.cards))),
+            ("pass@2", f"A {100 * pa:.1f}%, B {100 * pb:.1f}%, B - A {100 * (pb - pa):+.1f} points"),
+            ("gained (B solves, A does not)", ", ".join(result.gained) or "none"),
+            ("lost (A solves, B does not)", ", ".join(result.lost) or "none")]
+    return page_html(f"{a} (A) against {b} (B)", rows, [f"A {a}", f"B {b}"], result.cards,
+                     default_filter="differs" if result.gained or result.lost else "all")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_a", type=Path, help="a run folder (with report.json)")
+    ap.add_argument("run_b", type=Path, help="another run folder")
+    ap.add_argument("--out", type=Path, help="the page (default: RUN_B/compare.html)")
+    args = ap.parse_args(argv)
+    reports = read_report(args.run_a), read_report(args.run_b)
+    result = compare(*reports)
+    print(table(result))
+    out = args.out or args.run_b / "compare.html"
+    write_whole(out, compare_page(result, (reports[0]["header"], reports[1]["header"])))
+    print(f"\npage: {out}")
+
+
+if __name__ == "__main__":
+    main()
