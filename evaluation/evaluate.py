@@ -115,7 +115,6 @@ class EvalResult:
     metrics: dict[str, float]  # eval/* incl. eval/copy_* and eval/seconds_per_task
     submission: dict[str, list[dict]]  # {task_id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, test inputs in order
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
-    cards: list[dict]  # the report's card of every scored task (evaluation/report.py)
 
     @classmethod
     def of(cls, scores: TaskScores, dataset: EpisodeDataset, cfg: Config) -> EvalResult:
@@ -125,7 +124,7 @@ class EvalResult:
             a1, a2 = attempts[i]
             submission.setdefault(dataset.episodes[i].task.task_id, []).append(
                 {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
-        return cls(scores.metrics("eval", cfg), submission, scores.images(dataset), scores.cards(dataset))
+        return cls(scores.metrics("eval", cfg), submission, scores.images(dataset))
 
 
 def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:

@@ -16,7 +16,7 @@ from PIL import Image
 import training
 from data.arc import ArcPair, ArcTask
 from data.episodes import EpisodeDataset, evaluation_episodes
-from evaluation.evaluate import evaluate
+from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.render import ARC_RGB
 from evaluation.report import header, write_report
 from tests.conftest import CPU
@@ -94,10 +94,11 @@ def report_page(tmp_path_factory, arc_folder):
     copy = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids[:2]), (ArcPair(grids[2], grids[2].copy()),))
     tasks = tuple({ep.task.task_id: ep.task for ep in eval_set.episodes}.values()) + (copy,)
     dataset = EpisodeDataset(evaluation_episodes(tasks), eval_set.scale)
-    result = evaluate(state.model, state.prompts, dataset, cfg=cfg, device=CPU)
+    scores = score_tasks(state.model, state.prompts, dataset, first_tasks(dataset, 0), cfg=cfg, device=CPU)
     head = header(run="run", what="evaluation", weights="fresh weights", step=0, data=str(arc_folder),
-                  settings="none", metrics=result.metrics, prefix="eval")
-    return write_report(tmp, head, result.cards), result
+                  settings="none", metrics=scores.metrics("eval", cfg), prefix="eval")
+    cards = scores.cards(dataset)
+    return write_report(tmp, head, cards), cards
 
 
 def rendered(page: Path, fragment: str = "") -> Cards:
@@ -105,10 +106,10 @@ def rendered(page: Path, fragment: str = "") -> Cards:
 
 
 def test_every_task_card_is_there_with_its_grids(report_page):
-    page, result = report_page
+    page, cards = report_page
     dom = rendered(page)
-    assert list(dom.cards) == [c["id"] for c in result.cards]
-    for card in result.cards:
+    assert list(dom.cards) == [c["id"] for c in cards]
+    for card in cards:
         shown = dom.cards[card["id"]]
         # demos (input, output), then per test input: input, target and two attempts
         assert len(shown["canvases"]) == 2 * len(card["demos"]) + 4 * len(card["tests"]), card["id"]
@@ -129,16 +130,16 @@ def test_every_task_card_is_there_with_its_grids(report_page):
     ("#filter=oracle", lambda run: run["oracle_only"]),
 ])
 def test_the_filters_change_what_is_shown(report_page, fragment, expect):
-    page, result = report_page
+    page, cards = report_page
     dom = rendered(page, fragment)
     visible = {task for task, card in dom.cards.items() if not card["hidden"]}
-    assert visible == {c["id"] for c in result.cards if expect(c["runs"][0])}
-    assert len(dom.cards) == len(result.cards)  # hidden, not removed
+    assert visible == {c["id"] for c in cards if expect(c["runs"][0])}
+    assert len(dom.cards) == len(cards)  # hidden, not removed
 
 
 def test_the_page_shows_the_solved_task_and_filters_to_it(report_page):
-    page, result = report_page
-    assert [c["id"] for c in result.cards if c["runs"][0]["solved"]] == ["copy"]
+    page, cards = report_page
+    assert [c["id"] for c in cards if c["runs"][0]["solved"]] == ["copy"]
     assert {t for t, c in rendered(page, "#filter=solved").cards.items() if not c["hidden"]} == {"copy"}
     sorted_by_cells = rendered(page, "#sort=cells").cards
     assert min(sorted_by_cells.items(), key=lambda kv: kv[1]["order"])[0] == "copy"  # 0 cells wrong first

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from data.arc import DataError
 from data.curriculum import easy_fraction
+from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint
 from engine.config import Config, ConfigError, parse
 from engine.distributed import Dist, init_distributed, launcher_wants_fsdp, shutdown
@@ -24,7 +25,7 @@ from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epo
 from engine.precision import slow_precision
 from engine.run_logger import RunLogger
 from engine.schedule import TrainingSchedule
-from evaluation.evaluate import EvalResult, describe, evaluate, first_tasks, score_tasks
+from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
 from evaluation.report import header as report_header
 from evaluation.report import write_report
 from evaluation.schedule import ValidationSchedule, fits_in_training
@@ -162,11 +163,12 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
     try:
         model, prompts = evaluation_view(state, cfg, device)
-        result = evaluate(model, prompts, data.eval_set, cfg=cfg, device=device, dist=dist, tasks=tasks, stop=stop,
-                          desc="evaluate")
+        scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
+                             desc="evaluate")
+        result = EvalResult.of(scores, data.eval_set, cfg)
         publish(result, state.counters.optimizer_steps, cfg, dist, logger)
         write_run_report(logger, "evaluation", str(weights), state.counters.optimizer_steps, cfg, result.metrics,
-                         "eval", result.cards)
+                         "eval", scores, data.eval_set)
         return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
                           {"evaluated": str(weights), **result.metrics}, dist)
     except Interrupted as err:
@@ -203,7 +205,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
         if not final:  # the final validation's are published with the rest of its tasks
             log_images(logger, scores.images(data.eval_set), step)
             write_run_report(logger, f"validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg, metrics,
-                             "val", scores.cards(data.eval_set))
+                             "val", scores, data.eval_set)
         if final:
             rest = chosen[len(first):]  # both are the first tasks of one list
             so_far = dist.from_main(time.perf_counter() - started)
@@ -220,7 +222,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
             result = EvalResult.of(scores, data.eval_set, cfg)
             publish(result, step, cfg, dist, logger)
             write_run_report(logger, f"final validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg,
-                             result.metrics, "eval", result.cards)
+                             result.metrics, "eval", scores, data.eval_set)
             metrics = result.metrics
     state.model.set_rl_noise_state(noise)
     schedule.val_seconds += dist.from_main(time.perf_counter() - started)
@@ -250,12 +252,13 @@ def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], s
 
 
 def write_run_report(logger: RunLogger | None, what: str, weights: str, step: int, cfg: Config,
-                     metrics: dict[str, float], prefix: str, cards: list[dict]) -> None:
+                     metrics: dict[str, float], prefix: str, scores: TaskScores, dataset: EpisodeDataset) -> None:
     """report.html and report.json in the run folder (main process: the one with a logger), after
     a validation's scoring; the time it takes is printed (it is not part of the validation's)."""
     if logger is None:
         return
     started = time.perf_counter()
+    cards = scores.cards(dataset)
     data = cfg.data.data + (f", evaluation: {cfg.data.eval_data}" if cfg.data.eval_data else "")
     head = report_header(run=logger.run_dir.name, what=what, weights=weights, step=step, data=data,
                          settings=describe(cfg), metrics=metrics, prefix=prefix)
