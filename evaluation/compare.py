@@ -79,7 +79,9 @@ def table(result: Comparison) -> str:
         lines.append(f"\n{'task':<14}{'':<8}{'A':>14}{'B':>14}")
 
         def state(run: dict) -> str:
-            return "solved" if run["solved"] else "shape" if run["cells_wrong"] is None else f"{run['cells_wrong']} wrong"
+            if run["solved"]:
+                return "solved"
+            return "wrong shape" if run["cells_wrong"] is None else f"{run['cells_wrong']} cells wrong"
 
         for card in result.cards:
             if card["id"] in differs:

@@ -58,7 +58,8 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
     def grads(keep):
         sub = {k: v[keep] if torch.is_tensor(v) else [v[i] for i in keep.tolist()] for k, v in batch.items()}
         adapters.zero_grad(set_to_none=True)
-        _row_losses(state.model, state.prompts, adapters, sub, rows[keep], 3, cfg, MixedPrecision("off", CPU)).sum().backward()
+        amp = MixedPrecision("off", CPU)
+        _row_losses(state.model, state.prompts, adapters, sub, rows[keep], 3, cfg, amp).sum().backward()
         return {n: p.grad.clone() for n, p in adapters.named_parameters()}
 
     everything = grads(torch.arange(len(rows)))
