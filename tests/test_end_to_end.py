@@ -40,7 +40,7 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
     events = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     images = events.Tags()["images"]
-    assert images and all(t.startswith("eval_tasks/") for t in images)  # the evaluation tasks, drawn
+    assert images and all(t.startswith("tasks/") for t in images)  # the evaluation tasks, drawn
     config = events.Tensors("config/text_summary")[0].tensor_proto.string_val[0].decode()
     assert '"max_batches": 2' in config and '"data": "' in config
     assert [s for s, _ in tags["loss/combined"]] == [1, 2]
