@@ -76,17 +76,19 @@ def table(result: Comparison) -> str:
              f"{len(result.lost)}"]
     differs = {t: "gained" for t in result.gained} | {t: "lost" for t in result.lost}
     if differs:
-        lines.append(f"\n{'task':<14}{'':<8}{'A':>14}{'B':>14}")
+        width = max(len(t) for t in differs) + 2
+        lines.append(f"\n{'task':<{width}}{'':<8}{'A':>16}{'B':>16}")
 
         def state(run: dict) -> str:
             if run["solved"]:
                 return "solved"
-            return "wrong shape" if run["cells_wrong"] is None else f"{run['cells_wrong']} cells wrong"
+            wrong = run["cells_wrong"]
+            return "wrong shape" if wrong is None else f"{wrong} cell{'s' * (wrong != 1)} wrong"
 
         for card in result.cards:
             if card["id"] in differs:
-                lines.append(f"{card['id']:<14}{differs[card['id']]:<8}{state(card['runs'][0]):>14}"
-                             f"{state(card['runs'][1]):>14}")
+                lines.append(f"{card['id']:<{width}}{differs[card['id']]:<8}{state(card['runs'][0]):>16}"
+                             f"{state(card['runs'][1]):>16}")
     return "\n".join(lines)
 
 
