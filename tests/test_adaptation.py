@@ -44,6 +44,18 @@ def test_an_untrained_adapter_changes_nothing(small_cfg):
     torch.testing.assert_close(adapted, plain, rtol=0, atol=1e-6)
 
 
+def test_test_time_training_draws_the_same_episodes_whatever_the_search_drew(small_cfg):
+    """restart_draws: after any number of the search's draws, training starts the group's stream again."""
+    cfg, state, eval_set, tasks = setup(small_cfg)
+    demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
+    first, _ = demos.draw({0: 0, 1: 1}, per_row=4)
+    for _ in range(3):  # the latent search's steps
+        demos.draw({0: 0, 1: 1}, per_row=4)
+    demos.restart_draws()
+    again, _ = demos.draw({0: 0, 1: 1}, per_row=4)
+    assert torch.equal(first["input"], again["input"]) and torch.equal(first["target"], again["target"])
+
+
 def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cfg):
     """Adapting tasks together is adapting each alone: row r's gradient from the whole batch equals
     its gradient from its own samples only."""
