@@ -39,6 +39,14 @@ CHECKSUMS_FILE = "checksums.json"
 LATEST = "latest"
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it: a reader (or a run killed
+    meanwhile) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -99,9 +107,7 @@ def commit_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor]
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    latest_tmp = root / ".latest.tmp"
-    latest_tmp.write_text(name + "\n")
-    os.replace(latest_tmp, root / LATEST)
+    write_atomic(root / LATEST, name + "\n")
     if keep > 0:
         for old in sorted(root.glob("step_*"))[:-keep]:
             shutil.rmtree(old)

@@ -16,7 +16,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from evaluation.report import page_html, write_whole
+from engine.checkpoint import write_atomic
+from evaluation.report import page_html
 
 
 @dataclass
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     result = compare(*reports)
     print(table(result))
     out = args.out or args.run_b / "compare.html"
-    write_whole(out, compare_page(result, (reports[0]["header"], reports[1]["header"])))
+    write_atomic(out, compare_page(result, (reports[0]["header"], reports[1]["header"])))
     print(f"\npage: {out}")
 
 

@@ -14,8 +14,8 @@ scorer kept, after scoring, and nothing in it goes back to the model.
 
 from __future__ import annotations
 
+import html
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from data.arc import Grid
 from data.episodes import EpisodeDataset
+from engine.checkpoint import write_atomic
 
 PAGE = Path(__file__).with_name("report_page.html")
 FILTERS = ("all", "solved", "oracle", "near", "shape")  # the page's own list; a test holds them equal
@@ -93,27 +94,16 @@ def page_html(title: str, header: list[tuple[str, str]], runs: list[str], cards:
     # inside <script>, "</" would end the element: JSON allows "<\/"
     text = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
     page = PAGE.read_text()
-    return page.replace("__TITLE__", _escape(title)).replace("__DATA__", text)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file renamed over it: a reader never sees half."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    return page.replace("__TITLE__", html.escape(title)).replace("__DATA__", text)
 
 
 def write_report(folder: Path, header: dict, cards: list[dict]) -> Path:
     """report.json ({"header": {...}, "cards": [...]}, what compare.py reads) and report.html in
     `folder`. header: "title", "run", "rows" [(label, value)] shown above the cards. -> the page's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_whole(folder / "report.json", json.dumps({"header": header, "cards": cards}, separators=(",", ":")))
+    write_atomic(folder / "report.json", json.dumps({"header": header, "cards": cards}, separators=(",", ":")))
     page = folder / "report.html"
-    write_whole(page, page_html(header["title"], header["rows"], [header["run"]], cards))
+    write_atomic(page, page_html(header["title"], header["rows"], [header["run"]], cards))
     return page
 
 

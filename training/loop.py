@@ -17,7 +17,7 @@ from tqdm import tqdm
 from data.arc import DataError
 from data.curriculum import easy_fraction
 from data.episodes import EpisodeDataset
-from engine.checkpoint import find_checkpoint
+from engine.checkpoint import find_checkpoint, write_atomic
 from engine.config import Config, ConfigError, parse
 from engine.distributed import Dist, init_distributed, launcher_wants_fsdp, shutdown
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, epoch_windows, preserved_rng, \
@@ -238,9 +238,7 @@ def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunL
     if cfg.eval.submission and dist.is_main:
         path = Path(cfg.eval.submission)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(result.submission))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(result.submission))
 
 
 def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], step: int) -> None:

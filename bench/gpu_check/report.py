@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from engine.checkpoint import write_atomic
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Report:
 
     def write(self) -> None:
         doc = {**self.header, "sections": [asdict(s) for s in self.sections]}
-        _write_atomic(self.out / "gpu_check.json", json.dumps(doc, indent=1) + "\n")
+        write_atomic(self.out / "gpu_check.json", json.dumps(doc, indent=1) + "\n")
         lines = [f"# GPU check: {self.header['device']}", "",
                  ", ".join(f"{k} {v}" for k, v in self.header.items() if k != "device"), ""]
         for s in self.sections:
@@ -73,10 +74,6 @@ class Report:
             if s.error:
                 lines.append(f"**failed:** {s.error}")
             lines.append("")
-        _write_atomic(self.out / "gpu_check.md", "\n".join(lines))
+        write_atomic(self.out / "gpu_check.md", "\n".join(lines))
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
