@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test browser gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -17,8 +17,13 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 run: $(STAMP)
 	$(PY) fixed.py --config configs/smoke.toml
 
-test: $(STAMP) browser
+test: lint browser
 	$(PY) -m pytest
+
+# ruff, configured in pyproject.toml (pyflakes, pycodestyle, isort, bugbear, pyupgrade): part of
+# `make test`, so a lint error fails CI; `.venv/bin/ruff check --fix .` mends the import order
+lint: $(STAMP)
+	$(PY) -m ruff check .
 
 # Headless Chromium for the report's browser test (tests/test_report_browser.py): Debian's package,
 # installed when missing (root, as CI is). Without it that test is skipped, except under CI.

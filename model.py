@@ -25,10 +25,13 @@ from torch import nn
 
 from agents import build_agent
 from agents.adapter import AdapterSlice, TaskAdapters
+from agents.views import views_fitting
+from data.arc import ArcPair
 from data.episodes import CTRL_DIM
 from data.features import NUMERIC_DIM
-from engine.config import TTT_PARAMS, Config, ConfigError
+from engine.config import TTT_PARAMS, Config
 from engine.distributed import Dist
+from engine.errors import ConfigError
 from policy_refined import PolicyRefiner, RLInfo
 from prompt import PromptCache, QwenFeatures, QwenHybridPrompt, QwenTextEncoder, with_qwen_features
 from prompt.latent_step import LatentStep
@@ -97,6 +100,11 @@ class ArcModel(nn.Module):
         """The agent's prompt-gated input views (a view start per view in adaptation)."""
         return self.agent.num_views
 
+    def views_fitting(self, demos: tuple[ArcPair, ...]) -> list[bool]:
+        """For each of the agent's `num_views` input views, whether it gives every demo output its
+        shape from the demo's input (agents.views.views_fitting): the view starts worth a try."""
+        return views_fitting(demos)[:self.num_views]
+
     def draw_deltas(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """n prompt deltas [n, P] float32 drawn from the RL head's Gaussian (PolicyRefiner.draw_deltas)."""
         return self.policy.draw_deltas(n, generator)
@@ -153,10 +161,10 @@ class ArcModel(nn.Module):
     # -- parameter groups --------------------------------------------------------------------------
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
-        """prompt_heads, refiner (with the latent step's size), agent (the main optimizer at --agent_lr); qwen (the trainable trunk
-        weights: all in full mode, the adapters in LoRA, none when frozen; the main optimizer at
-        --qwen_lr); task_embedding (the main optimizer at --task_embedding_lr); rl_head (its own
-        optimizer, trained by rl_update only)."""
+        """prompt_heads, refiner (with the latent step's size), agent (the main optimizer at
+        --agent_lr); qwen (the trainable trunk weights: all in full mode, the adapters in LoRA, none
+        when frozen; the main optimizer at --qwen_lr); task_embedding (the main optimizer at
+        --task_embedding_lr); rl_head (its own optimizer, trained by rl_update only)."""
         qwen = [p for p in self.qwen.parameters() if p.requires_grad] if self.qwen is not None else []
         embedding = list(self.task_embedding.parameters()) if self.task_embedding is not None else []
         refiner = [*self.policy.refiner.parameters(), *(self.latent_step.parameters() if self.latent_step else ())]

@@ -1,26 +1,27 @@
 """Grid agents, each a file whose class has what agents/contract.py's `Agent` names, registered by
-name in AGENTS (the --agent choices): a new agent is one file and one line here."""
+name in AGENTS (the --agent choices): a new agent is one file and one line here. Each agent checks
+its own options in its `from_config`; the flags know no agent."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from agents.contract import Agent
 from agents.conv_agent import FiLMConvAgent
 from agents.transformer_agent import TransformerAgent
-
-if TYPE_CHECKING:  # engine.config reads AGENT_NAMES from here
-    from engine.config import AgentCfg
+from engine.config import AgentCfg
+from engine.errors import ConfigError
 
 AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent}
-AGENT_NAMES = tuple(AGENTS)
 
 
 def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
+    """The agent `--agent` names, built by its own `from_config` (which refuses options it cannot
+    take), reading prompts of `prompt_dim`."""
+    if cfg.agent not in AGENTS:
+        raise ConfigError(f"--agent {cfg.agent}: no such agent; choose one of {', '.join(AGENTS)}")
     agent = AGENTS[cfg.agent].from_config(cfg, prompt_dim=prompt_dim)
     if cfg.compile:
         agent.compile()  # in place: parameter names, and so checkpoints, stay those of the eager agent
     return agent
 
 
-__all__ = ["AGENTS", "AGENT_NAMES", "Agent", "FiLMConvAgent", "TransformerAgent", "build_agent"]
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "TransformerAgent", "build_agent"]

@@ -1,18 +1,20 @@
 """What every grid agent is: the model, test-time training and the per-task adapters ask this and
 nothing more of it. A new agent is one file with a class that has all of it, and one line in
-agents/__init__.py's AGENTS; tests/test_agents.py checks every registered agent against it."""
+agents/__init__.py's AGENTS; tests/test_agents.py checks every registered agent against it. Its
+`from_config` refuses what it cannot take (`refuse_unread_options` for the agent options it does
+not read), so a new agent's rules live in its own file."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+import dataclasses
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice
-
-if TYPE_CHECKING:
-    from engine.config import AgentCfg
+from engine.config import AgentCfg
+from engine.errors import ConfigError
 
 
 @runtime_checkable
@@ -26,7 +28,8 @@ class Agent(Protocol):
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> Agent:
-        """The agent the flags describe, reading prompts of `prompt_dim`."""
+        """The agent the flags describe, reading prompts of `prompt_dim`; ConfigError naming the flag
+        for options it cannot take."""
 
     def __call__(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                  adapter: AdapterSlice | None = None) -> torch.Tensor:
@@ -38,3 +41,15 @@ class Agent(Protocol):
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks (`--ttt_params adapter`)."""
+
+
+def refuse_unread_options(cfg: AgentCfg, *, reads: tuple[str, ...]) -> None:
+    """ConfigError when an agent option (an `--agent_*` flag) that the agent `--agent` names does not
+    read is set away from its default: the flag would change nothing."""
+    defaults = AgentCfg()
+    unread = [f"--{f.name}" for f in dataclasses.fields(cfg) if f.name.startswith("agent_") and f.name not in reads
+              and getattr(cfg, f.name) != getattr(defaults, f.name)]
+    if unread:
+        them = "it" if len(unread) == 1 else "them"
+        raise ConfigError(f"--agent {cfg.agent} does not read {', '.join(unread)}: leave {them} at the default or "
+                          f"choose an agent that does")

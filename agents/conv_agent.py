@@ -6,23 +6,23 @@ residual block, and through the generated output layer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
+from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
+from engine.config import AgentCfg
+from engine.errors import ConfigError
 
-if TYPE_CHECKING:
-    from engine.config import AgentCfg
+GROUPS = 8  # GroupNorm groups of each block: the channels must divide into them
 
 
 class FiLMBlock(nn.Module):
     def __init__(self, *, channels: int, prompt_dim: int, dilation: int):
         super().__init__()
-        self.norm = nn.GroupNorm(8, channels)
+        self.norm = nn.GroupNorm(GROUPS, channels)
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=dilation, dilation=dilation)
         self.conv2 = nn.Conv2d(channels, channels, 3, padding=1)
         self.film = nn.Linear(prompt_dim, 2 * channels)
@@ -53,6 +53,10 @@ class FiLMConvAgent(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> FiLMConvAgent:
+        refuse_unread_options(cfg, reads=("agent_channels",))
+        if cfg.agent_channels % GROUPS:
+            raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by {GROUPS} (its GroupNorm "
+                              f"groups), got {cfg.agent_channels}")
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,

@@ -8,24 +8,24 @@ computation without more parameters.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
+from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
+from engine.config import AgentCfg
+from engine.errors import ConfigError
 
-if TYPE_CHECKING:
-    from engine.config import AgentCfg
+HEADS = 4  # attention heads of each layer: the channels must divide into them
 
 
 class TransformerAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
     [B, S, S, 12], any S <= 30."""
 
-    def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = 4, prefix: int = 4,
+    def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = HEADS, prefix: int = 4,
                  cycles: int = 1, views: bool = True):
         super().__init__()
         self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
@@ -39,6 +39,10 @@ class TransformerAgent(nn.Module):
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> TransformerAgent:
+        refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles"))
+        if cfg.agent_channels % HEADS:
+            raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by its {HEADS} attention heads, "
+                              f"got {cfg.agent_channels}")
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
                    cycles=cfg.agent_cycles, views=cfg.input_views)
 

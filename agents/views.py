@@ -32,6 +32,7 @@ from torch import nn
 from data.arc import NUM_COLOURS, ArcPair
 from data.canvas import EOG, NUM_CLASSES, PAD, encode, grid_extent
 from data.features import SCALES  # the up- and down-scalings the relation features score
+
 GRAVITY = ((1, 0), (-1, 0), (0, 1), (0, -1))  # views 13-16: the (row, column) direction cells fall in
 FIRST_GRAVITY = 8 + 2 * len(SCALES) + 1
 NUM_VIEWS = FIRST_GRAVITY + len(GRAVITY)

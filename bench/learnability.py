@@ -72,7 +72,7 @@ def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) 
         tasks = {ep.task.task_id: ep.task for ep in eval_set.episodes}  # every evaluation task, not all scored
         for task_id, task_attempts in submission.items():
             family = task_id.rsplit("-", 1)[-1]
-            for pair, attempts in zip(tasks[task_id].test, task_attempts):
+            for pair, attempts in zip(tasks[task_id].test, task_attempts, strict=True):
                 hits.setdefault(family, []).append(np.array_equal(np.array(attempts["attempt_1"]), pair.output))
         by_family.update({f: float(np.mean(h)) for f, h in sorted(hits.items())})
     return metrics

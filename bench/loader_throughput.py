@@ -35,7 +35,7 @@ def training_rate(cfg: Config, n: int) -> float:
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, CPU)
     data.sampler.set_epoch(0)
-    batches = [b for _, b in zip(range(n + 1), data.loader)]
+    batches = [b for _, b in zip(range(n + 1), data.loader, strict=False)]
     state = training.build_train_state(cfg, CPU)
     for b in batches:  # fill the prompt cache: steady state of a frozen encoder after one epoch
         state.prompts.features(b["demo_texts"], 0, CPU, training=False)

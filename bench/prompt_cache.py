@@ -69,7 +69,7 @@ def run_policy(name: str, max_batches: int) -> dict:
     data.sampler.set_epoch(0)
     n = data.batches_in_epoch(max_batches)
     start = time.perf_counter()
-    for _, batch in zip(range(n), data.loader):
+    for _, batch in zip(range(n), data.loader, strict=False):
         training.train_step(state, [batch], cfg)
     total = time.perf_counter() - start
     return {"policy": name, "batches": n, "tokens": encoder.stats.tokens, "grad_tokens": encoder.stats.tokens_with_grad,

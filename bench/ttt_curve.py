@@ -32,13 +32,15 @@ import torch
 import training
 from bench.learnability import CPU, parse_settings
 from data.canvas import decode_logits
+from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset, collate
-from evaluation.adaptation import AdaptedTasks, DemoEpisodes, adapted
 from engine.checkpoint import find_checkpoint, load_state
-from engine.config import Config, ConfigError
-from evaluation.evaluate import first_tasks
+from engine.config import Config
+from engine.errors import ConfigError
 from engine.loop import to_device
 from engine.precision import autocast
+from evaluation.adaptation import AdaptedTasks, adapted
+from evaluation.evaluate import first_tasks
 from evaluation.scoring import pair_metrics
 from model import ArcModel
 from prompt import QwenFeatures
@@ -85,12 +87,13 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
         if not demos.episodes[0]:  # one demo: nothing to train on
             continue
 
-        def observe(steps: int, adaptation: AdaptedTasks) -> None:
+        sets = (("demo", demos.dataset, list(range(len(demos.dataset)))), ("test", evals, by_task[task_id]))
+
+        def observe(steps: int, adaptation: AdaptedTasks, sets=sets) -> None:  # this task's sets, bound here
             if steps not in table:
                 return
-            for where, dataset, episodes in (("demo", demos.dataset, range(len(demos.dataset))),
-                                             ("test", evals, by_task[task_id])):
-                for scores in identity_scores(model, state.prompts, dataset, list(episodes), adaptation, cfg, device):
+            for where, dataset, episodes in sets:
+                for scores in identity_scores(model, state.prompts, dataset, episodes, adaptation, cfg, device):
                     for column in COLUMNS:
                         table[steps][f"{where}_{column}"].append(scores[column])
 

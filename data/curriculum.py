@@ -100,7 +100,7 @@ class CurriculumBatches:
             for pool_id in (0, 1):
                 by_side = sorted((i for batch in run for i in batch[pool_id]), key=lambda i: self.sides[i])
                 at = 0
-                for batch, new in zip(run, dealt):
+                for batch, new in zip(run, dealt, strict=True):
                     new[pool_id].extend(by_side[at:at + len(batch[pool_id])])
                     at += len(batch[pool_id])
             out.extend(dealt[j] for j in rng.permutation(len(dealt)))

@@ -58,7 +58,7 @@ def numeric_features(demos: tuple[ArcPair, ...], query_input: Grid) -> np.ndarra
         f[3] = np.mean([g.shape[1] for g in outs]) / MAX_SIDE
         same = [d for d in demos if d.input.shape == d.output.shape]
         f[4] = len(same) / len(demos)
-        f[5] = np.mean([np.log2(o.size / i.size) for i, o in zip(ins, outs)]) / 10 + 0.5
+        f[5] = np.mean([np.log2(o.size / i.size) for i, o in zip(ins, outs, strict=True)]) / 10 + 0.5
         f[6] = np.mean([_colours(g) for g in ins]) / NUM_COLOURS
         f[7] = np.mean([_colours(g) for g in outs]) / NUM_COLOURS
         f[8] = np.mean([np.mean(d.input != d.output) for d in same]) if same else 0.0

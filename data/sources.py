@@ -71,7 +71,8 @@ def load_kaggle_pair(challenges: Path) -> tuple[ArcTask, ...]:
         tests = task.get("test") if isinstance(task, dict) else None
         if not isinstance(tests, list) or not isinstance(outputs, list) or len(outputs) != len(tests):
             raise DataError(f"{solutions_path}: task {task_id}: one solution per test input expected")
-        merged = dict(task, test=[dict(t, output=o) if isinstance(t, dict) else t for t, o in zip(tests, outputs)])
+        merged = dict(task, test=[dict(t, output=o) if isinstance(t, dict) else t
+                                  for t, o in zip(tests, outputs, strict=True)])
         tasks.append(parse_task(merged, task_id, str(challenges)))
     return tuple(tasks)
 

@@ -105,19 +105,41 @@ def _scale(rng):
     return (lambda g: np.kron(g, np.ones((k, k), dtype=g.dtype))), _scatter, MAX_SIDE // k
 
 
+def _flip(rng):
+    axis = int(rng.integers(2))
+    return (lambda g: np.ascontiguousarray(np.flip(g, axis))), _scatter, MAX_SIDE
+
+
+def _rotate(rng):
+    k = int(rng.integers(1, 4))
+    return (lambda g: np.ascontiguousarray(np.rot90(g, k))), _scatter, MAX_SIDE
+
+
+def _gravity(rng):
+    k = int(rng.integers(4))
+    return (lambda g: gravity(g, k)), _scatter, MAX_SIDE
+
+
+def _border_family(rng):
+    colour = int(rng.integers(1, NUM_COLOURS))
+    return (lambda g: _border(g, colour)), _scatter, MAX_SIDE
+
+
+def _fill(rng):
+    colour = int(rng.integers(1, NUM_COLOURS))
+    return (lambda g: _fill_enclosed(g, colour)), _outlines, MAX_SIDE
+
+
 FAMILIES: dict[str, Family] = {
     "recolour": Family(_recolour),
-    "flip": Family(lambda rng: ((lambda g, a=int(rng.integers(2)): np.ascontiguousarray(np.flip(g, a))),
-                                _scatter, MAX_SIDE)),
-    "rotate": Family(lambda rng: ((lambda g, k=int(rng.integers(1, 4)): np.ascontiguousarray(np.rot90(g, k))),
-                                  _scatter, MAX_SIDE)),
+    "flip": Family(_flip),
+    "rotate": Family(_rotate),
     "transpose": Family(lambda rng: ((lambda g: np.ascontiguousarray(g.T)), _scatter, MAX_SIDE)),
-    "gravity": Family(lambda rng: ((lambda g, k=int(rng.integers(4)): gravity(g, k)), _scatter, MAX_SIDE)),
+    "gravity": Family(_gravity),
     "crop": Family(lambda rng: (crop_to_content, _patch, MAX_SIDE)),
     "scale": Family(_scale),
-    "border": Family(lambda rng: ((lambda g, c=int(rng.integers(1, NUM_COLOURS)): _border(g, c)), _scatter, MAX_SIDE)),
-    "fill": Family(lambda rng: ((lambda g, c=int(rng.integers(1, NUM_COLOURS)): _fill_enclosed(g, c)), _outlines,
-                                MAX_SIDE)),
+    "border": Family(_border_family),
+    "fill": Family(_fill),
 }
 
 

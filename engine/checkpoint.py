@@ -30,21 +30,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.config import ConfigError
+from engine.errors import ConfigError
+from engine.files import write_atomic
 
 MODEL_FILE = "model.safetensors"
 SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
 CHECKSUMS_FILE = "checksums.json"
 LATEST = "latest"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file renamed over it: a reader (or a run killed
-    meanwhile) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict:

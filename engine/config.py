@@ -1,38 +1,33 @@
-"""Every flag of fixed.py, in sub-configs whose field names are the flag names.
+"""Every flag of fixed.py, in sub-configs whose field names are the flag names: flags and their
+types, and each flag's own range, nothing more.
 
     Config(data=DataCfg(...), qwen=QwenCfg(...), prompt=..., agent=..., loss=..., optim=..., eval=..., run=...)
 
 Each sub-config is a frozen, keyword-only dataclass that checks its own values when it is built, so
 an impossible setting fails at start-up with one line naming the flag (ConfigError), and two values
 swapped by position cannot run. On the command line the sections are flattened (`--batch_size`,
-never `--data.batch_size`): a name belongs to exactly one section. Unknown flags and wrong values
-exit with code 2 and one line (never parse_known_args).
+never `--data.batch_size`): a name belongs to exactly one section. The command line and recipe
+files are read by training/cli.py; what a part makes of its flags is checked where the part is
+built (an agent's options in its `from_config`, the agent's name against the registry in
+agents/__init__.py), so this file names no agent.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import tomllib
-import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from agents import AGENT_NAMES
 from data.episodes import CANVAS_MODES
 from data.synthetic import FAMILIES
+from engine.errors import ConfigError
 from engine.precision import AMP_MODES
 
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
 RANKINGS = ("votes", "logprob", "hedged")  # how candidates become the two attempts (evaluation/scoring.py)
-
-
-class ConfigError(ValueError):
-    """An impossible or unsupported configuration; the message says which flag to change."""
 
 
 def flag(default, help: str, choices: tuple | None = None):  # noqa: A002 - mirrors argparse
@@ -164,10 +159,11 @@ class PromptCfg:
 class AgentCfg:
     """The grid agent."""
 
-    agent: str = flag("conv", "grid agent (agents/__init__.py: AGENTS)", AGENT_NAMES)
+    agent: str = flag("conv", "grid agent: a name in agents/__init__.py's AGENTS")
     agent_channels: int = flag(64, "channels (model width) of the agent")
-    agent_layers: int = flag(3, "transformer agent: layers")
-    agent_cycles: int = flag(1, "transformer agent: recurrent passes of its layers (weight-tied)")
+    agent_layers: int = flag(3, "layers, of an agent built of layers (an agent that reads no layer count refuses "
+                                "another value)")
+    agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops")
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions, and which background cells are enclosed (see agents/views.py)")
@@ -176,8 +172,6 @@ class AgentCfg:
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
-        if self.agent != "transformer" and (self.agent_cycles != 1 or self.agent_layers != 3):
-            raise ConfigError("--agent_layers and --agent_cycles apply to --agent transformer only")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -396,7 +390,7 @@ class Config:
 
     @classmethod
     def from_flags(cls, **flags) -> Config:
-        """Config(batch_size=4, agent="transformer", ...) by flag name; unknown names are an error."""
+        """Config(batch_size=4, amp="bf16", ...) by flag name; unknown names are an error."""
         return cls().replace(**flags)
 
     def replace(self, **flags) -> Config:
@@ -413,79 +407,3 @@ class Config:
     def flags(self) -> dict:
         """Every flag by name: what the checkpoint, the hparams text and resume comparisons hold."""
         return {name: getattr(getattr(self, section), name) for name, section in SECTION_OF.items()}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def build_parser(prog: str, description: str) -> OneLineParser:
-    """Flat flags, shown in --help grouped by section."""
-    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(section, (cls.__doc__ or "").strip().splitlines()[0])
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            kind, meta = hints[f.name], f.metadata
-            if kind is bool:
-                group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default,
-                                   help=meta["help"])
-            else:
-                group.add_argument(f"--{f.name}", type=kind, default=f.default, choices=meta.get("choices"),
-                                   help=meta["help"], metavar=None if meta.get("choices") else kind.__name__.upper())
-    return parser
-
-
-def read_config_file(path: str) -> dict:
-    """A recipe: a .toml or .yaml file whose keys are flag names (configs/). -> {flag: value}.
-    An unreadable file, an unknown key or a value of the wrong type is one ConfigError naming the file."""
-    file = Path(path)
-    if file.suffix not in (".toml", ".yaml", ".yml"):
-        raise ConfigError(f"--config {path}: a recipe is a .toml or .yaml file")
-    try:
-        text = file.read_text()
-    except OSError as err:
-        raise ConfigError(f"--config {path}: {err.strerror}") from None
-    if file.suffix == ".toml":
-        try:
-            values = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"--config {path}: not valid TOML: {err}") from None
-    else:
-        import yaml  # noqa: PLC0415 - only YAML recipes need it
-
-        try:
-            values = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--config {path}: not valid YAML: {' '.join(str(err).split())}") from None
-    if not isinstance(values, dict):
-        raise ConfigError(f"--config {path}: a recipe is a table of flag names and values")
-    unknown = sorted(set(values) - set(SECTION_OF))
-    if unknown:
-        raise ConfigError(f"--config {path}: unknown setting(s) {', '.join(unknown)} (keys are fixed.py's flag names)")
-    kinds = {f.name: typing.get_type_hints(cls)[f.name] for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
-    for name, value in values.items():
-        kind = kinds[name]
-        fits = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or \
-            (kind is float and isinstance(value, int) and not isinstance(value, bool))
-        if not fits:
-            raise ConfigError(f"--config {path}: {name} = {value!r}: expected {kind.__name__}")
-    return {name: float(v) if kinds[name] is float else v for name, v in values.items()}
-
-
-def parse(argv: list[str] | None, prog: str, description: str) -> Config:
-    """The command line -> Config. `--config FILE` sets the defaults, flags on the command line
-    override them. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
-    parser = build_parser(prog, description)
-    parser.add_argument("--config", metavar="FILE", help="a recipe (configs/*.toml): flag names and values, "
-                                                         "overridden by the flags given here")
-    # only --config is looked for here; the full parser below refuses any unknown flag
-    finder = argparse.ArgumentParser(add_help=False)
-    finder.add_argument("--config")
-    recipe = finder.parse_known_args(argv)[0].config
-    if recipe:
-        parser.set_defaults(**read_config_file(recipe))
-    flags = vars(parser.parse_args(argv))
-    flags.pop("config")
-    return Config.from_flags(**flags)

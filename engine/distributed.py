@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
-from engine.config import ConfigError
+from engine.errors import ConfigError
 
 
 @dataclass(frozen=True)

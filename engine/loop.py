@@ -27,7 +27,7 @@ def seed_everything(seed: int) -> None:
 def epoch_windows(loader: DataLoader, n_batches: int, grad_accum: int, device: torch.device):
     """Yield lists of up to `grad_accum` micro-batches, `n_batches` micro-batches in all."""
     window = []
-    for i, batch in zip(range(n_batches), loader):
+    for i, batch in zip(range(n_batches), loader, strict=False):
         window.append(to_device(batch, device))
         if len(window) == grad_accum or i == n_batches - 1:
             yield window

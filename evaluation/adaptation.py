@@ -24,26 +24,22 @@ read. The shared weights end exactly as they started.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
-from agents.adapter import AdapterSlice, TaskAdapters
-from agents.views import views_fitting
 from data.arc import ArcTask
-from data.augment import view_ids
-from data.episodes import EpisodeDataset, collate, training_episodes
+from data.demo_episodes import DemoEpisodes
+from data.episodes import EpisodeDataset
 from engine.config import Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
 from engine.schedule import lr_factor, set_lrs
 from loss_function import adaptation_loss
-from model import ArcModel, Prediction
+from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
 from prompt import QwenFeatures
 
 # A view start's gate bias: that view all but alone. A trained gate's own logits span ~15 (+10 on
@@ -60,62 +56,13 @@ class AdaptedTasks:
     adapters: TaskAdapters | None
     row: dict[str, int]  # task id -> its row of `adapters`
     demo_loss: dict[str, float]  # task id -> the demos' loss as adapted (nan when not adapted)
-    steps: int = 0  # test-time-training steps taken (every task of the group took them)
+    steps: int = 0  # test-time-training steps applied (every task of the group took them)
 
     def rows_of(self, task_ids: list[str], device: torch.device) -> AdapterSlice | None:
         """The adapter rows of samples of these tasks (one per id, in order); None without an adapter."""
         if self.adapters is None:
             return None
         return self.adapters(torch.tensor([self.row[t] for t in task_ids], device=device))
-
-
-class DemoEpisodes:
-    """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
-    pool is finite: episodes x `views`)."""
-
-    def __init__(self, tasks: list[ArcTask], eval_set: EpisodeDataset, seed: int, views: int):
-        self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
-        flat = [ep for eps in self.episodes for ep in eps]
-        # demo outputs are known; the task embedding rows are the evaluation set's
-        self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows,
-                                      context_demos=eval_set.context_demos)
-        self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
-        self.views = view_ids(views)
-        self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
-        self.restart_draws()
-        self.samples: dict[tuple[int, int], dict] = {}
-
-    def restart_draws(self) -> None:
-        """Draw from the start of this group's stream again: test-time training sees the same episodes
-        whatever the search drew before it."""
-        self.rng = np.random.default_rng(self.seed)
-
-    def sample(self, index: int, aug: int) -> dict:
-        if (index, aug) not in self.samples:
-            self.samples[(index, aug)] = self.dataset[(index, aug)]
-        return self.samples[(index, aug)]
-
-    def draw(self, rows: dict[int, int], per_row: int) -> tuple[dict, torch.Tensor]:
-        """`per_row` random augmented episodes for every adapter row ({row: its task}).
-        -> (collated batch, the row of each sample [B] int64)."""
-        samples, of = [], []
-        for row, task in rows.items():
-            for _ in range(per_row):
-                i = self.first[task] + int(self.rng.integers(len(self.episodes[task])))
-                samples.append(self.sample(int(i), self.views[int(self.rng.integers(len(self.views)))]))
-                of.append(row)
-        return collate(samples), torch.tensor(of)
-
-    def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
-        """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
-        the demo loss that picks a start)."""
-        samples, of = [], []
-        for row, task in rows.items():
-            for j in range(len(self.episodes[task])):
-                for aug in self.views[:views]:
-                    samples.append(self.sample(int(self.first[task] + j), aug))
-                    of.append(row)
-        return collate(samples), torch.tensor(of)
 
 
 def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int, steps: int, schedule: str) -> None:
@@ -147,20 +94,19 @@ def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAda
 
 @torch.no_grad()
 def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, demos: DemoEpisodes,
-                 rows: dict[int, int], slots: int, cfg: Config, device: torch.device) -> torch.Tensor:
+                 rows: dict[int, int], slots: int, cfg: Config, device: torch.device,
+                 amp: MixedPrecision) -> torch.Tensor:
     """Each row's loss on every demo episode of its task, unaugmented -> [slots] float32 on the CPU."""
     batch, of = demos.every(rows)
-    amp = MixedPrecision(cfg.optim.amp, device)
     return _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).float().cpu()
 
 
 @torch.no_grad()
 def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, demos: DemoEpisodes,
-                  rows: dict[int, int], cfg: Config, device: torch.device) -> bool:
+                  rows: dict[int, int], cfg: Config, device: torch.device, amp: MixedPrecision) -> bool:
     """Whether every row's task has each leave-one-out demo episode predicted exactly (every cell),
     under `--ttt_stop_views` views. The identity view is tried alone first: most checks fail there,
     at an eighth of the cost."""
-    amp = MixedPrecision(cfg.optim.amp, device)
     for views in sorted({1, cfg.eval.ttt_stop_views}):
         batch, of = demos.every(rows, views)
         batch, pred = _predict(model, prompts, adapters, to_device(batch, device), of.to(device), amp)
@@ -171,34 +117,36 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
-         cfg: Config, device: torch.device, stop: Callable[[], bool],
+         cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool],
          observe: Callable[[int], None] = lambda steps: None) -> int:
     """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
     group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
     random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
     row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
-    clips the global norm). Stops early once every row's demos are solved (checked before the first
-    step and every `check_every`; 0: never) or when `stop()` says so. `observe(steps)` is called
-    before the first step and after each. -> the steps taken."""
+    clips the global norm), under `amp` (the adaptation's one mixed-precision routine: under fp16 its
+    scaler skips a step with non-finite gradients). Stops early once every row's demos are solved
+    (checked before the first step and every `check_every`; 0: never) or when `stop()` says so.
+    `observe(steps)` is called before the first step and after each, `steps` counting the steps tried.
+    -> the steps taken: those applied, a step the scaler skipped not counted."""
     chosen = {id(p) for group in groups for p in group["params"]}
     for p in [*model.parameters(), *(adapters.parameters() if adapters is not None else ())]:
         p.requires_grad_(id(p) in chosen)
     optimizer = torch.optim.Adam(groups, fused=True)
     base = [g["lr"] for g in optimizer.param_groups]
-    amp = MixedPrecision(cfg.optim.amp, device)
     slots = max(rows) + 1
-    taken = 0
-    observe(taken)
-    while taken < steps and not stop() and not (
-            check_every and taken % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
-                                                                        device)):
-        _set_step_lr(optimizer, base, taken, steps, schedule)
-        taken += 1
+    tried = taken = 0
+    observe(tried)
+    while tried < steps and not stop() and not (
+            check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
+                                                                        device, amp)):
+        _set_step_lr(optimizer, base, tried, steps, schedule)
+        tried += 1
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
         loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).sum()
         amp.backward(loss)
-        amp.step(optimizer, clip)
-        observe(taken)
+        result = amp.step(optimizer, clip)
+        taken += result is not None and result.stepped
+        observe(tried)
     return taken
 
 
@@ -212,10 +160,10 @@ def _shared_weights_kept(model: ArcModel, trained: list[nn.Parameter]) -> Iterat
         yield
     finally:
         with torch.no_grad():
-            for p, s in zip(trained, saved):
+            for p, s in zip(trained, saved, strict=True):
                 p.copy_(s)
                 p.grad = None
-        for p, flag in zip(model.parameters(), flags):
+        for p, flag in zip(model.parameters(), flags, strict=True):
             p.requires_grad_(flag)
 
 
@@ -233,7 +181,7 @@ def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task
 
 
 def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: DemoEpisodes,
-            usable: list[int], *, cfg: Config, device: torch.device,
+            usable: list[int], *, cfg: Config, device: torch.device, amp: MixedPrecision,
             stop: Callable[[], bool]) -> tuple[TaskAdapters | None, torch.Tensor | None]:
     """Each task's starts, the latent steps from them, and the start with the lowest demo loss kept.
     -> (an adapter with one row per task holding its kept start, each task's demo loss there
@@ -246,13 +194,14 @@ def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
     rows = {}  # row -> task: every latent start, and the view starts whose views size the task's demos right
     for task in usable:
-        fits = [True] * e.latent_starts + (views_fitting(tasks[task].train) if e.view_starts else [])
+        fits = [True] * e.latent_starts + (model.views_fitting(tasks[task].train) if e.view_starts else [])
         rows.update({task * per_task + k: task for k in range(per_task) if fits[k]})
     _starts(model, adapters, usable, per_task, cfg)
     if e.latent_steps:
         _fit(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
-             steps=e.latent_steps, schedule="constant", clip=0.0, check_every=0, cfg=cfg, device=device, stop=stop)
-    loss = _demo_losses(model, prompts, adapters, demos, rows, len(tasks) * per_task, cfg, device)
+             steps=e.latent_steps, schedule="constant", clip=0.0, check_every=0, cfg=cfg, device=device, amp=amp,
+             stop=stop)
+    loss = _demo_losses(model, prompts, adapters, demos, rows, len(tasks) * per_task, cfg, device, amp)
     if per_task == 1:
         return adapters, loss
     best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
@@ -295,18 +244,21 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
         yield result
         return
     shared = model.ttt_parameters(e.ttt_params) if e.trains_shared_weights else []
+    # one mixed-precision routine for the whole adaptation, its fp16 scaler started as training's
+    amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
     with _shared_weights_kept(model, shared):
         model.requires_grad_(False)
-        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, stop=stop)
+        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp,
+                                        stop=stop)
         rows = {task: task for task in usable}
         if e.ttt_steps:
             groups, clip = _test_time_groups(model, result.adapters, cfg)
             demos.restart_draws()
             result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
                                 schedule=e.ttt_schedule, clip=clip, check_every=e.ttt_check_every, cfg=cfg,
-                                device=device, stop=stop,
+                                device=device, amp=amp, stop=stop,
                                 observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
-            loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device)
+            loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:
             result.demo_loss.update({tasks[i].task_id: float(loss[i]) for i in usable})
         yield result

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.checkpoint import write_atomic
+from engine.files import write_atomic
 from evaluation.report import page_html
 
 
@@ -62,8 +62,8 @@ def compare(a: dict, b: dict) -> Comparison:
         raise SystemExit(f"{a['header']['run']} and {b['header']['run']}: no evaluated task in common")
     solved = [[c["runs"][r]["solved"] for c in cards] for r in (0, 1)]
     return Comparison((a["header"]["run"], b["header"]["run"]), cards, (pass2(cards, 0), pass2(cards, 1)),
-                      gained=[c["id"] for c, x, y in zip(cards, *solved) if y and not x],
-                      lost=[c["id"] for c, x, y in zip(cards, *solved) if x and not y])
+                      gained=[c["id"] for c, x, y in zip(cards, *solved, strict=True) if y and not x],
+                      lost=[c["id"] for c, x, y in zip(cards, *solved, strict=True) if x and not y])
 
 
 def table(result: Comparison) -> str:

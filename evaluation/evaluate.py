@@ -27,11 +27,11 @@ from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import NUM_COLOURS, decode_prediction
 from data.episodes import EpisodeDataset, collate
-from evaluation.adaptation import AdaptedTasks, adapted
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
+from evaluation.adaptation import AdaptedTasks, adapted
 from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
@@ -182,7 +182,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     try:
         for slot in range(max(map(len, groups_of)) + 1):
             stopping, *done = dist.sum_floats([float(stop()), *progress])
-            totals = [a + b for a, b in zip(totals, done)]
+            totals = [a + b for a, b in zip(totals, done, strict=True)]
             if done[0]:
                 bar.update(int(done[0]))
                 bar.set_postfix(_postfix(totals, time.perf_counter() - started, cfg.eval.ttt_steps > 0), refresh=False)

@@ -23,7 +23,7 @@ import numpy as np
 
 from data.arc import Grid
 from data.episodes import EpisodeDataset
-from engine.checkpoint import write_atomic
+from engine.files import write_atomic
 
 PAGE = Path(__file__).with_name("report_page.html")
 FILTERS = ("all", "solved", "oracle", "near", "shape")  # the page's own list; a test holds them equal
@@ -78,7 +78,7 @@ def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[
     for task_id, episodes in by_task.items():
         task = dataset.episodes[episodes[0]].task
         queries = [dataset.episodes[i].query for i in episodes]
-        run = run_of_task([(attempts[i], q.output, records[i][1]) for i, q in zip(episodes, queries)],
+        run = run_of_task([(attempts[i], q.output, records[i][1]) for i, q in zip(episodes, queries, strict=True)],
                           seconds.get(task_id, 0.0), ttt_steps.get(task_id, 0))
         cards.append({"id": task_id, "demos": [[grid_rows(d.input), grid_rows(d.output)] for d in task.train],
                       "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output)} for q in queries],

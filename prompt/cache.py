@@ -29,8 +29,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from prompt.qwen_encoder import EncoderStats, QwenTextEncoder
 from data.text import TEXT_FORMAT_VERSION
+from prompt.qwen_encoder import EncoderStats, QwenTextEncoder
 
 
 @dataclass
@@ -152,7 +152,7 @@ class PromptCache:
         trainable = self.encoder.cfg.trainable
         if training and self.is_refresh(micro_batch):
             feats = self.encoder.encode(list(unique.values()))
-            by_key = dict(zip(unique, feats))
+            by_key = dict(zip(unique, feats, strict=True))
             for k, f in by_key.items():
                 self._store(k, f, micro_batch)
             self.stats.refreshed += len(unique)
@@ -164,16 +164,16 @@ class PromptCache:
             self.stats.misses += len(todo)
             if todo:
                 with torch.no_grad():
-                    for k, f in zip(todo, self.encoder.encode(list(todo.values()))):
+                    for k, f in zip(todo, self.encoder.encode(list(todo.values())), strict=True):
                         self._store(k, f, micro_batch)
                 fresh |= set(todo)
             by_key = {k: self.entries[k][0] for k in fresh}  # on the CPU: moved once, below
         present = [bool(task) and all(k in by_key for k, _ in task) for task in tasks]
-        self.stats.absent += sum(bool(task) and not p for task, p in zip(tasks, present))
+        self.stats.absent += sum(bool(task) and not p for task, p in zip(tasks, present, strict=True))
         where = next(iter(by_key.values())).device if by_key else device
         zeros = torch.zeros(self.encoder.hidden_size, device=where)
         feats = torch.stack([torch.stack([by_key[k] for k, _ in task]).mean(0) if ok else zeros
-                             for task, ok in zip(tasks, present)])
+                             for task, ok in zip(tasks, present, strict=True)])
         return feats.to(device, non_blocking=True), torch.tensor(present, device=device)
 
     def flush(self) -> None:

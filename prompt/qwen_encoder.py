@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.config import ConfigError, QwenCfg
+from engine.config import QwenCfg
+from engine.errors import ConfigError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINY = "tiny"

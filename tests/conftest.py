@@ -65,6 +65,6 @@ def state_and_batches():
         data = training.build_data(cfg, CPU)
         state = training.build_train_state(cfg, CPU)
         data.sampler.set_epoch(0)
-        batches = [b for _, b in zip(range(n), data.loader)]
+        batches = [b for _, b in zip(range(n), data.loader, strict=False)]
         return state, batches
     return make

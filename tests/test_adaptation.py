@@ -14,8 +14,9 @@ from agents.views import NUM_VIEWS, views_fitting
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
+from data.demo_episodes import DemoEpisodes
 from engine.precision import MixedPrecision
-from evaluation.adaptation import DemoEpisodes, _row_losses, _set_step_lr, _solves_demos, _starts, adapted
+from evaluation.adaptation import _row_losses, _set_step_lr, _solves_demos, _starts, adapted
 from evaluation.evaluate import first_tasks
 from evaluation.scoring import Candidates, grid_logprob
 from prompt import with_qwen_features
@@ -150,6 +151,27 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     assert changed and all(not torch.equal(trained[1][k], before[k]) for k in changed)
 
 
+@pytest.mark.parametrize("params", ["all", "task"])
+def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_applied_steps(small_cfg, params):
+    """--amp fp16: adaptation's GradScaler starts at --fp16_init_scale, as training's does. At 2^100
+    every scaled loss overflows fp16, so the scaler skips each of the 4 steps (halving its scale):
+    none is counted as taken and nothing moves; at 2^8 all 4 apply."""
+    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_params=params, ttt_lr=1e-2,
+                                        ttt_check_every=0, view_starts=False)
+    task = next(t for t in tasks if len(t.train) > 1)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    losses = {}
+    for scale in (2.0**100, 2.0**8):
+        with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(fp16_init_scale=scale),
+                     device=CPU) as result:
+            moved = [k for k, v in state.model.state_dict().items() if not torch.equal(v, before[k])]
+            losses[scale] = (result.steps, result.demo_loss[task.task_id], moved)
+    assert losses[2.0**100][0] == 0 and losses[2.0**8][0] == 4
+    if params == "all":  # the shared weights moved under 2^8 only (restored after each)
+        assert not losses[2.0**100][2] and losses[2.0**8][2]
+    assert losses[2.0**100][1] != losses[2.0**8][1]
+
+
 @pytest.mark.parametrize("stop_views", [1, 8])
 def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
     """--ttt_check_every 5: a task whose rule (here: copy the input, the same under every view) the
@@ -161,7 +183,8 @@ def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
     grids = [rng.integers(0, 3, (3, 3)) for _ in range(3)]
     task = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids), ())
     demos = DemoEpisodes([task], eval_set, seed=0, views=8)
-    solved = lambda: _solves_demos(state.model, state.prompts, None, demos, {0: 0}, cfg, CPU)  # noqa: E731
+    solved = lambda: _solves_demos(state.model, state.prompts, None, demos, {0: 0}, cfg, CPU,  # noqa: E731
+                                   MixedPrecision("off", CPU))
     with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
         assert solved()
     assert 0 < result.steps < 200 and result.steps % 5 == 0
@@ -209,7 +232,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, params
             ends.append((result.demo_loss[task.task_id], moved))
     assert {c.hard_weight for c in seen} == {2.0, 8.0}
     assert ends[0][0] != ends[1][0]
-    assert any(not torch.equal(a, b) for a, b in zip(ends[0][1], ends[1][1]))
+    assert any(not torch.equal(a, b) for a, b in zip(ends[0][1], ends[1][1], strict=True))
 
 
 def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_every_step(small_cfg):
@@ -224,7 +247,7 @@ def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_e
         pass
     assert [s for s, _ in seen] == [0, 1, 2, 3]
     assert torch.equal(seen[0][1], trained) and torch.equal(weight, trained)
-    assert all(not torch.equal(a, b) for (_, a), (_, b) in zip(seen, seen[1:]))
+    assert all(not torch.equal(a, b) for (_, a), (_, b) in zip(seen, seen[1:], strict=False))
 
 
 def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_cfg):

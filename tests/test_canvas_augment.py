@@ -39,7 +39,7 @@ def test_canvas_markers_and_logit_decoding():
 
 
 def same_task(a: ArcTask, b: ArcTask) -> bool:
-    pairs = list(zip(a.train + a.test, b.train + b.test))
+    pairs = list(zip(a.train + a.test, b.train + b.test, strict=True))
     return len(a.train) == len(b.train) and len(a.test) == len(b.test) and all(
         np.array_equal(x.input, y.input) and np.array_equal(x.output, y.output) for x, y in pairs)
 
@@ -95,8 +95,9 @@ def test_evaluation_side_is_predicted_without_the_output():
              for q in (query, other)]
     assert sides == [expected_side(demos, query.input)] * 2 == [13, 13]
     assert episode_side(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 30
-    samples = [{"side": s, "input": torch.zeros(30, 30, dtype=torch.long), "target": torch.zeros(30, 30, dtype=torch.long),
-                "numeric": torch.zeros(15), "relation": torch.zeros(RELATION_DIM), "ctrl": torch.zeros(3), "demo_texts": (),
-                "task_id": "t", "task_row": -1, "episode": 0, "where": "test[0]", "augmentation": Augmentation()} for s in (5, 13)]
+    blank = torch.zeros(30, 30, dtype=torch.long)
+    samples = [{"side": s, "input": blank, "target": blank, "numeric": torch.zeros(15),
+                "relation": torch.zeros(RELATION_DIM), "ctrl": torch.zeros(3), "demo_texts": (), "task_id": "t",
+                "task_row": -1, "episode": 0, "where": "test[0]", "augmentation": Augmentation()} for s in (5, 13)]
     batch = collate(samples)
     assert batch["input"].shape == batch["target"].shape == (2, 13, 13)

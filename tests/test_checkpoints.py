@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 import training
 from engine.checkpoint import find_checkpoint
-from engine.config import ConfigError
+from engine.errors import ConfigError
 from tests.conftest import ROOT
 
 CPU = torch.device("cpu")
@@ -108,7 +108,7 @@ def test_processes_holding_different_weights_stop_the_run_at_a_checkpoint(small_
 
 
 def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints):
-    from training.run_state import plan_run_dir
+    from training.run_folder import plan_run_dir
 
     cfg, run = two_checkpoints
     folder = plan_run_dir(cfg.replace(eval_only=True, run_dir="").run, find_checkpoint(str(run)))

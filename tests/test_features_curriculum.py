@@ -35,7 +35,7 @@ def test_numeric_features_hand_worked():
         "query_width": 3 / 30,
         "query_colours": 0.2,  # {0,3}
     }
-    got = dict(zip(NUMERIC_FEATURES, numeric_features(DEMOS, QUERY)))
+    got = dict(zip(NUMERIC_FEATURES, numeric_features(DEMOS, QUERY), strict=True))
     assert got.keys() == expected.keys()
     for name, value in expected.items():
         assert got[name] == pytest.approx(value, abs=1e-6), name
@@ -68,7 +68,8 @@ def test_an_epoch_of_real_batches_has_the_easy_share():
     is_easy = np.array([scale.is_easy(s) for s in scores])
     assert abs(is_easy.mean() - 0.3) < 0.02  # easy = below the 30th percentile
     for epoch in (0, 1, 2):
-        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=1, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=1, augment=True, warmup_fraction=0.6,
+                                    later_fraction=0.3)
         sampler.set_epoch(epoch)
         picks = [i for batch in sampler for i, _ in batch]
         assert abs(is_easy[picks].mean() - easy_fraction(epoch)) < 0.04, epoch
@@ -76,7 +77,8 @@ def test_an_epoch_of_real_batches_has_the_easy_share():
 
 def test_resumed_epoch_draws_the_same_batches():
     is_easy = np.arange(100) < 30
-    sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=0, augment=True, warmup_fraction=0.6, later_fraction=0.3)
+    sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=0, augment=True, warmup_fraction=0.6,
+                                later_fraction=0.3)
     sampler.set_epoch(1)
     full = list(sampler)
     sampler.set_epoch(1, start_batch=5)
@@ -88,8 +90,8 @@ def test_size_buckets_group_similar_sides_and_keep_the_easy_counts():
     is_easy, sides = rng.random(400) < 0.3, rng.integers(4, 31, size=400)
 
     def batches(bucket):
-        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=3, augment=False, warmup_fraction=0.6, later_fraction=0.3,
-                                    sides=sides, bucket=bucket)
+        sampler = CurriculumBatches(is_easy=is_easy, batch_size=8, seed=3, augment=False, warmup_fraction=0.6,
+                                    later_fraction=0.3, sides=sides, bucket=bucket)
         return list(sampler)
 
     plain, bucketed = batches(0), batches(16)
@@ -111,9 +113,9 @@ def test_loader_workers_give_the_same_batches():
         cfg = Config.from_flags(data="synthetic:40", batch_size=4, num_workers=workers)
         data = training.build_data(cfg, torch.device("cpu"))
         data.sampler.set_epoch(1)
-        return [b for _, b in zip(range(6), data.loader)]
+        return [b for _, b in zip(range(6), data.loader, strict=False)]
 
-    for inline, worker in zip(batches(0), batches(2)):
+    for inline, worker in zip(batches(0), batches(2), strict=True):
         assert inline["demo_texts"] == worker["demo_texts"] and inline["task_id"] == worker["task_id"]
         for key in ("input", "target", "numeric", "relation", "ctrl", "task_row"):
             assert torch.equal(inline[key], worker[key]), key

@@ -24,8 +24,8 @@ ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "c
 # two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
 # and re-reading its prompts in every micro-batch; a short validation (it runs on an unsharded copy)
 SHORT_TTT = ("--val_every", "end", "--ttt_steps", "10", "--ttt_views", "2", "--ttt_stop_views", "2")
-RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1", "--qwen_train", "full",
-       "--save_every", "1", "--keep_checkpoints", "0")
+RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1",
+       "--qwen_train", "full", "--save_every", "1", "--keep_checkpoints", "0")
 
 
 def launch(command: list[str]) -> subprocess.CompletedProcess:
@@ -126,8 +126,9 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
 
 
 def test_fsdp_refuses_what_it_cannot_shard_and_reads_accelerate_configs(monkeypatch):
-    from engine.config import Config, ConfigError
+    from engine.config import Config
     from engine.distributed import launcher_wants_fsdp
+    from engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--fsdp does not take --latent_step_lr"):
         Config.from_flags(fsdp=True, latent_step_lr=0.1)

@@ -111,7 +111,7 @@ def test_a_child_past_the_deadline_gets_sigterm(tmp_path):
 def test_the_arc_section_runs_the_readmes_one_gpu_recipe():
     """The README's one-GPU recipe, less the device, the run length and the weights that cannot be
     downloaded there (the same shape, random weights)."""
-    from engine.config import read_config_file
+    from training.cli import read_config_file
 
     assert "python fixed.py --config configs/gpu-1.toml" in (ROOT / "README.md").read_text()
     assert ONE_GPU_RECIPE[:2] == ("--config", "configs/gpu-1.toml")

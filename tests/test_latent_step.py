@@ -6,10 +6,11 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from prompt.latent_step import MAX_STEP_RATIO, LatentStep
-from engine.config import Config, ConfigError
+from engine.config import Config
+from engine.errors import ConfigError
 from evaluation.evaluate import evaluate
 from prompt import with_qwen_features
+from prompt.latent_step import MAX_STEP_RATIO, LatentStep
 from tests.test_end_to_end import scalars
 
 CPU = torch.device("cpu")

@@ -155,3 +155,26 @@ def test_max_minutes_stops_saves_validates_and_is_each_invocations_own_budget(sm
     assert find_checkpoint(str(run)).name == f"step_{first['steps']:08d}"
     second = training.train(cfg.replace(resume=str(run)), torch.device("cpu"))
     assert second["steps"] > first["steps"] and second["train_seconds"] >= 1.2
+
+
+def test_summary_json_is_whole_or_absent_when_the_disk_fills_while_it_is_written(tmp_path):
+    """summary.json marks a run finished: a write that fails halfway (here the file-size limit, as
+    a full disk would) must leave no summary.json and no temporary file, only the error."""
+    script = f"""
+import resource, signal, sys
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from engine.distributed import Dist
+from engine.run_logger import RunLogger
+from training.run_folder import finish_run
+
+run = Path({str(tmp_path)!r})
+logger = RunLogger(run, {{}}, "model")
+logger.close()
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+finish_run(run, logger, 0.0, 3, {{f"eval/metric_{{i}}": float(i) for i in range(200)}}, Dist())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "File too large" in out.stderr, out.stderr[-1000:]
+    assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith("events.out.tfevents")]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from loss_function import training_loss
 from engine.config import TTT_PARAMS
+from loss_function import training_loss
 from prompt import with_qwen_features
 
 

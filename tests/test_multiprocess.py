@@ -20,8 +20,8 @@ def args(arc_folder, run_dir, batch, *extra):
     # Only the mean-refinement term, and an RL head that does not move: its noise differs per process by
     # design, and the mean refinement reads its mean.
     return ["fixed.py", "--data", str(arc_folder), "--batch_size", str(batch), "--agent_channels", "16",
-            "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0", "--mean_weight", "1", "--rl_lr", "0", "--run_dir",
-            str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1", *extra]
+            "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0", "--mean_weight", "1", "--rl_lr", "0",
+            "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1", *extra]
 
 
 def weights(run_dir, step):
@@ -55,7 +55,7 @@ def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_
     # gradient norms before clipping can, and are compared first (Qwen's on its refresh steps too).
     for tag in ("grad/norm", "grad/qwen_norm"):
         # dict: run scalars are logged again at the epoch's end, at the same step
-        (steps_1, norms_1), (steps_2, norms_2) = (zip(*dict(scalars(tmp_path / run)[tag]).items())
+        (steps_1, norms_1), (steps_2, norms_2) = (zip(*dict(scalars(tmp_path / run)[tag]).items(), strict=True)
                                                   for run in ("one", "two"))
         assert steps_1 == steps_2 == (1, 2)
         assert norms_2 == pytest.approx(norms_1, rel=1e-4)
@@ -172,8 +172,8 @@ for window in windows[:2]:
 moved = any(not torch.equal(a, p) for a, p in zip(before, qwen))
 kept = [p.detach().clone() for p in qwen] + [v.clone() for p in qwen for v in state.optimizer.state[p].values()]
 training.train_step(state, windows[2], cfg, dist)  # micro-batches 4 and 5: Qwen takes part in neither
-untouched = all(torch.equal(a, b) for a, b in zip(kept, [p for p in qwen] + [v for p in qwen
-                                                                                for v in state.optimizer.state[p].values()]))
+now = [p for p in qwen] + [v for p in qwen for v in state.optimizer.state[p].values()]
+untouched = all(torch.equal(a, b) for a, b in zip(kept, now))
 main = [p for g in state.optimizer.param_groups for p in g["params"]]
 json.dump(dict(qwen_moved=moved, qwen_untouched=untouched, weights=[float(p.double().sum()) for p in main]),
           open({out!r} + f"/rank{{dist.rank}}.json", "w"))

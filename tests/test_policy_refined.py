@@ -36,7 +36,7 @@ def test_rl_update_after_main_backward_leaves_main_gradients_unchanged(small_cfg
         assert torch.equal(before[n], after[n]), n
     for n, p in model.agent.named_parameters():
         assert torch.equal(p, agent_before[n])
-    assert any(not torch.equal(a, b) for a, b in zip(head_before, model.parameter_groups()["rl_head"]))
+    assert any(not torch.equal(a, b) for a, b in zip(head_before, model.parameter_groups()["rl_head"], strict=True))
     assert not pred.rl.head_input.requires_grad and not pred.rl.action.requires_grad
 
 

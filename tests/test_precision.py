@@ -85,7 +85,7 @@ def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, state_and
                                                                for p in params]))
     training.train_step(state, [first, second], cfg)
     assert sum(g is not None for g in reference) > 10
-    for ref, got in zip(reference, stepped["grads"]):
+    for ref, got in zip(reference, stepped["grads"], strict=True):
         if ref is None:
             assert got is None
         else:
@@ -146,7 +146,28 @@ def test_nan_in_half_a_window_skips_that_micro_batch_and_steps_on_the_rest(small
     stats = training.train_step(state, [poisoned(bad), good], cfg)
     assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 1.0
     assert all(torch.isfinite(p).all() for p in params)
-    assert any(not torch.equal(a, b) for a, b in zip(before, params))
+    assert any(not torch.equal(a, b) for a, b in zip(before, params, strict=True))
+
+
+def test_a_window_with_a_dropped_micro_batch_steps_with_the_mean_gradient_of_the_rest(small_cfg, state_and_batches):
+    """training/step.py: a micro-batch dropped for a NaN loss does not shrink the step: the window
+    [NaN batch, good batch] steps with exactly the gradient of the window [good batch] (the mean over
+    the good batch's samples), not half of it."""
+    cfg = small_cfg(efe_weight=0.0, mean_weight=1.0, grad_accum=2, clip=0.0)  # no RL draw, no clipping
+    grads = []
+    for poison in (True, False):
+        state, (bad, good) = state_and_batches(cfg, 2)
+        params = [p for g in state.optimizer.param_groups for p in g["params"]]
+        state.optimizer.register_step_pre_hook(
+            lambda optimizer, args, kwargs, params=params: grads.append(
+                [p.grad.clone() if p.grad is not None else None for p in params]))
+        stats = training.train_step(state, [poisoned(bad), good] if poison else [good], cfg)
+        assert stats["amp/nonfinite_losses"] == poison and stats["amp/stepped"] == 1.0
+    assert sum(g is not None for g in grads[1]) > 10
+    for got, want in zip(grads[0], grads[1], strict=True):
+        assert (got is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)
 
 
 def test_nan_in_a_partial_last_window_skips_it_and_training_goes_on(small_cfg, state_and_batches, monkeypatch):
@@ -161,7 +182,7 @@ def test_nan_in_a_partial_last_window_skips_it_and_training_goes_on(small_cfg, s
         stats = training.train_step(state, [poisoned(batches[2])], cfg)
     assert stats["amp/nonfinite_losses"] == 1 and stats["amp/stepped"] == 0.0
     main = {id(p) for g in state.optimizer.param_groups for p in g["params"]}
-    assert all(torch.equal(a, p) for a, p in zip(weights, state.model.parameters()) if id(p) in main)
+    assert all(torch.equal(a, p) for a, p in zip(weights, state.model.parameters(), strict=True) if id(p) in main)
     assert training.train_step(state, [batches[3]], cfg)["amp/stepped"] == 1.0
 
 

@@ -11,11 +11,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import training
 from engine.config import QwenCfg
-from tests.conftest import CPU
 from engine.distributed import Dist
-from training.run_state import restore_run_state
 from prompt import PromptCache, QwenTextEncoder
-from tests.conftest import ROOT
+from tests.conftest import CPU, ROOT
+from training.run_state import restore_run_state
 
 
 def encoder(**flags) -> QwenTextEncoder:

@@ -11,7 +11,8 @@ import training
 from data.arc import ArcPair
 from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_difficulty, training_episodes
 from data.sources import load_folder_split
-from engine.config import Config, ConfigError, QwenCfg
+from engine.config import Config, QwenCfg
+from engine.errors import ConfigError
 from model import build_model
 from prompt import PromptCache, QwenTextEncoder, with_qwen_features
 from prompt.qwen_encoder import tiny_qwen2, tiny_tokenizer
@@ -124,7 +125,7 @@ def test_qwen_gets_gradients_in_fp32(small_cfg, state_and_batches):
     before = [p.detach().clone() for p in qwen]
     stats = training.train_step(state, [batch], cfg)
     assert stats["grad/qwen_norm"] > 0 and stats["amp/stepped"] == 1.0
-    assert any(not torch.equal(a, b) for a, b in zip(before, qwen))
+    assert any(not torch.equal(a, b) for a, b in zip(before, qwen, strict=True))
 
 
 @pytest.mark.slow

@@ -7,7 +7,8 @@ import torch
 from transformers import Qwen2Config, Qwen2Model
 
 import training
-from engine.config import ConfigError, QwenCfg
+from engine.config import QwenCfg
+from engine.errors import ConfigError
 from prompt import QwenTextEncoder
 from prompt.qwen_encoder import QWEN25_COMMON, QWEN25_SHAPES
 
@@ -43,7 +44,7 @@ def test_half_billion_shape_trains_two_steps_with_lora(small_cfg):
     trainable = {n: p.detach().clone() for n, p in encoder.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     data.sampler.set_epoch(0)
-    for _, batch in zip(range(2), data.loader):
+    for _, batch in zip(range(2), data.loader, strict=False):
         stats = training.train_step(state, [batch], cfg)
         assert stats["amp/stepped"] == 1.0 and stats["grad/qwen_norm"] > 0
     moved = [n for n, p in encoder.named_parameters() if n in trainable and not torch.equal(p, trainable[n])]

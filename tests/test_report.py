@@ -38,7 +38,7 @@ def test_the_report_says_what_summary_and_submission_say(finished_run):
     assert np.mean([c["runs"][0]["ttt_steps"] for c in cards]) == pytest.approx(summary["eval/ttt_steps_per_task"])
     submission = json.loads((run.parent / "submission.json").read_text())
     for card in cards:
-        for test, pair, attempts in zip(card["tests"], card["runs"][0]["pairs"], submission[card["id"]]):
+        for test, pair, attempts in zip(card["tests"], card["runs"][0]["pairs"], submission[card["id"]], strict=True):
             for k in (0, 1):
                 grid = attempts[f"attempt_{k + 1}"]
                 assert pair["attempts"][k] == ["".join(map(str, row)) for row in grid]
@@ -122,8 +122,8 @@ def test_compare_counts_tasks_gained_and_lost(finished_run, tmp_path, capsys):
     pairs = sum(len(c["tests"]) for c in report["cards"])
     gained, lost = len(report["cards"][0]["tests"]), len(report["cards"][1]["tests"])
     assert result.pass2[1] - result.pass2[0] == pytest.approx((gained - lost) / pairs)
-    assert "gained (B solves, A does not): 1" in out and any(line.split()[:2] == [ids[0], "gained"] for line in out.splitlines()) \
-        and any(line.split()[:2] == [ids[1], "lost"] for line in out.splitlines())
+    rows = [line.split()[:2] for line in out.splitlines()]
+    assert "gained (B solves, A does not): 1" in out and [ids[0], "gained"] in rows and [ids[1], "lost"] in rows
     assert (other / "compare.html").is_file()
 
 

@@ -39,7 +39,7 @@ def test_every_optimizer_group_decays_from_its_own_base_even_after_a_resume_load
     saved = [o.state_dict() for o in optimizers]  # what a checkpoint holds: the decayed lrs
     fresh = training.build_train_state(cfg, CPU, tasks=3)
     resumed = TrainingSchedule("cosine", [fresh.optimizer, fresh.rl_optimizer], total_steps=10)
-    for o, s in zip([fresh.optimizer, fresh.rl_optimizer], saved):
+    for o, s in zip([fresh.optimizer, fresh.rl_optimizer], saved, strict=True):
         o.load_state_dict(s)
     resumed.apply(5, 0.0)
     assert fresh.optimizer.param_groups[0]["lr"] == pytest.approx(cfg.optim.agent_lr * 0.55)

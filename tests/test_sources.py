@@ -73,7 +73,8 @@ def test_synthetic_source_splits_rule_families():
     assert {t.task_id.rsplit("-", 1)[1] for t in splits.training} == {"flip", "rotate"}
     assert {t.task_id.rsplit("-", 1)[1] for t in splits.evaluation} == {"gravity"}
     again = load_splits("synthetic:20", synthetic=opts)
-    assert all(np.array_equal(a.train[0].input, b.train[0].input) for a, b in zip(splits.training, again.training))
+    assert all(np.array_equal(a.train[0].input, b.train[0].input)
+               for a, b in zip(splits.training, again.training, strict=True))
 
 
 def test_arc_agi2_training_with_arc_agi1_evaluation_is_refused():

@@ -100,7 +100,7 @@ def test_rule_is_shared_by_all_pairs_of_a_task():
         task = make_task("recolour", rng, "t")
         mapping = {}
         for pair in task.train + task.test:
-            for a, b in zip(pair.input.ravel(), pair.output.ravel()):
+            for a, b in zip(pair.input.ravel(), pair.output.ravel(), strict=True):
                 assert mapping.setdefault(int(a), int(b)) == b, "one colour map per task"
 
 
@@ -115,7 +115,7 @@ def test_recolour_demos_show_every_test_colour():
 
 def test_generator_is_seeded_and_sizes_respected():
     a, b = generate_tasks(30, seed=5, size=(4, 6)), generate_tasks(30, seed=5, size=(4, 6))
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         assert np.array_equal(x.train[0].input, y.train[0].input)
     for task in a:
         for pair in task.train:

@@ -16,14 +16,15 @@ import torch
 from safetensors.torch import load_file
 
 import training
-import training.loop
+import training.validation
 from engine.checkpoint import MODEL_FILE, find_checkpoint
-from engine.config import Config, ConfigError, EvalCfg
+from engine.config import Config, EvalCfg
 from engine.distributed import Dist
+from engine.errors import ConfigError
 from engine.loop import StopRequest
-from evaluation.schedule import ValidationSchedule, fits_in_training
 from tests.conftest import ROOT
 from tests.test_end_to_end import scalars
+from training.validation import ValidationSchedule, fits_in_training
 
 CPU = torch.device("cpu")
 
@@ -100,7 +101,7 @@ def test_every_validation_starts_from_a_checkpoint_of_the_weights_it_scores(smal
         seen.append((latest.name, same, len(task_ids)))
         return real(model, prompts, dataset, task_ids, **kwargs)
 
-    monkeypatch.setattr(training.loop, "score_tasks", at_validation)  # where validate() looks it up
+    monkeypatch.setattr(training.validation, "score_tasks", at_validation)  # where validate() looks it up
     training.train(small_cfg(run_dir=str(run), epochs=2, max_batches=3, val_every="2", val_share=1e9, val_tasks=1,
                           eval_tasks=0, ttt_steps=1), CPU)
     # steps 1-3 in epoch 1 and 4-6 in epoch 2: validations at steps 2 and 4, the final one at step 6

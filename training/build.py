@@ -12,8 +12,14 @@ from torch.utils.data import DataLoader
 
 from data.arc import ArcSplits, ArcTask, DataError
 from data.curriculum import CurriculumBatches
-from data.episodes import DifficultyScale, EpisodeDataset, collate, episode_difficulty, evaluation_episodes, \
-    training_episodes
+from data.episodes import (
+    DifficultyScale,
+    EpisodeDataset,
+    collate,
+    episode_difficulty,
+    evaluation_episodes,
+    training_episodes,
+)
 from data.sources import SyntheticOptions, load_splits
 from engine.config import Config
 from engine.distributed import Dist, data_parallel, is_sharded
@@ -23,7 +29,6 @@ from engine.precision import MixedPrecision, check_master_weights
 from model import ArcModel, build_model
 from prompt import QwenFeatures
 from training.run_state import TrainState, restore_run_state
-
 
 
 @dataclass

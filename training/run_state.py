@@ -8,19 +8,33 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_model_state_dict, \
-    set_optimizer_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
-from engine.checkpoint import SHARDED_DIR, commit_checkpoint, is_sharded_checkpoint, load_checkpoint, load_state, \
-    rng_state, set_rng_state, start_checkpoint, staging_folder
-from engine.config import SECTION_OF, Config, ConfigError, RunCfg
+from engine.checkpoint import (
+    SHARDED_DIR,
+    commit_checkpoint,
+    is_sharded_checkpoint,
+    load_checkpoint,
+    load_state,
+    rng_state,
+    set_rng_state,
+    staging_folder,
+    start_checkpoint,
+)
+from engine.config import SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
+from engine.errors import ConfigError
 from engine.precision import MixedPrecision
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
@@ -57,25 +71,6 @@ class TrainState:
     # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
     trained: torch.nn.Module | None = None
     rl_head: torch.nn.Module | None = None
-
-
-def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
-    """The run folder (not created yet: nothing is written before every input has been checked).
-
-    Training continues in the resumed run's folder; evaluation-only runs and fresh runs get a new
-    one, so a finished run's summary and events are never overwritten by a later evaluation."""
-    continuing = resumed_from is not None and not run.eval_only
-    if run.run_dir:
-        path = Path(run.run_dir)
-        if not continuing and ((path / "checkpoints").exists() or (path / "summary.json").exists()):
-            advice = "choose another --run_dir" if run.eval_only else \
-                f"pass --resume {path} to continue it, or choose another --run_dir"
-            raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
-        return path
-    if continuing:
-        return resumed_from.parent.parent
-    name = f"{run.run_name}-eval" if run.eval_only else run.run_name
-    return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _rank_state(state: TrainState) -> dict:
@@ -138,8 +133,8 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
                    .state_dict_metadata if k.startswith("model.")}
         unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
         if unexpected:
-            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected {unexpected[:3]}): "
-                              f"resume with the flags it was trained with")
+            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected "
+                              f"{unexpected[:3]}): resume with the flags it was trained with")
         try:
             dcp.load(both, checkpoint_id=folder / SHARDED_DIR)
         except (RuntimeError, ValueError) as err:  # DCP's one error for missing keys or other shapes

@@ -12,55 +12,16 @@ from policy_refined import RLInfo
 from training.run_state import TrainState
 
 
-
 def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = Dist()) -> dict:
-    """One optimizer step over a window of micro-batches (grad_accum of them, or fewer at the end);
-    advances the counters. -> stats for TensorBoard (tensors until the logger writes them).
-
-    Each micro-batch's loss is summed over its samples and divided by the window's real sample
-    count over all processes, so the step's gradient is the mean gradient of exactly the samples
-    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except where
-    every process must take part in that backward: the window's last under DDP (DDP reduces in it),
-    every micro-batch under FSDP (each backward gathers the sharded weights). It then goes backward,
-    the non-finite value reaches every process's gradients and every process skips the step. The
-    gradients are reduced in the window's last backward (the others run without gradient sync).
-    Each phase is a `record_function` range ("step/..."), free unless a profiler records it.
-    """
-    model, amp, counters = state.model, state.amp, state.counters
-    trained = state.trained if state.trained is not None else model
-    ddp, sharded = under_ddp(trained), is_sharded(trained)
-    n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
-    # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
-    share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
-    stats: dict = {"amp/nonfinite_losses": 0.0}
-    infos, rewards = [], []
-    for i, batch in enumerate(window):
-        last = i == len(window) - 1
-        with record_function("step/prompt"):
-            batch = model.encode_prompts(batch, state.prompts, counters.micro_batches + i, training=True)
-        with gradient_sync(trained, last):
-            with record_function("step/forward"), amp.autocast():
-                pred = trained(batch, "sampled+mean")
-                loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
-                                     cfg=cfg.loss)
-                window_loss = loss.per_sample.sum() * share
-            finite = bool(torch.isfinite(window_loss))
-            stats["amp/nonfinite_losses"] += not finite
-            if not finite and not (sharded or (ddp and last)):
-                continue
-            with record_function("step/backward"):
-                amp.backward(window_loss)
-        if not finite:
-            continue
-        if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
-            loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
-            loss.stats["latent/step_lr"] = model.latent_step_size()
-        for k, v in loss.stats.items():
-            stats[k] = stats.get(k, 0.0) + v / len(window)
-        infos.append(pred.rl)
-        rewards.append(loss.reward)
+    """One optimizer step over a window of micro-batches (grad_accum of them, or fewer at the end):
+    the window's gradient (`_window_gradient`), the step (engine/precision.py: unscale, clip, step,
+    or a skip on non-finite gradients), then the RL head's own update on detached tensors; advances
+    the counters. -> stats for TensorBoard (tensors until the logger writes them). Each phase is a
+    `record_function` range ("step/..."), free unless a profiler records it."""
+    model, counters = state.model, state.counters
+    stats, infos, rewards = _window_gradient(state, window, cfg, dist)
     with record_function("step/optimizer"):
-        result = amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
+        result = state.amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
     stats["amp/stepped"] = float(result is not None and result.stepped)
     if result is not None:
         stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
@@ -74,3 +35,67 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     counters.micro_batches_in_epoch += len(window)
     counters.consecutive_skips = 0 if stats["amp/stepped"] else counters.consecutive_skips + 1
     return stats
+
+
+def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
+                     dist: Dist) -> tuple[dict, list[RLInfo], list[torch.Tensor]]:
+    """Forward and backward over the window's micro-batches, into the gradients of the main optimizer.
+
+    Each micro-batch's loss is summed over its samples and divided by the window's real sample
+    count over all processes, so the step's gradient is the mean gradient of exactly the samples
+    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except where
+    every process must take part in that backward: the window's last under DDP (DDP reduces in it),
+    every micro-batch under FSDP (each backward gathers the sharded weights). It then goes backward,
+    the non-finite value reaches every process's gradients and every process skips the step.
+    Otherwise the step is taken on the samples that went backward, and their gradient is rescaled
+    from the window's count to theirs: the mean gradient of the samples it learned from, so a
+    dropped micro-batch does not shrink the step of the others. The gradients are reduced in the
+    window's last backward (the others run without gradient sync).
+    -> (loss stats averaged over the micro-batches that went backward, with the count of non-finite
+    losses; their RL head inputs and actions; their rewards [B] each)."""
+    model, amp = state.model, state.amp
+    trained = state.trained if state.trained is not None else model
+    ddp, sharded = under_ddp(trained), is_sharded(trained)
+    n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
+    # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
+    share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
+    learned, infos, rewards = [], [], []
+    dropped = 0  # samples of this process whose loss was non-finite
+    for i, batch in enumerate(window):
+        last = i == len(window) - 1
+        with record_function("step/prompt"):
+            batch = model.encode_prompts(batch, state.prompts, state.counters.micro_batches + i, training=True)
+        with gradient_sync(trained, last):
+            with record_function("step/forward"), amp.autocast():
+                pred = trained(batch, "sampled+mean")
+                loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
+                                     cfg=cfg.loss)
+                window_loss = loss.per_sample.sum() * share
+            finite = bool(torch.isfinite(window_loss))
+            dropped += 0 if finite else batch["input"].shape[0]
+            if not finite and not (sharded or (ddp and last)):
+                continue
+            with record_function("step/backward"):
+                amp.backward(window_loss)
+        if not finite:
+            continue
+        if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
+            loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
+            loss.stats["latent/step_lr"] = model.latent_step_size()
+        learned.append(loss.stats)
+        infos.append(pred.rl)
+        rewards.append(loss.reward)
+    kept = n_samples - dist.sum_int(dropped)
+    if 0 < kept < n_samples:
+        _rescale_gradients(state.optimizer, n_samples / kept)
+    stats = {k: sum(s[k] for s in learned) / len(learned) for k in learned[0]} if learned else {}
+    return {"amp/nonfinite_losses": float(len(window) - len(learned)), **stats}, infos, rewards
+
+
+@torch.no_grad()
+def _rescale_gradients(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Multiply every gradient the optimizer holds by `factor` (sharded ones shard by shard)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.grad is not None:
+                p.grad.mul_(factor)

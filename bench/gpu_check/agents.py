@@ -4,8 +4,9 @@ the loop's whole step with the prompt cache cold and warm, and the bare agent's 
 backward on the step's own batch; loop overhead = 1 - bare agent / warm step).
 
 Achieved TFLOP/s counts the bare agent's FLOPs (torch's FlopCounterMode over one more forward and
-backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU sets them against the device's dense bf16 peak (`--peak_tflops`, or
-the table below by device name; none on a CPU).
+backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU
+sets them against the device's dense bf16 peak (`--peak_tflops`, or the table below by device
+name; none on a CPU).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine.checkpoint import write_atomic
+from engine.files import write_atomic
 
 
 @dataclass

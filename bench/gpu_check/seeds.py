@@ -83,9 +83,9 @@ def one_case(check: Check, amp: str, qwen: str) -> dict:
         stepped.append(int(stats["amp/stepped"]))
         scales.append(state.amp.scale)
         if before is not None:
-            untouched = all(torch.equal(a, p) for a, p in zip(before, main))
+            untouched = all(torch.equal(a, p) for a, p in zip(before, main, strict=True))
     halved = scales[POISONED + 1] == scales[POISONED] / 2 if amp == "fp16" else set(scales) == {1.0}
-    qwen_moved = any(not torch.equal(a, p) for a, p in zip(qwen_before, qwen_params))
+    qwen_moved = any(not torch.equal(a, p) for a, p in zip(qwen_before, qwen_params, strict=True))
     cache = state.prompts.stats
     ok = (stepped == [1, 0, 1] and state.amp.skipped_steps == 1 and untouched and halved and qwen_moved)
     return {"amp": amp, "qwen": qwen, "windows": "+".join(str(len(w)) for w in windows),

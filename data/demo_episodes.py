@@ -1,0 +1,63 @@
+"""The episodes per-task adaptation trains on: augmented leave-one-out episodes of a task's DEMOS
+only (one demo the query, the others the context), under a fixed set of views; the task's test
+outputs are never read (evaluation/adaptation.py)."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import torch
+
+from data.arc import ArcTask
+from data.augment import view_ids
+from data.episodes import EpisodeDataset, collate, training_episodes
+
+
+class DemoEpisodes:
+    """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
+    pool is finite: episodes x `views`)."""
+
+    def __init__(self, tasks: list[ArcTask], eval_set: EpisodeDataset, seed: int, views: int):
+        self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
+        flat = [ep for eps in self.episodes for ep in eps]
+        # demo outputs are known; the task embedding rows are the evaluation set's
+        self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows,
+                                      context_demos=eval_set.context_demos)
+        self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
+        self.views = view_ids(views)
+        self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
+        self.restart_draws()
+        self.samples: dict[tuple[int, int], dict] = {}
+
+    def restart_draws(self) -> None:
+        """Draw from the start of this group's stream again: test-time training sees the same episodes
+        whatever the search drew before it."""
+        self.rng = np.random.default_rng(self.seed)
+
+    def sample(self, index: int, aug: int) -> dict:
+        if (index, aug) not in self.samples:
+            self.samples[(index, aug)] = self.dataset[(index, aug)]
+        return self.samples[(index, aug)]
+
+    def draw(self, rows: dict[int, int], per_row: int) -> tuple[dict, torch.Tensor]:
+        """`per_row` random augmented episodes for every adapter row ({row: its task}).
+        -> (collated batch, the row of each sample [B] int64)."""
+        samples, of = [], []
+        for row, task in rows.items():
+            for _ in range(per_row):
+                i = self.first[task] + int(self.rng.integers(len(self.episodes[task])))
+                samples.append(self.sample(int(i), self.views[int(self.rng.integers(len(self.views)))]))
+                of.append(row)
+        return collate(samples), torch.tensor(of)
+
+    def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
+        """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
+        the demo loss that picks a start)."""
+        samples, of = [], []
+        for row, task in rows.items():
+            for j in range(len(self.episodes[task])):
+                for aug in self.views[:views]:
+                    samples.append(self.sample(int(self.first[task] + j), aug))
+                    of.append(row)
+        return collate(samples), torch.tensor(of)

@@ -1,0 +1,147 @@
+"""The command line: flags and recipe files into a Config, and main(), which fixed.py runs.
+
+    python fixed.py --config configs/smoke.toml --epochs 2
+
+The flags are engine/config.py's dataclass fields, flattened and grouped by section in --help;
+`--agent`'s choices are the agent registry's names (agents/__init__.py), read when the parser is
+built. A recipe (`--config FILE`, TOML or YAML) sets the defaults, flags on the command line
+override them. Unknown flags and wrong values exit with code 2 and one line (never
+parse_known_args).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tomllib
+import typing
+from pathlib import Path
+
+from agents import AGENTS
+from data.arc import DataError
+from engine.config import SECTION_OF, SECTIONS, Config
+from engine.distributed import init_distributed, launcher_wants_fsdp, shutdown
+from engine.errors import ConfigError
+from engine.loop import TrainingStopped, summary_line
+from training.epochs import train
+
+# choices that come from a registry rather than from the flag's own definition
+REGISTRY_CHOICES = {"agent": lambda: tuple(AGENTS)}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _choices(name: str, f: dataclasses.Field) -> tuple | None:
+    return REGISTRY_CHOICES[name]() if name in REGISTRY_CHOICES else f.metadata.get("choices")
+
+
+def build_parser(prog: str, description: str) -> OneLineParser:
+    """Flat flags, shown in --help grouped by section."""
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(section, (cls.__doc__ or "").strip().splitlines()[0])
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            kind, choices = hints[f.name], _choices(f.name, f)
+            if kind is bool:
+                group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default,
+                                   help=f.metadata["help"])
+            else:
+                group.add_argument(f"--{f.name}", type=kind, default=f.default, choices=choices,
+                                   help=f.metadata["help"], metavar=None if choices else kind.__name__.upper())
+    return parser
+
+
+def _load_recipe_text(file: Path) -> object:
+    try:
+        text = file.read_text()
+    except OSError as err:
+        raise ConfigError(f"--config {file}: {err.strerror}") from None
+    if file.suffix == ".toml":
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"--config {file}: not valid TOML: {err}") from None
+    import yaml  # only YAML recipes need it
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config {file}: not valid YAML: {' '.join(str(err).split())}") from None
+
+
+def read_config_file(path: str) -> dict:
+    """A recipe: a .toml or .yaml file whose keys are flag names (configs/). -> {flag: value}.
+    An unreadable file, an unknown key, a value of the wrong type or outside a flag's choices is one
+    ConfigError naming the file."""
+    file = Path(path)
+    if file.suffix not in (".toml", ".yaml", ".yml"):
+        raise ConfigError(f"--config {path}: a recipe is a .toml or .yaml file")
+    values = _load_recipe_text(file)
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: a recipe is a table of flag names and values")
+    unknown = sorted(set(values) - set(SECTION_OF))
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown setting(s) {', '.join(unknown)} (keys are fixed.py's flag names)")
+    fields = {f.name: (f, typing.get_type_hints(cls)[f.name]) for cls in SECTIONS.values()
+              for f in dataclasses.fields(cls)}
+    for name, value in values.items():
+        f, kind = fields[name]
+        fits = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or \
+            (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        if not fits:
+            raise ConfigError(f"--config {path}: {name} = {value!r}: expected {kind.__name__}")
+        choices = _choices(name, f)
+        if choices and value not in choices:
+            raise ConfigError(f"--config {path}: {name} = {value!r}: choose one of {', '.join(map(str, choices))}")
+    return {name: float(v) if fields[name][1] is float else v for name, v in values.items()}
+
+
+def parse(argv: list[str] | None, prog: str, description: str) -> Config:
+    """The command line -> Config. `--config FILE` sets the defaults, flags on the command line
+    override them. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
+    parser = build_parser(prog, description)
+    parser.add_argument("--config", metavar="FILE", help="a recipe (configs/*.toml): flag names and values, "
+                                                         "overridden by the flags given here")
+    # only --config is looked for here; the full parser below refuses any unknown flag
+    finder = argparse.ArgumentParser(add_help=False)
+    finder.add_argument("--config")
+    recipe = finder.parse_known_args(argv)[0].config
+    if recipe:
+        parser.set_defaults(**read_config_file(recipe))
+    flags = vars(parser.parse_args(argv))
+    flags.pop("config")
+    return Config.from_flags(**flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """fixed.py: parse, start the processes, train (or evaluate). -> the exit code: 0, 1 (bad
+    data), 2 (a bad flag), 128 + a signal that stopped it, or what a stop gives (training/epochs.py)."""
+    try:
+        cfg = parse(argv, "fixed.py", "Train the Qwen-prompted ARC agent.")
+        if launcher_wants_fsdp() and not cfg.optim.fsdp:  # an FSDP accelerate config
+            cfg = cfg.replace(fsdp=True)
+        dist, device = init_distributed(cfg.run.device, cfg.optim.fsdp)
+        try:
+            summary = train(cfg, device, dist)
+            # no process closes its connections while another still uses them (gloo aborts the other)
+            dist.barrier()
+        finally:
+            shutdown()
+    except ConfigError as err:
+        print(f"fixed.py: error: {err}", file=sys.stderr)
+        return 2
+    except DataError as err:
+        print(f"fixed.py: data error: {err}", file=sys.stderr)
+        return 1
+    except TrainingStopped as err:
+        if dist.is_main:  # every process stops together, for one reason
+            print(f"fixed.py: {err}", file=sys.stderr)
+        return err.exit_code
+    if dist.is_main:
+        print(summary_line(summary))
+    return 0

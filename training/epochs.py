@@ -1,0 +1,179 @@
+"""The epoch loop: `train()` runs a Config (or, with `--eval_only`, validates saved weights).
+
+    loop = EpochLoop(cfg, device, dist, stop)   # data, model, optimizers, resume, the run folder
+    summary = loop.run()                         # epochs of train_step, checkpoints, validations
+
+Checkpoints at epoch ends (and every `--save_every`), validations during training as `--val_every`
+says, each after a checkpoint, and the final validation. A stop request (SIGINT, SIGTERM), a run of
+skipped steps or `--max_minutes` ends it with a checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+
+import torch
+from tqdm import tqdm
+
+from data.curriculum import easy_fraction
+from engine.checkpoint import find_checkpoint
+from engine.config import Config
+from engine.distributed import Dist
+from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows, seed_everything
+from engine.schedule import TrainingSchedule
+from training.build import build_data, build_train_state, prompt_cache_dir
+from training.run_folder import finish_run, open_run, plan_run_dir
+from training.run_state import restore_run_state, save_run_state
+from training.step import train_step
+from training.validation import ValidationSchedule, evaluate_only, validate
+
+
+def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
+    """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
+    it within seconds, training or validating, with a checkpoint. -> the run's summary."""
+    with StopRequest(announce=dist.is_main) as stop:
+        if cfg.run.eval_only:
+            return evaluate_only(cfg, device, dist, stop)
+        return EpochLoop(cfg, device, dist, stop).run()
+
+
+class EpochLoop:
+    """One invocation of a training run, from its first (or resumed) step to its summary."""
+
+    def __init__(self, cfg: Config, device: torch.device, dist: Dist, stop: StopRequest):
+        self.cfg, self.device, self.dist, self.stop = cfg, device, dist, stop
+        seed_everything(cfg.run.seed)
+        self.data = build_data(cfg, device, dist)
+        resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+        self.run_dir = plan_run_dir(cfg.run, resumed_from)
+        self.state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, self.run_dir),
+                                       len(self.data.task_ids))
+        self.n_batches = self.data.batches_in_epoch(cfg.run.max_batches)
+        self.lr_schedule = TrainingSchedule(
+            cfg.optim.lr_schedule, [self.state.optimizer, self.state.rl_optimizer],
+            total_steps=cfg.run.epochs * math.ceil(self.n_batches / cfg.optim.grad_accum),
+            budget_seconds=60 * cfg.run.max_minutes)
+        if resumed_from is not None:
+            restore_run_state(self.state, resumed_from, cfg.flags(), dist)
+        self.counters = self.state.counters
+        # the counters of the newest checkpoint in run_dir: a checkpoint asked for again saves nothing new
+        resumed_here = resumed_from is not None and resumed_from.parent.parent == self.run_dir
+        self.saved_at = dataclasses.astuple(self.counters) if resumed_here else None
+        self.validation = ValidationSchedule.of(cfg.eval)
+        what = "training"
+        if cfg.data.train_on_eval_demos:
+            what += f", TRANSDUCTIVE: the demos of {len(self.data.splits.evaluation)} evaluation tasks join training"
+        self.logger = open_run(self.run_dir, cfg, self.state, self.data, dist, what, self.validation.describe(
+            cfg.eval.val_tasks, cfg.eval.eval_tasks, len(self.data.splits.evaluation), cfg.run.epochs))
+        if self.logger is not None:
+            self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
+        self.started = time.time()
+        self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
+        self.qwen_norm = 0.0  # the trainable Qwen's gradient norm at its last refresh step
+
+    def run(self) -> dict:
+        """Every epoch left, then the final validation. -> the summary (summary.json's)."""
+        self.state.model.train(True)
+        try:
+            for epoch in range(self.counters.epoch, self.cfg.run.epochs):
+                if not self.epoch(epoch):
+                    break
+            metrics = self.validate(final=True)
+            return finish_run(self.run_dir, self.logger, self.started, self.counters.optimizer_steps,
+                              {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
+                               **self.validation.report(self.seconds)}, self.dist)
+        finally:
+            if self.logger is not None:
+                self.logger.close()
+
+    def epoch(self, epoch: int) -> bool:
+        """The rest of one epoch (all of it unless resumed mid-epoch), its checkpoint and the
+        validation after it. -> False when `--max_minutes` ran out."""
+        cfg, counters = self.cfg, self.counters
+        self.data.sampler.set_epoch(epoch, counters.micro_batches_in_epoch)
+        bar = tqdm(total=self.n_batches, initial=counters.micro_batches_in_epoch, desc=f"epoch {epoch + 1}/"
+                   f"{cfg.run.epochs}", unit="batch", dynamic_ncols=True, mininterval=1.0,
+                   disable=not self.dist.is_main)
+        windows = epoch_windows(self.data.loader, self.n_batches - counters.micro_batches_in_epoch,
+                                cfg.optim.grad_accum, self.device)
+        in_time = True
+        for window in windows:
+            self.step(window, epoch, bar)
+            self.seconds = self.dist.from_main(time.time() - self.started) - self.validation.val_seconds
+            if cfg.run.max_minutes and self.seconds > 60 * cfg.run.max_minutes:
+                in_time = False
+                break
+            if counters.micro_batches_in_epoch < self.n_batches and self.validation.due(
+                    step=counters.optimizer_steps, epoch_end=False, train_seconds=self.seconds):
+                self.validate(final=False)
+        bar.close()
+        self.log(epoch)
+        if counters.micro_batches_in_epoch >= self.n_batches:  # else --max_minutes ran out mid-epoch
+            counters.epoch, counters.micro_batches_in_epoch = epoch + 1, 0
+        self.checkpoint()
+        if in_time and epoch + 1 < cfg.run.epochs and self.validation.due(
+                step=counters.optimizer_steps, epoch_end=True, train_seconds=self.seconds):
+            self.validate(final=False)
+        return in_time
+
+    def step(self, window: list[dict], epoch: int, bar: tqdm) -> None:
+        """One optimizer step, its scalars, and what may follow it: a stop (with a checkpoint) on a
+        stop request or too many skipped steps in a row, a checkpoint every `--save_every`."""
+        cfg, counters = self.cfg, self.counters
+        lr_factor = self.lr_schedule.apply(counters.optimizer_steps, self.seconds)
+        stats = train_step(self.state, window, cfg, self.dist)
+        stats["optim/lr_factor"] = lr_factor
+        bar.update(len(window))
+        self.qwen_norm = stats.pop("grad/qwen_norm", 0.0) or self.qwen_norm  # non-zero on refresh steps only
+        if self.logger is not None:
+            self.logger.accumulate(stats)
+            if counters.optimizer_steps % cfg.run.log_every == 0:
+                values = self.log(epoch)
+                bar.set_postfix(loss=f"{values.get('loss/combined', float('nan')):.3f}")
+        if counters.consecutive_skips >= cfg.run.max_consecutive_skips:
+            self.checkpoint()
+            raise TrainingStopped(f"stopped: {counters.consecutive_skips} steps in a row skipped for non-finite loss "
+                                  f"or gradients (step {counters.optimizer_steps}); checkpoint in {self.run_dir}; "
+                                  f"lower --agent_lr/--qwen_lr or use --amp bf16", 1)
+        if self.dist.any(self.stop()):
+            self.checkpoint()
+            raise TrainingStopped.by_signal(self.stop.signum or signal.SIGTERM,
+                                            f"at step {counters.optimizer_steps}; {self.resume_hint}")
+        if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
+            self.checkpoint()
+
+    @property
+    def resume_hint(self) -> str:
+        return f"checkpoint saved, continue with --resume {self.run_dir}"
+
+    def checkpoint(self) -> None:
+        """Save the run's state, unless the newest checkpoint already holds these counters."""
+        if self.saved_at != dataclasses.astuple(self.counters):
+            save_run_state(self.state, self.cfg.flags(), self.run_dir, self.cfg.run.keep_checkpoints, self.dist)
+            self.saved_at = dataclasses.astuple(self.counters)
+
+    def validate(self, final: bool) -> dict[str, float]:
+        """A checkpoint, then a validation; a stop request during it ends the run, the checkpoint kept."""
+        self.checkpoint()
+        try:
+            return validate(self.state, self.data, self.cfg, self.device, self.dist, self.logger, self.stop,
+                            self.validation, final=final, train_seconds=self.seconds)
+        except Interrupted as err:
+            raise TrainingStopped.by_signal(err.signum, f"during {'the final ' if final else ''}validation at step "
+                                            f"{self.counters.optimizer_steps}; {self.resume_hint}") from None
+
+    def log(self, epoch: int) -> dict[str, float]:
+        """Write the scalars accumulated since the last write, with the counters as they stand
+        (amp, prompt cache, curriculum; not averaged). -> what was written."""
+        if self.logger is None:
+            return {}
+        state = self.state
+        values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
+                  "grad/qwen_norm": self.qwen_norm,
+                  "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later)}
+        if state.prompts is not None:
+            values.update(state.prompts.scalars())
+        return self.logger.flush(self.counters.optimizer_steps, values)

@@ -1,0 +1,81 @@
+"""The run folder's own files: opening it (the start-up lines, the TensorBoard writer) and
+summary.json, the mark of a finished run. Checkpoints are training/run_state.py's; reports and
+task images, training/validation.py's."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from engine.config import Config, RunCfg
+from engine.distributed import Dist
+from engine.errors import ConfigError
+from engine.files import write_atomic
+from engine.precision import slow_precision
+from engine.run_logger import RunLogger
+from training.build import TrainingData
+from training.run_state import TrainState
+
+SUMMARY_FILE = "summary.json"
+
+
+def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
+    """The run folder (not created yet: nothing is written before every input has been checked).
+
+    Training continues in the resumed run's folder; evaluation-only runs and fresh runs get a new
+    one, so a finished run's summary and events are never overwritten by a later evaluation."""
+    continuing = resumed_from is not None and not run.eval_only
+    if run.run_dir:
+        path = Path(run.run_dir)
+        if not continuing and ((path / "checkpoints").exists() or (path / SUMMARY_FILE).exists()):
+            advice = "choose another --run_dir" if run.eval_only else \
+                f"pass --resume {path} to continue it, or choose another --run_dir"
+            raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
+        return path
+    if continuing:
+        return resumed_from.parent.parent
+    name = f"{run.run_name}-eval" if run.eval_only else run.run_name
+    return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def announce(dist: Dist, line: str) -> None:
+    """One line on the console from the main process, above any progress bar."""
+    if dist.is_main:
+        tqdm.write(line, file=sys.stderr)
+
+
+def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, dist: Dist,
+             what: str, validation: str = "") -> RunLogger | None:
+    """Create the run folder and its TensorBoard writer, and print the start-up lines (main process)."""
+    if not dist.is_main:
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = next(state.model.parameters()).device
+    sharded = " sharded (--fsdp)" if cfg.optim.fsdp else ""
+    print(f"run {run_dir} ({what}) | device={device} amp={cfg.optim.amp} world_size={dist.world_size}{sharded} | "
+          f"data {data.splits.name}: {len(data.splits.training)} training, {len(data.splits.evaluation)} evaluation "
+          f"tasks | {state.model.description()} [qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
+    if validation:
+        print(validation, file=sys.stderr)
+    slow = slow_precision(cfg.optim.amp, device)
+    if slow:
+        print(slow, file=sys.stderr)
+    # A resumed run rewrites the steps after its checkpoint: TensorBoard drops the old ones.
+    steps = state.counters.optimizer_steps
+    return RunLogger(run_dir, cfg.flags(), state.model.description(), purge_step=steps + 1 if steps else None)
+
+
+def finish_run(run_dir: Path, logger: RunLogger | None, started: float, steps: int, metrics: dict,
+               dist: Dist) -> dict:
+    """Write summary.json (main process), the mark of a finished run: whole or not at all, as a
+    reader (or a run killed while writing it) sees it. -> the summary."""
+    summary = {"steps": steps, "seconds": round(time.time() - started, 1), "run_dir": str(run_dir),
+               "world_size": dist.world_size, **metrics}
+    if logger is not None:
+        summary.update({k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last})
+        write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")
+    return summary

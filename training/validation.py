@@ -1,0 +1,226 @@
+"""Validation in a run: when it runs (`ValidationSchedule`), what it scores and logs (`validate`),
+where its results go (scalars, task images, report.html, the submission), and `--eval_only`.
+
+When, during training (`--val_every`): after each epoch but the last, every N optimizer steps, or
+every M minutes of training; on the first `--val_tasks` evaluation tasks, the same every time, so
+their curve is comparable. One is skipped while validation has taken more than `--val_share` of the
+training time so far (the first always runs): a budgeted run spends its budget on training. At the
+end of the run comes the final validation, on `--eval_tasks` (-1: every task when that is expected
+to take no longer than the training did, estimated from the `--val_tasks` ones it scores first;
+else those).
+
+Times are the main process's clock, agreed by every process (`Dist.from_main`), so every process
+takes the same branch. Nothing here moves the training: validation never touches its random streams.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data.episodes import EpisodeDataset
+from engine.checkpoint import find_checkpoint
+from engine.config import Config, EvalCfg
+from engine.distributed import Dist
+from engine.files import write_atomic
+from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
+from engine.run_logger import RunLogger
+from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
+from evaluation.report import header as report_header
+from evaluation.report import write_report
+from training.build import TrainingData, evaluation_view, load_run, prompt_cache_dir
+from training.run_folder import announce, finish_run, open_run, plan_run_dir
+from training.run_state import TrainState
+
+
+@dataclass
+class ValidationSchedule:
+    unit: str  # epoch | steps | minutes | end (--val_every)
+    amount: float  # steps or minutes between validations
+    share: float  # --val_share
+    val_seconds: float = 0.0  # spent validating in this invocation (the final validation included)
+    done: int = 0  # validations during training, this invocation
+    skipped: int = 0  # validations due but skipped for --val_share
+    last_at: float = 0.0  # training seconds at the last validation (or skip) due by minutes
+
+    @classmethod
+    def of(cls, cfg: EvalCfg) -> ValidationSchedule:
+        unit, amount = cfg.validation_interval()
+        return cls(unit, amount, cfg.val_share)
+
+    def due(self, *, step: int, epoch_end: bool, train_seconds: float) -> bool:
+        """Whether a validation during training is due after optimizer step `step` (the end of the
+        run is not asked: the final validation follows it). Counts a skip when --val_share forbids it."""
+        if self.unit == "epoch":
+            hit = epoch_end
+        elif self.unit == "steps":
+            hit = step % int(self.amount) == 0
+        elif self.unit == "minutes":
+            hit = train_seconds - self.last_at >= 60 * self.amount
+        else:
+            hit = False
+        if not hit:
+            return False
+        self.last_at = train_seconds
+        if self.done and self.val_seconds > self.share * train_seconds:
+            self.skipped += 1
+            return False
+        return True
+
+    def describe(self, val_tasks: int, eval_tasks: int, n_tasks: int, epochs: int) -> str:
+        """The start-up line's account of validation."""
+        subset = f"the first {val_tasks}" if 0 < val_tasks < n_tasks else f"all {n_tasks}"
+        when = {"epoch": "after each epoch" if epochs > 1 else "", "steps": f"every {int(self.amount)} steps",
+                "minutes": f"every {self.amount:g} minutes of training", "end": ""}[self.unit]
+        during = (f"{subset} evaluation tasks {when} (skipped while validation has taken over {self.share:.0%} of "
+                  f"the training time)" if when else "none during training")
+        if eval_tasks == -1 and subset != f"all {n_tasks}":
+            final = f"all {n_tasks} if they take no longer than the training did, else {subset}"
+        else:
+            final = f"the first {eval_tasks}" if 0 < eval_tasks < n_tasks else f"all {n_tasks}"
+        return f"validation: {during}; at the end {final} (--val_every, --val_tasks, --eval_tasks)"
+
+    def report(self, train_seconds: float) -> dict[str, float]:
+        """What validation cost this invocation: summary.json keys."""
+        total = train_seconds + self.val_seconds
+        return {"train_seconds": round(train_seconds, 1), "validation_seconds": round(self.val_seconds, 1),
+                "validation_share": round(self.val_seconds / total, 3) if total else 0.0,
+                "validations": self.done, "validations_skipped": self.skipped}
+
+
+def fits_in_training(seconds_so_far: float, tasks_so_far: int, tasks_left: int, train_seconds: float) -> bool:
+    """The final validation's `-1` rule: scoring `tasks_left` more tasks at the pace of the first
+    `tasks_so_far` keeps the whole validation no longer than the training."""
+    return seconds_so_far / max(tasks_so_far, 1) * (tasks_so_far + tasks_left) <= train_seconds
+
+
+def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.device, dist: Dist,
+             logger: RunLogger | None, stop: StopRequest, schedule: ValidationSchedule, *, final: bool,
+             train_seconds: float) -> dict[str, float]:
+    """Score the first `--val_tasks` evaluation tasks and log `val/*`; the final validation then
+    scores the rest of `--eval_tasks` (see `_rest_of_final`) and logs `eval/*`, task images and the
+    submission. The training's random streams are left as they were, so how often a run validates
+    never changes what it learns. -> val/* (during training) or eval/* (final)."""
+    every = first_tasks(data.eval_set, 0)
+    subset = first_tasks(data.eval_set, cfg.eval.val_tasks)
+    chosen = first_tasks(data.eval_set, cfg.eval.eval_tasks) if final and cfg.eval.eval_tasks >= 0 else every
+    first = chosen[:len(subset)]
+    step = state.counters.optimizer_steps
+    started = time.perf_counter()
+    noise = state.model.rl_noise_state()
+    model, prompts = evaluation_view(state, cfg, device)
+
+    def score(tasks: list[int], desc: str) -> TaskScores:
+        return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
+                           desc=desc)
+
+    with preserved_rng():
+        announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
+                       f"evaluation tasks, {describe(cfg)}")
+        scores = score(first, "validate")
+        metrics = scores.metrics("val", cfg)
+        if logger is not None and len(first) == len(subset):
+            logger.write(step, metrics)
+        if final:  # the first tasks' images and report are published with the rest of its tasks
+            rest = _rest_of_final(chosen[len(first):], len(first), len(every), cfg.eval,
+                                  dist.from_main(time.perf_counter() - started), train_seconds, dist)
+            if rest:
+                scores = scores.merged(score(rest, "final"))
+            result = EvalResult.of(scores, data.eval_set, cfg)
+            publish(result, step, cfg, dist, logger)
+            write_run_report(logger, f"final validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg,
+                             result.metrics, "eval", scores, data.eval_set)
+            metrics = result.metrics
+        else:
+            log_images(logger, scores.images(data.eval_set), step)
+            write_run_report(logger, f"validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg, metrics,
+                             "val", scores, data.eval_set)
+    state.model.set_rl_noise_state(noise)
+    schedule.val_seconds += dist.from_main(time.perf_counter() - started)
+    schedule.done += not final
+    return metrics
+
+
+def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seconds_so_far: float,
+                   train_seconds: float, dist: Dist) -> list[int]:
+    """The tasks the final validation scores after its first `n_first`: all of `rest`, but under
+    `--eval_tasks -1` none when they would make validation take longer than the training did."""
+    if rest and e.eval_tasks == -1 and not fits_in_training(seconds_so_far, n_first, len(rest), train_seconds):
+        announce(dist, f"final validation: these {n_first} tasks only; all {n_every} would take about "
+                       f"{duration(seconds_so_far / n_first * n_every)}, longer than the "
+                       f"{duration(train_seconds)} of training (--eval_tasks 0 scores them all)")
+        return []
+    if rest:
+        announce(dist, f"final validation: {len(rest)} more tasks")
+    return rest
+
+
+def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunLogger | None) -> None:
+    """The final scores: eval/* scalars and task images at `step`, and the submission file."""
+    if logger is not None:
+        logger.write(step, result.metrics)
+        log_images(logger, result.images, step)
+    if cfg.eval.submission and dist.is_main:
+        path = Path(cfg.eval.submission)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(result.submission))
+
+
+def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], step: int) -> None:
+    """Labelled task images at `step`, one tag per task: the same tasks at every validation, so
+    TensorBoard's step slider shows one task over the run."""
+    if logger is not None:
+        for task_id, image in images:
+            logger.writer.add_image(f"tasks/{task_id}", image, step, dataformats="HWC")
+
+
+def write_run_report(logger: RunLogger | None, what: str, weights: str, step: int, cfg: Config,
+                     metrics: dict[str, float], prefix: str, scores: TaskScores, dataset: EpisodeDataset) -> None:
+    """report.html and report.json in the run folder (main process: the one with a logger), after
+    a validation's scoring; the time it takes is printed (it is not part of the validation's)."""
+    if logger is None:
+        return
+    started = time.perf_counter()
+    cards = scores.cards(dataset)
+    data = cfg.data.data + (f", evaluation: {cfg.data.eval_data}" if cfg.data.eval_data else "")
+    head = report_header(run=logger.run_dir.name, what=what, weights=weights, step=step, data=data,
+                         settings=describe(cfg), metrics=metrics, prefix=prefix)
+    page = write_report(logger.run_dir, head, cards)
+    tqdm.write(f"report: {page} ({len(cards)} tasks, {page.stat().st_size / 2**20:.1f} MiB, "
+               f"{time.perf_counter() - started:.2f} s)", file=sys.stderr)
+
+
+def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest) -> dict:
+    """Validate the weights of `--resume` (or fresh ones) on `--eval_tasks` (-1: all) into a new run
+    folder; nothing trains and the resumed run's folder is only read. -> the summary."""
+    checkpoint = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+    run_dir = plan_run_dir(cfg.run, checkpoint)
+    data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
+    weights = checkpoint or "fresh weights"
+    logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {weights}")
+    started = time.time()
+    tasks = first_tasks(data.eval_set, cfg.eval.eval_tasks)  # -1 and 0: all
+    announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
+    try:
+        model, prompts = evaluation_view(state, cfg, device)
+        scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
+                             desc="evaluate")
+        result = EvalResult.of(scores, data.eval_set, cfg)
+        publish(result, state.counters.optimizer_steps, cfg, dist, logger)
+        write_run_report(logger, "evaluation", str(weights), state.counters.optimizer_steps, cfg, result.metrics,
+                         "eval", scores, data.eval_set)
+        return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
+                          {"evaluated": str(weights), **result.metrics}, dist)
+    except Interrupted as err:
+        raise TrainingStopped.by_signal(err.signum, f"during the evaluation of {weights}; nothing written as "
+                                                    f"finished, run the same command to evaluate again") from None
+    finally:
+        if logger is not None:
+            logger.close()
