@@ -16,6 +16,15 @@ Hard cells (predicted wrong, or output differs from input) weigh `hard_weight`, 
 where mask_ratio is the share of valid cells still predicted wrong (no gradient). Everything is per
 sample, so a batch split into micro-batches gives the same gradient as the whole batch. Every
 coefficient is a flag of the same name (engine.config.LossCfg).
+
+Each sample weighs the same, whatever its grid's size: its cells are averaged (`/ n_valid`), and the
+training step averages samples. ARC scores an episode by its whole grid, exact or not, so each
+episode gets one vote, as TRM and HRM normalise their loss per sequence; a mean over every cell of
+the batch would let one 30x30 grid (900 cells) outweigh a hundred 3x3 ones, and the many small
+tasks, the ones a rule is easiest to read from, would barely move the weights. The price: a cell of
+a small grid moves the weights more than a cell of a large one (tests/test_loss_function.py pins
+this). The per-sample loss is large early in a run (18.6 at the default recipe's third step,
+tests/test_recipe.py) for another reason: an agent confidently wrong on nearly every cell.
 """
 
 from __future__ import annotations

@@ -82,6 +82,29 @@ def per_cell_loss(logits, target, cfg):
     return out
 
 
+def test_a_sample_weighs_the_same_whatever_its_grid_size():
+    """loss_function.py: the per-sample loss is a mean over the sample's valid cells, so a grid and
+    the same grid tiled 10x10 (100 times the cells, each predicted alike) have the same loss, and in
+    a batch of both each sample's gradient has the same weight; a sum over cells would give the
+    large one 100 times the small one's loss."""
+    torch.manual_seed(0)
+    small_logits, small_target = torch.randn(3, 3, C), torch.randint(0, 10, (3, 3))
+    small_input = torch.randint(0, 10, (3, 3))
+    tile = (10, 10, 1)
+    logits = torch.full((2, 30, 30, C), -5.0)
+    logits[..., PAD] = 5.0  # outside a grid: PAD, right and excluded
+    target = torch.full((2, 30, 30), PAD)
+    inp = torch.full((2, 30, 30), PAD)
+    logits[0, :3, :3], target[0, :3, :3], inp[0, :3, :3] = small_logits, small_target, small_input
+    logits[1], target[1], inp[1] = small_logits.repeat(*tile), small_target.repeat(10, 10), small_input.repeat(10, 10)
+    logits.requires_grad_(True)
+    out = efe_loss(logits, target, inp, torch.zeros(2, 4), torch.zeros(2, 4), cfg=LossCfg())
+    assert out.per_sample[0].item() == pytest.approx(out.per_sample[1].item(), rel=1e-5)
+    out.per_sample.sum().backward()
+    small_grad, large_grad = logits.grad[0, :3, :3].abs().sum(), logits.grad[1].abs().sum()
+    assert large_grad.item() == pytest.approx(small_grad.item(), rel=1e-4)  # the same total weight
+
+
 def test_float_target_is_a_clear_error():
     logits, target, inp, refined, prompt = one_cell_case()
     with pytest.raises(TypeError, match="torch.long"):
