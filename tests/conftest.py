@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# `make test` runs the suite on two pytest-xdist workers, one per core: each worker, and what it
+# starts, computes on one thread (two torch thread pools of two on two cores fight for them).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# Tests that launch several processes (torchrun, accelerate launch) rendezvous on the default port
+# 29500: they share one xdist group, so no two of them ever run at once.
+LAUNCHERS = pytest.mark.xdist_group("launchers")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -48,10 +58,13 @@ def arc_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def small_cfg(arc_folder, tmp_path):
-    """A Config factory for fast CPU runs on the small folder; flags by name override."""
+    """A Config factory for fast CPU runs on the small folder; flags by name override. Validation
+    adapts each task for 4 steps, not the default 60: at this size the default's test-time training
+    is most of a run's time (2.5 of 3.5 s; 17 of 17.5 s under emulated fp16), and the tests of
+    adaptation set their own steps (tests/test_recipe.py runs the defaults)."""
     def make(**overrides) -> Config:
         base = dict(data=str(arc_folder), batch_size=4, eval_batch_size=8, agent_channels=16, prompt_dim=32,
-                    run_dir=str(tmp_path / "run"), log_every=1, max_batches=3)
+                    run_dir=str(tmp_path / "run"), log_every=1, max_batches=3, ttt_steps=4)
         base.update(overrides)
         return Config.from_flags(**base)
     return make

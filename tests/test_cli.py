@@ -15,36 +15,54 @@ from engine.errors import ConfigError
 from tests.conftest import ROOT
 
 
-def run_cli(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, str(ROOT / "fixed.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    """`python fixed.py --help`, run once as a user runs it (the entry point itself)."""
+    out = subprocess.run([sys.executable, str(ROOT / "fixed.py"), "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1000:]
+    return out.stdout
 
 
-def test_help_documents_every_flag():
-    out = run_cli("--help")
-    assert out.returncode == 0
+@pytest.fixture
+def run_cli(capsys):
+    """fixed.py's main() with these arguments, in this process (the entry point only calls it):
+    -> (exit code, stdout, stderr)."""
+    import training
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        try:
+            code = training.main(list(args))
+        except SystemExit as stop:  # argparse's exits: --help, a bad flag
+            code = stop.code
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
+    return run
+
+
+def test_help_documents_every_flag(help_text):
     for name in SECTION_OF:
-        assert f"--{name}" in out.stdout
+        assert f"--{name}" in help_text
     for required in ("--epochs", "--max_batches", "--qwen_model", "--prompt_refresh", "--reward_scale"):
-        assert required in out.stdout
+        assert required in help_text
 
 
 @pytest.mark.parametrize("args", [["--no_such_flag"], ["--amp", "fp8"], ["--epochs", "two"],
                                   ["--device", "tpu"]])
-def test_bad_flag_is_one_line_exit_2(args):
+def test_bad_flag_is_one_line_exit_2(args, run_cli):
     out = run_cli(*args)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "error" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_trainable_fp16_qwen_refused_before_anything_runs(tmp_path):
+def test_trainable_fp16_qwen_refused_before_anything_runs(tmp_path, run_cli):
     out = run_cli("--qwen_train", "full", "--qwen_dtype", "float16", "--run_dir", str(tmp_path / "run"))
     assert out.returncode == 2
     assert "must be float32" in out.stderr and out.stderr.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 
-def test_bad_data_stops_before_a_run_folder_exists(tmp_path):
+def test_bad_data_stops_before_a_run_folder_exists(tmp_path, run_cli):
     for sub in ("training", "evaluation"):
         (tmp_path / "data" / sub).mkdir(parents=True)
         (tmp_path / "data" / sub / "t.json").write_text(json.dumps({"train": [], "test": []}))
@@ -54,7 +72,7 @@ def test_bad_data_stops_before_a_run_folder_exists(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_values_out_of_range_are_refused():
+def test_values_out_of_range_are_refused(run_cli):
     out = run_cli("--grad_accum", "0")
     assert out.returncode == 2 and "--grad_accum must be at least 1" in out.stderr
 
@@ -65,7 +83,7 @@ def test_stop_views_must_be_among_the_views_adaptation_trains_on():
     assert Config.from_flags(ttt_stop_views=16, ttt_views=32).eval.ttt_stop_views == 16
 
 
-def test_compile_without_a_full_canvas_is_refused():
+def test_compile_without_a_full_canvas_is_refused(run_cli):
     out = run_cli("--compile")
     assert out.returncode == 2 and "--compile needs --canvas full" in out.stderr
 
@@ -86,16 +104,14 @@ def test_configs_are_keyword_only_and_flag_names_are_field_names():
         "the flags name no agent: the registry does"
 
 
-def test_input_views_help_names_every_view():
+def test_input_views_help_names_every_view(help_text):
     from agents.views import NUM_VIEWS
-    out = run_cli("--help")
-    assert f"{NUM_VIEWS} views" in " ".join(out.stdout.split())
+    assert f"{NUM_VIEWS} views" in " ".join(help_text.split())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_device_cuda_without_cuda_is_refused():
-    out = subprocess.run([sys.executable, "fixed.py", "--device", "cuda"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+def test_device_cuda_without_cuda_is_refused(run_cli):
+    out = run_cli("--device", "cuda")
     assert out.returncode == 2 and "--device cuda: no CUDA device is visible" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 

@@ -15,9 +15,11 @@ import torch
 
 import training
 from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
-from tests.conftest import ROOT
+from tests.conftest import LAUNCHERS, ROOT
 from tests.test_end_to_end import scalars
 from tests.test_multiprocess import BIN, TORCHRUN, args, weights
+
+pytestmark = LAUNCHERS  # torchrun and accelerate launch: one at a time (tests/conftest.py)
 
 ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-fsdp.yaml"),
                    "--num_processes", "2", "--dynamo_backend", "no"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import LAUNCHERS, ROOT
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,7 @@ def caught(mutant: Mutant, root) -> str:
 
 
 @pytest.mark.slow
+@LAUNCHERS  # some of the mutants' tests launch two processes
 def test_every_invariants_test_catches_its_bug(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         survivors = [s for s in pool.map(lambda m: caught(m, tmp_path), MUTANTS) if s]

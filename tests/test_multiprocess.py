@@ -10,8 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from tests.conftest import ROOT
+from tests.conftest import LAUNCHERS, ROOT
 from tests.test_end_to_end import scalars
+
+pytestmark = LAUNCHERS  # torchrun and accelerate launch: one at a time (tests/conftest.py)
 
 BIN = "/".join(sys.executable.split("/")[:-1])
 

@@ -22,7 +22,7 @@ from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import StopRequest
-from tests.conftest import ROOT
+from tests.conftest import LAUNCHERS, ROOT
 from tests.test_end_to_end import scalars
 from training.validation import ValidationSchedule, fits_in_training
 
@@ -290,6 +290,7 @@ def rank_of(pid: int) -> int:
 
 
 @pytest.mark.slow
+@LAUNCHERS
 def test_processes_stop_together_when_one_of_them_is_signalled(arc_folder, tmp_path, spawn):
     """Rank 1 alone gets SIGTERM; rank 0 learns it where the processes agree, after its task group (a
     task of 400 TTT steps here, a few seconds), and both stop there."""
