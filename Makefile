@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,10 @@ gpu-check:
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput
+
+# what a step costs on ARC-AGI-1 against RE-ARC: make bench-data-cost RE_ARC=path/to/re_arc.zip
+bench-data-cost: $(STAMP)
+	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
 
 bench-cache: $(STAMP)
 	$(PY) -m bench.prompt_cache

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import training
 from data.synthetic import FAMILIES
 from engine.checkpoint import find_checkpoint
 from engine.config import SECTION_OF, Config
+from engine.run_logger import read_scalars
 from evaluation.evaluate import evaluate
 
 CPU = torch.device("cpu")
@@ -145,9 +145,7 @@ def section_rl(runs) -> None:
     print("\n## RL head on the mixed runs: reward (mean over each fifth of training), validation with/without the "
           "sampled delta")
     for agent, cfg, run_dir in runs:
-        acc = EventAccumulator(str(run_dir))
-        acc.Reload()
-        rewards = [e.value for e in acc.Scalars("rl/reward")]
+        rewards = [value for _, value in read_scalars(run_dir)["rl/reward"]]
         fifth = max(1, math.ceil(len(rewards) / 5))
         curve = [sum(rewards[i:i + fifth]) / len(rewards[i:i + fifth]) for i in range(0, len(rewards), fifth)]
         sampled = evaluate_variant(cfg.replace(eval_refinement="sampled"), run_dir)

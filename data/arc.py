@@ -36,6 +36,12 @@ class ArcTask:
     task_id: str
     train: tuple[ArcPair, ...]
     test: tuple[ArcPair, ...]
+    family: str = ""  # the task it was drawn from (a RE-ARC demo set, data/re_arc.py); "" if its own
+
+    @property
+    def family_id(self) -> str:
+        """The task id that overlap with the evaluation tasks is checked on."""
+        return self.family or self.task_id
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class ArcSplits:
     name: str
     training: tuple[ArcTask, ...]
     evaluation: tuple[ArcTask, ...]
+    notes: tuple[str, ...] = ()  # start-up lines about what loading left out
 
 
 def _grid(value: object, where: str) -> Grid:

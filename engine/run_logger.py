@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
 
@@ -46,3 +47,10 @@ class RunLogger:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar a run folder's TensorBoard events hold: {tag: [(step, value), ...]}."""
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

@@ -81,3 +81,39 @@ def state_and_batches():
         batches = [b for _, b in zip(range(n), data.loader, strict=False)]
         return state, batches
     return make
+
+
+def write_re_arc(root: Path, task_ids: list[str], examples: int = 12, seed: int = 0) -> tuple[Path, Path]:
+    """RE-ARC's layout, built here (the tests read no downloaded data): `re_arc/tasks/<id>.json`, each
+    a JSON list of {"input", "output"} examples of one synthetic rule, and `re_arc/metadata.json`;
+    the first task also holds one example with a 31-row input (the published data has a few).
+    -> (the unpacked folder, the same as re_arc.zip)."""
+    import zipfile
+
+    import numpy as np
+
+    from data.synthetic import FAMILIES, make_task
+
+    rng = np.random.default_rng(seed)
+    folder = root / "re_arc"
+    (folder / "tasks").mkdir(parents=True)
+    families = sorted(FAMILIES)
+    for i, task_id in enumerate(task_ids):
+        task = make_task(families[i % len(families)], rng, task_id, n_demos=examples, n_test=0)
+        pairs = [{"input": p.input.tolist(), "output": p.output.tolist()} for p in task.train]
+        if i == 0:
+            pairs.append({"input": [[1]] * 31, "output": [[1]]})
+        (folder / "tasks" / f"{task_id}.json").write_text(json.dumps(pairs))
+    (folder / "metadata.json").write_text(json.dumps({t: {"n_examples": examples} for t in task_ids}))
+    archive = root / "re_arc.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in sorted(folder.rglob("*.json")):
+            z.write(f, f.relative_to(root))
+    return folder, archive
+
+
+@pytest.fixture(scope="session")
+def re_arc(arc_folder, tmp_path_factory) -> tuple[Path, Path]:
+    """A small RE-ARC (folder, zip) whose tasks are the small folder's training tasks."""
+    ids = sorted(f.stem for f in (arc_folder / "training").glob("*.json"))
+    return write_re_arc(tmp_path_factory.mktemp("re-arc"), ids)

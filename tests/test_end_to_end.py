@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import training
+from engine.run_logger import read_scalars
 from tests.conftest import ROOT
 
 REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "grad/norm", "grad/qwen_norm",
@@ -19,10 +20,7 @@ REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "
                  "cache/qwen_tokens_encoded"}
 
 
-def scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-    acc = EventAccumulator(str(run_dir))
-    acc.Reload()
-    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+scalars = read_scalars  # {tag: [(step, value), ...]} of a run folder
 
 
 @pytest.mark.slow

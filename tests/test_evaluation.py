@@ -135,9 +135,10 @@ def holds_sentinel(episodes) -> bool:
                for g in [ep.query.output, *(p.output for p in ep.context)])
 
 
-def test_no_adaptation_or_training_episode_holds_an_evaluation_test_output(small_cfg, tmp_path):
+def test_no_adaptation_or_training_episode_holds_an_evaluation_test_output(small_cfg, tmp_path, re_arc):
     """Directly: what adaptation trains on (DemoEpisodes) and what transductive training draws
-    (build_data with --train_on_eval_demos) never hold an evaluation task's test output."""
+    (build_data with --train_on_eval_demos, from a folder alone and with RE-ARC beside it) never
+    hold an evaluation task's test output."""
     cfg, _, eval_set = eval_setup(small_cfg, tmp_path)
     tasks = sentinel_tasks(list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values()))
     assert holds_sentinel(evaluation_episodes(tasks)), "the check must see a test output where there is one"
@@ -150,10 +151,12 @@ def test_no_adaptation_or_training_episode_holds_an_evaluation_test_output(small
             pairs = {k: [{"input": p.input.tolist(), "output": p.output.tolist()} for p in getattr(t, k)]
                      for k in ("train", "test")}
             (folder / sub / f"{t.task_id}.json").write_text(json.dumps(pairs))
-    data = training.build_data(cfg.replace(data=str(folder), train_on_eval_demos=True), CPU)
-    drawn = data.loader.dataset.episodes
-    assert {e.task.task_id for e in drawn} >= {t.task_id for t in tasks}, "the evaluation demos joined"
-    assert not holds_sentinel(drawn)
+    for source in (str(folder), f"{folder},re-arc:{re_arc[1]}"):
+        data = training.build_data(cfg.replace(data=source, train_on_eval_demos=True), CPU)
+        drawn = data.loader.dataset.episodes
+        assert {e.task.task_id for e in drawn} >= {t.task_id for t in tasks}, "the evaluation demos joined"
+        assert ("re-arc" in source) == any(e.task.family for e in drawn)
+        assert not holds_sentinel(drawn)
 
 
 def official_score(submission: dict, solutions: dict) -> float:

@@ -20,7 +20,7 @@ from data.episodes import (
     evaluation_episodes,
     training_episodes,
 )
-from data.sources import SyntheticOptions, load_splits
+from data.sources import ReArcOptions, SyntheticOptions, load_splits
 from engine.config import Config
 from engine.distributed import Dist, data_parallel, is_sharded
 from engine.fsdp import shard_model, unsharded_copy
@@ -49,7 +49,8 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     d = cfg.data
     synthetic = SyntheticOptions(seed=cfg.run.seed, rules=d.synthetic_families(True),
                                  eval_rules=d.synthetic_families(False), size=d.synthetic_sizes())
-    splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic, drop_overlap=d.drop_overlap)
+    re_arc = ReArcOptions(seed=cfg.run.seed, sets=d.re_arc_sets, demos=d.re_arc_demos)
+    splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic, drop_overlap=d.drop_overlap, re_arc=re_arc)
     tasks = splits.training
     if d.train_on_eval_demos:  # transductive: the evaluation tasks' demos only, never their test pairs
         tasks = tasks + tuple(ArcTask(t.task_id, t.train, ()) for t in splits.evaluation)

@@ -59,6 +59,8 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
     print(f"run {run_dir} ({what}) | device={device} amp={cfg.optim.amp} world_size={dist.world_size}{sharded} | "
           f"data {data.splits.name}: {len(data.splits.training)} training, {len(data.splits.evaluation)} evaluation "
           f"tasks | {state.model.description()} [qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
+    for note in data.splits.notes:
+        print(note, file=sys.stderr)
     if validation:
         print(validation, file=sys.stderr)
     slow = slow_precision(cfg.optim.amp, device)
