@@ -43,11 +43,15 @@ class Dist:
         return self.world_size > 1
 
     def sum_int(self, value: int) -> int:
+        return self.sum_ints(value)[0]
+
+    def sum_ints(self, *values: int) -> tuple[int, ...]:
+        """Each value summed over the processes, in one collective."""
         if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.int64)
+            return values
+        t = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(t)
-        return int(t.item())
+        return tuple(t.tolist())
 
     def max_int(self, value: int) -> int:
         if not self.active:

@@ -26,9 +26,6 @@ from engine.errors import ConfigError
 from engine.loop import TrainingStopped, summary_line
 from training.epochs import train
 
-# choices that come from a registry rather than from the flag's own definition
-REGISTRY_CHOICES = {"agent": lambda: tuple(AGENTS)}
-
 
 class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
@@ -36,7 +33,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _choices(name: str, f: dataclasses.Field) -> tuple | None:
-    return REGISTRY_CHOICES[name]() if name in REGISTRY_CHOICES else f.metadata.get("choices")
+    """A flag's choices: its own, or for --agent the registry's names as they are now."""
+    return tuple(AGENTS) if name == "agent" else f.metadata.get("choices")
 
 
 def build_parser(prog: str, description: str) -> OneLineParser:

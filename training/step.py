@@ -26,7 +26,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     if result is not None:
         stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
     # The RL head learns after the main step, from detached tensors, with its own optimizer.
-    if dist.sum_int(bool(infos)) == dist.world_size:
+    if infos:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
         with record_function("step/rl"):
             stats.update(model.rl_update(info, torch.cat(rewards), state.rl_optimizer, dist, state.rl_head))
@@ -52,7 +52,8 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
     dropped micro-batch does not shrink the step of the others. The gradients are reduced in the
     window's last backward (the others run without gradient sync).
     -> (loss stats averaged over the micro-batches that went backward, with the count of non-finite
-    losses; their RL head inputs and actions; their rewards [B] each)."""
+    losses; their RL head inputs and actions and their rewards [B] each, both empty unless every
+    process has some)."""
     model, amp = state.model, state.amp
     trained = state.trained if state.trained is not None else model
     ddp, sharded = under_ddp(trained), is_sharded(trained)
@@ -85,9 +86,13 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
         learned.append(loss.stats)
         infos.append(pred.rl)
         rewards.append(loss.reward)
-    kept = n_samples - dist.sum_int(dropped)
+    # one collective for both: the samples dropped everywhere, and whether every process learned
+    all_dropped, learning = dist.sum_ints(dropped, int(bool(learned)))
+    kept = n_samples - all_dropped
     if 0 < kept < n_samples:
         _rescale_gradients(state.optimizer, n_samples / kept)
+    if learning < dist.world_size:  # the RL head's update is a collective: every process or none
+        infos, rewards = [], []
     stats = {k: sum(s[k] for s in learned) / len(learned) for k in learned[0]} if learned else {}
     return {"amp/nonfinite_losses": float(len(window) - len(learned)), **stats}, infos, rewards
 
