@@ -23,22 +23,23 @@ class CellPosition(nn.Module):
     """Position of every cell, absolute (row, column) and relative to the input grid's far edges
     (h - 1 - row, w - 1 - column; one shared "outside" index beyond the grid). The relative part
     makes flips, rotations and transposes a matter of matching two embeddings, whatever the size.
-    canvas [B, S, S] int64 (S <= 30) -> [B, S, S, C]."""
+    canvas [B, S, S] int64 (S <= `side`, the largest canvas taken) -> [B, S, S, C]."""
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, side: int = MAX_SIDE):
         super().__init__()
-        self.row, self.col = nn.Embedding(MAX_SIDE, channels), nn.Embedding(MAX_SIDE, channels)
-        self.row_from_end = nn.Embedding(MAX_SIDE + 1, channels)
-        self.col_from_end = nn.Embedding(MAX_SIDE + 1, channels)
+        self.side = side
+        self.row, self.col = nn.Embedding(side, channels), nn.Embedding(side, channels)
+        self.row_from_end = nn.Embedding(side + 1, channels)
+        self.col_from_end = nn.Embedding(side + 1, channels)
         for e in (self.row, self.col, self.row_from_end, self.col_from_end):
             nn.init.normal_(e.weight, std=0.02)
 
     def forward(self, canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """canvas [B, S, S] int64, its grid extent h, w [B] int64 -> [B, S, S, C]."""
+        """canvas [B, S, S] int64, its grid's far edges h, w [B] int64 (data.canvas.grid_extent) -> [B, S, S, C]."""
         idx = torch.arange(canvas.shape[1], device=canvas.device)
         from_bottom = h[:, None] - 1 - idx[None, :]  # [B, S]
         from_right = w[:, None] - 1 - idx[None, :]
-        outside = torch.full_like(from_bottom, MAX_SIDE)
+        outside = torch.full_like(from_bottom, self.side)
         from_bottom = torch.where(from_bottom >= 0, from_bottom, outside)
         from_right = torch.where(from_right >= 0, from_right, outside)
         return (self.row(idx)[None, :, None] + self.col(idx)[None, None, :]
@@ -46,14 +47,14 @@ class CellPosition(nn.Module):
 
 
 class CellEmbedding(nn.Module):
-    """input_canvas [B, S, S] int64, prompt [B, P] (and a per-task adapter's slice) -> (cell states
+    """input_canvas [B, S, S] int64 (S <= `side`), prompt [B, P] (and a per-task adapter's slice) -> (cell states
     [B, S, S, C], viewed classes [B, S, S, 12] float32: the prompt-gated views' classes, or the input's
     own one-hot without views)."""
 
-    def __init__(self, *, prompt_dim: int, channels: int, views: bool = True):
+    def __init__(self, *, prompt_dim: int, channels: int, views: bool = True, side: int = MAX_SIDE):
         super().__init__()
         self.embed = nn.Embedding(NUM_CLASSES, channels)
-        self.position = CellPosition(channels)
+        self.position = CellPosition(channels, side)
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.views = PromptedViews(prompt_dim) if views else None
         self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None

@@ -33,8 +33,9 @@ class Agent(Protocol):
 
     def __call__(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                  adapter: AdapterSlice | None = None) -> torch.Tensor:
-        """input_canvas [B, S, S] int64 (S <= 30, data/canvas.py), prompt [B, P] float, an adapter's
-        rows for each sample or None -> logits [B, S, S, 12] (10 colours, PAD, end-of-grid)."""
+        """input_canvas [B, S, S] int64 (S <= `--canvas_side`, 30 by default; data/canvas.py), prompt
+        [B, P] float, an adapter's rows for each sample or None -> logits [B, S, S, 12] (10 colours,
+        PAD, end-of-grid)."""
 
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer (`--ttt_params late`)."""

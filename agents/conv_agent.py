@@ -13,6 +13,7 @@ from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
+from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
@@ -41,13 +42,14 @@ class FiLMBlock(nn.Module):
 
 class FiLMConvAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
-    [B, S, S, 12], any S <= 30."""
+    [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64,
-                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True):
+                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True,
+                 canvas_side: int = MAX_SIDE):
         super().__init__()
         self.num_blocks, self.channels, self.num_views = len(dilations), channels, NUM_VIEWS if views else 0
-        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
         self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
@@ -57,7 +59,8 @@ class FiLMConvAgent(nn.Module):
         if cfg.agent_channels % GROUPS:
             raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by {GROUPS} (its GroupNorm "
                               f"groups), got {cfg.agent_channels}")
-        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views)
+        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views,
+                   canvas_side=cfg.canvas_side)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> torch.Tensor:

@@ -15,6 +15,7 @@ from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
+from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
@@ -23,14 +24,14 @@ HEADS = 4  # attention heads of each layer: the channels must divide into them
 
 class TransformerAgent(nn.Module):
     """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
-    [B, S, S, 12], any S <= 30."""
+    [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = HEADS, prefix: int = 4,
-                 cycles: int = 1, views: bool = True):
+                 cycles: int = 1, views: bool = True, canvas_side: int = MAX_SIDE):
         super().__init__()
         self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
         self.num_views = NUM_VIEWS if views else 0
-        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         block = nn.TransformerEncoderLayer(channels, heads, 4 * channels, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
@@ -44,7 +45,7 @@ class TransformerAgent(nn.Module):
             raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by its {HEADS} attention heads, "
                               f"got {cfg.agent_channels}")
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
-                   cycles=cfg.agent_cycles, views=cfg.input_views)
+                   cycles=cfg.agent_cycles, views=cfg.input_views, canvas_side=cfg.canvas_side)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
                 adapter: AdapterSlice | None = None) -> torch.Tensor:

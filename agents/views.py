@@ -98,7 +98,10 @@ def enclosed_background(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) 
     rows, cols = idx[None, :, None], idx[None, None, :]
     H, W = h[:, None, None], w[:, None, None]
     background = (canvas == 0) & (rows < H) & (cols < W)
-    edge = (rows == 0) | (cols == 0) | (rows == H - 1) | (cols == W - 1)
+    # the grid's edge: beside a cell outside it (PAD or a marker) or on the canvas border, so a grid
+    # placed away from the top-left (data/canvas.Placement) has the same edge as at the top-left
+    off_grid = nn.functional.pad((canvas >= NUM_COLOURS) | (rows >= H) | (cols >= W), (1, 1, 1, 1), value=True)
+    edge = off_grid[:, :-2, 1:-1] | off_grid[:, 2:, 1:-1] | off_grid[:, 1:-1, :-2] | off_grid[:, 1:-1, 2:]
     outside = background & edge
     while True:  # grow `outside` through background cells, one step in each direction a round
         before = outside

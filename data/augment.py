@@ -1,16 +1,19 @@
-"""Reversible task augmentation: 8 dihedral transforms x colour permutations x demo order.
+"""Reversible task augmentation: 8 dihedral transforms x colour permutations x demo order, and
+where the grids sit on the canvas (data/canvas.Placement).
 
 One `Augmentation` is applied consistently to every grid of a task, and `invert_grid` maps a
-prediction made on the augmented task back to the original frame before it is scored.
+prediction made on the augmented task (read off its canvas with the placement) back to the original
+frame before it is scored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from data.arc import NUM_COLOURS, ArcPair, ArcTask, Grid
+from data.canvas import Placement
 
 IDENTITY_PERM = tuple(range(NUM_COLOURS))
 VIEW_ID_BASE = 1_000_003  # ids of the fixed evaluation views after the identity
@@ -37,12 +40,14 @@ def dihedral_inverse(grid: Grid, k: int) -> Grid:
 @dataclass(frozen=True)
 class Augmentation:
     """`dihedral` in 0..7; `colours[c]` is the new colour of colour c; demo `demo_order[j]` is the
-    original demo shown at position j. `aug_id` names it (see `from_id`)."""
+    original demo shown at position j; `placement` is where its grids sit on the canvas (a grid
+    transform of its own: the view's grids keep their cells). `aug_id` names it (see `from_id`)."""
 
     dihedral: int = 0
     colours: tuple[int, ...] = IDENTITY_PERM
     demo_order: tuple[int, ...] | None = None
     aug_id: int = 0
+    placement: Placement = Placement()
 
     @classmethod
     def from_id(cls, aug_id: int, n_demos: int, permute_background: bool = False) -> Augmentation:
@@ -63,7 +68,11 @@ class Augmentation:
     @property
     def is_identity(self) -> bool:
         order_id = self.demo_order is None or self.demo_order == tuple(range(len(self.demo_order)))
-        return self.dihedral == 0 and self.colours == IDENTITY_PERM and order_id
+        return self.dihedral == 0 and self.colours == IDENTITY_PERM and order_id and self.placement.is_identity
+
+    def placed(self, placement: Placement) -> Augmentation:
+        """This augmentation with its grids placed so on the canvas."""
+        return replace(self, placement=placement)
 
     def grid(self, grid: Grid) -> Grid:
         return np.asarray(self.colours, dtype=np.int64)[dihedral(grid, self.dihedral)]

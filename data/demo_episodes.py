@@ -23,7 +23,7 @@ class DemoEpisodes:
         flat = [ep for eps in self.episodes for ep in eps]
         # demo outputs are known; the task embedding rows are the evaluation set's
         self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows,
-                                      context_demos=eval_set.context_demos)
+                                      context_demos=eval_set.context_demos, placing=eval_set.placing)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
         self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import encode, expected_side, fit_side
+from data.canvas import Placing, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.features import difficulty, numeric_features, relation_features
 from data.text import demo_text
@@ -74,11 +74,11 @@ def episode_difficulty(ep: Episode) -> float:
 CANVAS_MODES = ("fit", "full")
 
 
-def episode_side(ep: Episode, fit_target: bool) -> int:
-    """Canvas side of an episode (see data/canvas.py): predicted from the context and the query
-    input; with `fit_target` (training episodes, whose target is the loss) widened to hold the target."""
-    side = expected_side(ep.context, ep.query.input)
-    return max(side, fit_side(ep.query.output.shape)) if fit_target else side
+def episode_extent(ep: Episode, fit_target: bool) -> int:
+    """The largest grid side of an episode (see data/canvas.py): predicted from the context and the
+    query input; with `fit_target` (training episodes, whose target is the loss) widened to the target's."""
+    extent = expected_extent(ep.context, ep.query.input)
+    return max(extent, *ep.query.output.shape) if fit_target else extent
 
 
 class EpisodeDataset(Dataset):
@@ -86,21 +86,24 @@ class EpisodeDataset(Dataset):
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
                  scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True,
-                 task_rows: dict[str, int] | None = None, context_demos: int = 0):
+                 task_rows: dict[str, int] | None = None, context_demos: int = 0, placing: Placing = Placing()):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "full" keeps 30x30.
         `fit_target`: False for evaluation episodes, whose side must not depend on their output.
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
         `context_demos`: each sample also carries up to this many of its (augmented) context demos
-        as grids, for a model's latent step (prompt/latent_step.py); they fit the episode's side."""
+        as grids, for a model's latent step (prompt/latent_step.py); they fit the episode's side.
+        `placing`: where views other than the identity place the grids (data/canvas.Placing; the
+        default: at the top-left of a 30x30 canvas)."""
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
         self.permute_background, self.context_demos = permute_background, context_demos
-        self.task_rows = task_rows or {}
+        self.task_rows, self.placing = task_rows or {}, placing
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
-        self.sides = np.array([episode_side(e, fit_target) if canvas == "fit" else MAX_SIDE for e in episodes],
-                              dtype=np.int64)
+        self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
+        # the unplaced side of each episode (what batches are bucketed by)
+        self.sides = np.array([fit_side((x,)) if canvas == "fit" else MAX_SIDE for x in self.extents], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -108,18 +111,23 @@ class EpisodeDataset(Dataset):
     def __getitem__(self, item: tuple[int, int]) -> dict:
         index, aug_id = item
         ep = self.episodes[index]
-        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background)
+        extent = int(self.extents[index])
+        placement = self.placing.draw(aug_id, extent)
+        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background).placed(placement)
         context = aug.pairs(ep.context)
         query_in, query_out = aug.grid(ep.query.input), aug.grid(ep.query.output)
+        side = int(self.sides[index])
+        if not placement.is_identity:
+            side = min(self.placing.side, placement.side_for(extent)) if self.canvas == "fit" else self.placing.side
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
         sample = {
-            "input": torch.from_numpy(encode(query_in)),
-            "target": torch.from_numpy(encode(query_out)),
+            "input": torch.from_numpy(self.encode(query_in, placement)),
+            "target": torch.from_numpy(self.encode(query_out, placement)),
             "numeric": torch.from_numpy(numeric_features(context, query_in)),
             "relation": torch.from_numpy(relation_features(context)),
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
-            "side": int(self.sides[index]),
+            "side": side,
             "demo_texts": tuple(demo_text(p) for p in context),
             "task_id": ep.task.task_id,
             "task_row": self.task_rows.get(ep.task.task_id, -1),
@@ -129,23 +137,32 @@ class EpisodeDataset(Dataset):
         }
         if self.context_demos:
             demos = context[:self.context_demos]
-            sample["context_input"] = _canvases([p.input for p in demos])
-            sample["context_target"] = _canvases([p.output for p in demos])
+            sample["context_input"] = self.canvases([p.input for p in demos], placement)
+            sample["context_target"] = self.canvases([p.output for p in demos], placement)
         return sample
 
+    def encode(self, grid: np.ndarray, placement) -> np.ndarray:
+        """Grid [h, w] -> canvas [C, C] int64, C = 30 or the placing's side; a grid the placement
+        leaves no room for (an evaluation target beyond its predicted extent) is cut at the canvas
+        edge, as an unplaced one is at S (scoring reads the grids)."""
+        side = self.placing.side if self.placing.places else MAX_SIDE
+        fits = grid[: (side - placement.row) // placement.scale, : (side - placement.col) // placement.scale]
+        return encode(fits, placement, side)
 
-def _canvases(grids: list) -> torch.Tensor:
-    """Grids -> their canvases [n, 30, 30] int64 (n may be 0)."""
-    canvases = np.empty((len(grids), MAX_SIDE, MAX_SIDE), dtype=np.int64)
-    for i, grid in enumerate(grids):
-        canvases[i] = encode(grid)
-    return torch.from_numpy(canvases)
+    def canvases(self, grids: list, placement) -> torch.Tensor:
+        """Grids -> their canvases [n, C, C] int64 (n may be 0)."""
+        side = self.placing.side if self.placing.places else MAX_SIDE
+        canvases = np.empty((len(grids), side, side), dtype=np.int64)
+        for i, grid in enumerate(grids):
+            canvases[i] = self.encode(grid, placement)
+        return torch.from_numpy(canvases)
 
 
 def collate(samples: list[dict]) -> dict:
     """Stack a list of samples into a batch, its canvases cut to the largest side S among them.
 
-    Returns: input, target [B, S, S] int64; numeric [B, 15], relation [B, 129], ctrl [B, 3]
+    Returns: input, target [B, S, S] int64 (S <= the placing's canvas side, 30 by default);
+    numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
     task_id, episode, where, augmentation lists of length B; with context demos (EpisodeDataset's
     `context_demos`), context_input, context_target [N, S, S] int64 and context_owner [N] int64

@@ -74,6 +74,10 @@ class DataCfg:
     permute_background: bool = flag(False, "let augmentation permute colour 0 too")
     canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
                               "from the demos) or full (always 30x30)", CANVAS_MODES)
+    place_scale: int = flag(1, "views other than the identity draw an episode's grids at a random integer scale "
+                               "up to this (each cell an s x s block), where they fit --canvas_side (1: off)")
+    place_shift: int = flag(0, "views other than the identity draw an episode's grids at a random offset of up to "
+                               "this many cells along each axis, where --canvas_side has room (0: off)")
     size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
                                  "size (0: off)")
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
@@ -81,8 +85,8 @@ class DataCfg:
     num_workers: int = flag(0, "DataLoader worker processes")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos"),
-               non_negative=("augment_pool", "size_buckets", "num_workers"))
+        _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos", "place_scale"),
+               non_negative=("augment_pool", "size_buckets", "num_workers", "place_shift"))
         for name in ("easy_warmup", "easy_later"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"--{name} must be a share in [0, 1], got {getattr(self, name)}")
@@ -174,9 +178,13 @@ class AgentCfg:
                                    "directions, and which background cells are enclosed (see agents/views.py)")
     compile: bool = flag(False, "torch.compile the agent, with --canvas full (compiled at its first batches, again "
                                  "once for a second batch size; see make bench-step)")
+    canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
+                                "long): room beyond 30 for the grids --place_scale and --place_shift place")
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
+        if self.canvas_side < 30:
+            raise ConfigError(f"--canvas_side must be at least 30 (an ARC grid's largest side), got {self.canvas_side}")
 
 
 @dataclass(frozen=True, kw_only=True)

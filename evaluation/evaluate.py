@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from data.arc import Grid
 from data.augment import view_ids
-from data.canvas import NUM_COLOURS, decode_prediction
+from data.canvas import decode_logp
 from data.episodes import EpisodeDataset, collate
 from engine.config import Config
 from engine.distributed import Dist
@@ -54,13 +54,9 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
             logits = model(batch, cfg.eval.eval_refinement, adapter).logits[0].float()
-            logp = F.log_softmax(logits, -1)
-            colour_logp, colour = F.log_softmax(logits[..., :NUM_COLOURS], -1).max(-1)
-            # one transfer per batch, then decoding on the CPU
-            full, colour, colour_logp, logp = (t.cpu().numpy() for t in (logits.argmax(-1), colour, colour_logp, logp))
+            logp = F.log_softmax(logits, -1).cpu().numpy()  # one transfer per batch, then decoding on the CPU
             for b, aug in enumerate(batch["augmentation"]):
-                grid = decode_prediction(full[b], colour[b])
-                mean_logp = float(colour_logp[b, :grid.shape[0], :grid.shape[1]].mean())
+                grid, mean_logp = decode_logp(logp[b], aug.placement)
                 out[batch["episode"][b]].add(aug.invert_grid(grid), mean_logp, aug, logp[b])
     return out
 

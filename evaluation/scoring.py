@@ -22,13 +22,14 @@ from engine.config import RANKINGS
 
 def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
     """Log-probability of `grid` (original frame) under one view: the view's log-softmax [S, S, 12]
-    read at the cells of the augmented grid's canvas cut to S (colours and the end-of-grid markers
-    that fit; PAD cells beyond them are not scored). -inf when the grid is larger than the canvas."""
+    read at the cells of the augmented grid's canvas cut to S, placed as the view places it (colours
+    and the end-of-grid markers that fit; PAD cells beyond them are not scored). -inf when the grid
+    does not fit the canvas."""
     shown = aug.grid(grid)
     side = logp.shape[0]
-    if max(shown.shape) > side:
+    if not aug.placement.fits(shown.shape, side):
         return float("-inf")
-    canvas = encode(shown)[:side, :side]
+    canvas = encode(shown, aug.placement, side)
     cells = canvas != PAD
     rows, cols = np.nonzero(cells)
     return float(logp[rows, cols, canvas[cells]].sum())

