@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,12 @@ bench-data: $(STAMP)
 # what a step costs on ARC-AGI-1 against RE-ARC: make bench-data-cost RE_ARC=path/to/re_arc.zip
 bench-data-cost: $(STAMP)
 	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
+
+# recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
+# re-arc + placed): make bench-recipe ROWS=defaults,placed [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60]
+ROWS ?= defaults,placed
+bench-recipe: $(STAMP)
+	$(PY) -m bench.recipe --rows "$(ROWS)" $(if $(RE_ARC),--re_arc $(RE_ARC)) $(if $(CURVE),--curve $(CURVE))
 
 bench-cache: $(STAMP)
 	$(PY) -m bench.prompt_cache

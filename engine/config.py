@@ -65,6 +65,8 @@ class DataCfg:
     re_arc_sets: int = flag(8, "re-arc:<path>: demo sets drawn per task from its generated examples (each a training "
                                "task of --re_arc_demos demos and one query)")
     re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set")
+    hold_out_tests: int = flag(0, "leave the test pairs of the first N training tasks out of training (their demos "
+                                  "still train), so make bench-recipe can score pairs training never saw")
     batch_size: int = flag(8, "episodes per micro-batch")
     train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
                                             "out among them); their test outputs never do")
@@ -86,7 +88,7 @@ class DataCfg:
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos", "place_scale"),
-               non_negative=("augment_pool", "size_buckets", "num_workers", "place_shift"))
+               non_negative=("augment_pool", "size_buckets", "num_workers", "place_shift", "hold_out_tests"))
         for name in ("easy_warmup", "easy_later"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"--{name} must be a share in [0, 1], got {getattr(self, name)}")

@@ -3,7 +3,7 @@ run loaded for evaluation."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ class TrainingData:
     sampler: CurriculumBatches  # yields this process's slice of each global batch
     loader: DataLoader
     eval_set: EpisodeDataset  # the evaluation tasks' test pairs; their outputs are read by the scorer only
+    held_out: tuple[ArcTask, ...] = ()  # training tasks whose test pairs training never saw (--hold_out_tests)
 
     def batches_in_epoch(self, max_batches: int) -> int:
         full = self.sampler.batches_per_epoch
@@ -53,6 +54,9 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     re_arc = ReArcOptions(seed=cfg.run.seed, sets=d.re_arc_sets, demos=d.re_arc_demos)
     splits = load_splits(d.data, d.eval_data, d.allow_overlap, synthetic, drop_overlap=d.drop_overlap, re_arc=re_arc)
     tasks = splits.training
+    held_out = tasks[:d.hold_out_tests]
+    if held_out:  # their demos train; their test pairs are left for scoring what training generalises to
+        tasks = tuple(replace(t, test=()) for t in held_out) + tasks[len(held_out):]
     if d.train_on_eval_demos:  # transductive: the evaluation tasks' demos only, never their test pairs
         tasks = tasks + tuple(ArcTask(t.task_id, t.train, ()) for t in splits.evaluation)
     train_eps = training_episodes(tasks)
@@ -79,7 +83,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     # predicted without its output
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
                               task_rows=task_rows, context_demos=context_demos, placing=placing)
-    return TrainingData(splits, list(task_index), sampler, loader, eval_set)
+    return TrainingData(splits, list(task_index), sampler, loader, eval_set, held_out)
 
 
 def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), prompt_cache_dir: Path | None = None,
