@@ -80,6 +80,8 @@ class DataCfg:
                                "up to this (each cell an s x s block), where they fit --canvas_side (1: off)")
     place_shift: int = flag(0, "views other than the identity draw an episode's grids at a random offset of up to "
                                "this many cells along each axis, where --canvas_side has room (0: off)")
+    place_validation: bool = flag(True, "validation and test-time training place grids too (false: only training "
+                                        "does; validation's views are unplaced)")
     size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
                                  "size (0: off)")
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")

@@ -141,6 +141,13 @@ def test_a_run_trains_and_validates_on_placed_canvases(small_cfg):
     assert state.model.agent.cells.position.row.num_embeddings == 40
 
 
+def test_validation_can_leave_the_grids_unplaced_while_training_places_them(small_cfg):
+    data = training.build_data(small_cfg(canvas_side=40, place_scale=2, place_shift=6, place_validation=False),
+                               torch.device("cpu"))
+    assert data.loader.dataset.placing.places and not data.eval_set.placing.places
+    assert all(data.eval_set[(0, aug_id)]["augmentation"].placement.is_identity for aug_id in view_ids(8))
+
+
 def test_the_episode_side_of_a_placed_view_holds_its_grids():
     demos = (ArcPair(np.ones((4, 5), np.int64), np.ones((4, 5), np.int64)),)
     task = ArcTask("t", demos + demos, (demos[0],))

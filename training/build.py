@@ -81,8 +81,9 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
                         persistent_workers=d.num_workers > 0, pin_memory=device.type == "cuda")
     # every evaluation task (validation picks which it scores); the canvas side of a test input is
     # predicted without its output
+    eval_placing = placing if d.place_validation else Placing(side=placing.side)  # test-time training follows it
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
-                              task_rows=task_rows, context_demos=context_demos, placing=placing)
+                              task_rows=task_rows, context_demos=context_demos, placing=eval_placing)
     return TrainingData(splits, list(task_index), sampler, loader, eval_set, held_out)
 
 
