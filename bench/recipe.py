@@ -4,7 +4,8 @@
     python -m bench.recipe --rows defaults --curve 7.5,15,30,60      # one run, scored at each minute
     python -m bench.recipe --rows defaults,placed --placed 2,0,30 --cost_steps 150  # seconds a step only
 
-A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row). It
+A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row and to
+its scoring). It
 trains for `--minutes` of training time (its validations during training are cheap: no adaptation,
 one view, and not counted), then its final checkpoint is scored with the default validation on the
 first `--tasks` ARC-AGI-1 evaluation tasks, on the test pairs of the first `--held` training tasks
@@ -86,19 +87,20 @@ def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}/{k.split('/', 1)[1]}": v for k, v in metrics.items()}
 
 
-def score(run_dir: Path, flags: dict, tasks: int, unseen: int) -> dict[str, float]:
+def score(run_dir: Path, flags: dict, tasks: int, unseen: int, settings: dict) -> dict[str, float]:
     """The run's last checkpoint under the default validation: ARC-AGI-1's first `tasks` evaluation
     tasks (`arc/*`), the test pairs of the training tasks it held out (`held/*`), and `unseen`
-    synthetic tasks of the unseen families (`unseen/*`)."""
-    cfg = Config.from_flags(run_dir=str(run_dir), **{**flags, **EVAL_DEFAULTS, "eval_tasks": tasks})
+    synthetic tasks of the unseen families (`unseen/*`); `settings` (--set) apply to the validation too."""
+    cfg = Config.from_flags(run_dir=str(run_dir), **{**flags, **EVAL_DEFAULTS, **settings, "eval_tasks": tasks})
     data, state = training.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
-    out = prefixed("arc", evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=CPU).metrics)
+    out = prefixed("arc", evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=CPU,
+                                   desc="score ARC-AGI-1").metrics)
     if data.held_out:
         e = data.eval_set
         held = EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas, fit_target=False,
                               task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
         out |= prefixed("held", evaluate(state.model, state.prompts, held, cfg=cfg.replace(eval_tasks=0),
-                                         device=CPU).metrics)
+                                         device=CPU, desc="score held-out pairs").metrics)
     if unseen:
         synthetic = cfg.replace(eval_data=f"synthetic:{4 * unseen}", synthetic_eval_rules=UNSEEN_FAMILIES,
                                 eval_tasks=unseen)
@@ -124,7 +126,8 @@ def main() -> None:
     unknown = [n for n in args.rows.split(",") if n not in ROWS]
     if unknown:
         raise SystemExit(f"--rows: unknown row(s) {unknown}; choose from {list(ROWS)}")
-    rows = {n: {**row_flags(n, args.re_arc, args.placed), "hold_out_tests": args.held, **parse_settings(args.set)}
+    settings = parse_settings(args.set)
+    rows = {n: {**row_flags(n, args.re_arc, args.placed), "hold_out_tests": args.held, **settings}
             for n in args.rows.split(",")}
     minutes = [float(m) for m in args.curve.split(",")] if args.curve else [args.minutes]
     with tempfile.TemporaryDirectory() as tmp:
@@ -144,7 +147,7 @@ def main() -> None:
             run_dir = root / name.replace(" ", "")
             for until in minutes:
                 so_far = train_until(until, run_dir, flags)
-                m = score(run_dir, flags, args.tasks, args.unseen)
+                m = score(run_dir, flags, args.tasks, args.unseen, settings)
                 held, unseen = (fmt(m[f"{k}/pass2"]) if f"{k}/pass2" in m else "-" for k in ("held", "unseen"))
                 print(f"| {name} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
                       f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {fmt(m['arc/exact'])} | "
