@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import Placing, encode, expected_extent, fit_side
+from data.canvas import Placement, Placing, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.features import difficulty, numeric_features, relation_features
 from data.text import demo_text
@@ -141,18 +141,22 @@ class EpisodeDataset(Dataset):
             sample["context_target"] = self.canvases([p.output for p in demos], placement)
         return sample
 
-    def encode(self, grid: np.ndarray, placement) -> np.ndarray:
-        """Grid [h, w] -> canvas [C, C] int64, C = 30 or the placing's side; a grid the placement
-        leaves no room for (an evaluation target beyond its predicted extent) is cut at the canvas
-        edge, as an unplaced one is at S (scoring reads the grids)."""
-        side = self.placing.side if self.placing.places else MAX_SIDE
+    @property
+    def canvas_side(self) -> int:
+        """C, the side of every sample's canvases before collate cuts them: 30, or the placing's side."""
+        return self.placing.side if self.placing.places else MAX_SIDE
+
+    def encode(self, grid: np.ndarray, placement: Placement) -> np.ndarray:
+        """Grid [h, w] int64 -> canvas [C, C] int64; a grid the placement leaves no room for (an
+        evaluation target beyond its predicted extent) is cut at the canvas edge, as an unplaced one
+        is at S (scoring reads the grids)."""
+        side = self.canvas_side
         fits = grid[: (side - placement.row) // placement.scale, : (side - placement.col) // placement.scale]
         return encode(fits, placement, side)
 
-    def canvases(self, grids: list, placement) -> torch.Tensor:
-        """Grids -> their canvases [n, C, C] int64 (n may be 0)."""
-        side = self.placing.side if self.placing.places else MAX_SIDE
-        canvases = np.empty((len(grids), side, side), dtype=np.int64)
+    def canvases(self, grids: list, placement: Placement) -> torch.Tensor:
+        """Grids [h, w] int64 -> their canvases [n, C, C] int64 (n may be 0)."""
+        canvases = np.empty((len(grids), self.canvas_side, self.canvas_side), dtype=np.int64)
         for i, grid in enumerate(grids):
             canvases[i] = self.encode(grid, placement)
         return torch.from_numpy(canvases)
