@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from agents.contract import Agent
 from agents.conv_agent import FiLMConvAgent
+from agents.loop_vit import LoopViTAgent
 from agents.transformer_agent import TransformerAgent
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
-AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent}
+AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent, "loop_vit": LoopViTAgent}
 
 
 def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
@@ -24,4 +25,4 @@ def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
     return agent
 
 
-__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "TransformerAgent", "build_agent"]
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "TransformerAgent", "build_agent"]

@@ -1,4 +1,4 @@
-"""What both grid agents share: each cell's input embedding and the prompted output layer.
+"""What the grid agents share: each cell's input embedding and the prompted output layer.
 
 A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
 input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input

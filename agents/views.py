@@ -1,4 +1,4 @@
-"""Geometric views of the input grid, gated by the prompt: a routing prior for both agents.
+"""Geometric views of the input grid, gated by the prompt: a routing prior for every agent.
 
 A flip, rotation, transpose or scaling moves every cell far across the grid. An agent that must
 learn to route cells over such distances from scratch (convolutions a few cells wide, attention from

@@ -177,6 +177,7 @@ class AgentCfg:
     agent_layers: int = flag(3, "layers, of an agent built of layers (an agent that reads no layer count refuses "
                                 "another value)")
     agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops")
+    agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas")
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions, and which background cells are enclosed (see agents/views.py)")
@@ -186,7 +187,7 @@ class AgentCfg:
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
+        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles", "agent_patch"))
         if self.canvas_side < 30:
             raise ConfigError(f"--canvas_side must be at least 30 (an ARC grid's largest side), got {self.canvas_side}")
 

@@ -1,4 +1,4 @@
-"""Both grid agents behind one interface; the prompt reaches the output; the end-of-grid classes
+"""Every grid agent behind one interface; the prompt reaches the output; the end-of-grid classes
 let them predict a size."""
 
 import pytest
@@ -74,6 +74,21 @@ def test_transformer_cycles_reuse_weights():
     assert not torch.allclose(one(x, p), three(x, p))
 
 
+def test_loop_vit_loops_one_stack_of_blocks_over_patches():
+    """Its loops reuse the blocks (only the loop-step embeddings grow with them), and any patch size
+    takes any side (a side the patches do not divide is padded with zero states, then cut off)."""
+    one = AGENTS["loop_vit"](prompt_dim=8, channels=16, cycles=1)
+    three = AGENTS["loop_vit"](prompt_dim=8, channels=16, cycles=3)
+    count = lambda agent: sum(p.numel() for p in agent.parameters())  # noqa: E731
+    assert count(three) - count(one) == 2 * 16
+    three.load_state_dict({**one.state_dict(), "loop_step": torch.zeros(3, 16)})
+    x, p = torch.randint(0, 12, (1, 30, 30)), torch.randn(1, 8)
+    assert not torch.allclose(one(x, p), three(x, p))
+    for patch, side in ((3, 7), (2, 30), (4, 5), (1, 5)):
+        agent = AGENTS["loop_vit"](prompt_dim=8, channels=16, patch=patch)
+        assert agent(torch.randint(0, 10, (2, side, side)), p.expand(2, -1)).shape == (2, side, side, NUM_CLASSES)
+
+
 @pytest.mark.slow
 def test_agents_learn_to_copy_and_predict_the_size():
     """A few hundred steps on one grid: both agents reproduce it, markers included."""
@@ -108,7 +123,9 @@ def test_each_agent_refuses_the_options_it_cannot_take_where_it_is_built():
              (dict(agent="conv", agent_layers=4, agent_cycles=2), "does not read --agent_layers, --agent_cycles"),
              (dict(agent="conv", agent_channels=12), "--agent conv needs --agent_channels divisible by 8"),
              (dict(agent="transformer", agent_channels=18), "divisible by its 4 attention heads"),
-             (dict(agent="mlp"), "--agent mlp: no such agent; choose one of conv, transformer")]
+             (dict(agent="conv", agent_patch=4), "--agent conv does not read --agent_patch"),
+             (dict(agent="loop_vit", agent_channels=18), "divisible by its 4 attention heads"),
+             (dict(agent="mlp"), "--agent mlp: no such agent; choose one of conv, transformer, loop_vit")]
     for flags, message in cases:
         cfg = Config.from_flags(**flags)  # flags and their types only
         with pytest.raises(ConfigError, match=message):
