@@ -67,9 +67,11 @@ bench-data-cost: $(STAMP)
 
 # recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
 # re-arc + placed): make bench-recipe ROWS=defaults,placed [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60]
+# [VIEWS=8,64,256] [OUT=folder: keep the runs; a run found there already trained is scored again]
 ROWS ?= defaults,placed
 bench-recipe: $(STAMP)
-	$(PY) -m bench.recipe --rows "$(ROWS)" $(if $(RE_ARC),--re_arc $(RE_ARC)) $(if $(CURVE),--curve $(CURVE))
+	$(PY) -m bench.recipe --rows "$(ROWS)" $(if $(RE_ARC),--re_arc $(RE_ARC)) $(if $(CURVE),--curve $(CURVE)) \
+		$(if $(VIEWS),--views $(VIEWS)) $(if $(OUT),--out $(OUT))
 
 bench-cache: $(STAMP)
 	$(PY) -m bench.prompt_cache

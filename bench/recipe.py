@@ -2,6 +2,7 @@
 
     python -m bench.recipe --rows defaults,placed [--re_arc PATH/re_arc.zip] [--minutes 15] [--tasks 100]
     python -m bench.recipe --rows defaults --curve 7.5,15,30,60      # one run, scored at each minute
+    python -m bench.recipe --rows defaults --views 8,32,128 --out runs/recipe  # pass@2 and s/task against views
     python -m bench.recipe --rows defaults,placed --placed 2,0,30 --cost_steps 150  # seconds a step only
 
 A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row and to
@@ -13,7 +14,9 @@ first `--tasks` ARC-AGI-1 evaluation tasks, on the test pairs of the first `--he
 `--unseen` held-out tasks of the synthetic families flip, transpose, scale and fill
 (bench/adaptation.py's unseen families; training on ARC never shows them as such). With `--curve`, the run is
 resumed from one minute to the next (with the default constant learning rate a run stopped at minute
-15 is a 15-minute run) and each checkpoint is scored. Each row prints as it finishes.
+15 is a 15-minute run) and each checkpoint is scored. With `--views`, each checkpoint is scored once
+for each number of views voted. A run already in `--out` that trained as long is scored, not
+trained again. Each row prints as it finishes.
 """
 
 from __future__ import annotations
@@ -69,10 +72,13 @@ LEDGER = "recipe.json"  # training minutes and steps so far, beside the run's ow
 
 
 def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
-    """Train `run_dir` up to `minutes` minutes of training time in all, resuming what is there.
-    -> {"train_minutes", "steps"} so far."""
+    """Train `run_dir` up to `minutes` minutes of training time in all, resuming what is there (and
+    training nothing when it holds as many). -> {"train_minutes", "steps"} so far."""
     ledger = run_dir / LEDGER
-    done = json.loads(ledger.read_text())["train_minutes"] if ledger.exists() else 0.0
+    done = json.loads(ledger.read_text()) if ledger.exists() else {"train_minutes": 0.0, "steps": 0}
+    if done["train_minutes"] >= 0.99 * minutes:  # trained that long already (a rerun scores it again)
+        return done
+    done = done["train_minutes"]
     cfg = Config.from_flags(epochs=10_000, max_minutes=minutes - done, run_dir=str(run_dir), log_every=50,
                             resume=str(run_dir) if done else "", prompt_cache_dir=str(run_dir.parent / "cache"),
                             **{**CHEAP_VALIDATION, **flags})
@@ -119,6 +125,8 @@ def main() -> None:
     ap.add_argument("--unseen", type=int, default=50, help="unseen-family synthetic tasks scored (0: none)")
     ap.add_argument("--held", type=int, default=30, help="training tasks whose test pairs every row holds out of "
                                                          "training and scores (--hold_out_tests; 0: none)")
+    ap.add_argument("--views", default="", help="comma-separated views voted (--eval_augments) to score each "
+                                                 "checkpoint at (default: the default validation's)")
     ap.add_argument("--cost_steps", type=int, default=0, help="only seconds a step over this many steps, no scoring")
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed.py flag for every row")
@@ -141,19 +149,22 @@ def main() -> None:
                 base = base or seconds
                 print(f"| {name} | {seconds:.3f} | {seconds / base:.2f}x |", flush=True)
             return
-        print("| row | train min | steps | s/step | ARC exact | ARC pass@2 | ARC oracle | ARC s/task "
-              "| held-out pass@2 | unseen pass@2 |\n|---|---|---|---|---|---|---|---|---|---|")
+        views = [int(k) for k in args.views.split(",")] if args.views else [EVAL_DEFAULTS["eval_augments"]]
+        print("| row | train min | steps | s/step | views | ARC exact | ARC pass@2 | ARC oracle | ARC s/task "
+              "| held-out pass@2 | unseen pass@2 | unseen s/task |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
         for name, flags in rows.items():
             run_dir = root / name.replace(" ", "")
             for until in minutes:
                 so_far = train_until(until, run_dir, flags)
-                m = score(run_dir, flags, args.tasks, args.unseen, settings)
-                held, unseen = (fmt(m[f"{k}/pass2"]) if f"{k}/pass2" in m else "-" for k in ("held", "unseen"))
-                print(f"| {name} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
-                      f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {fmt(m['arc/exact'])} | "
-                      f"{fmt(m['arc/pass2'])} | {fmt(m['arc/oracle'])} | {m['arc/seconds_per_task']:.2f} | {held} "
-                      f"| {unseen} |",
-                      flush=True)
+                for k in views:
+                    m = score(run_dir, flags, args.tasks, args.unseen, {**settings, "eval_augments": k})
+                    held, unseen = (fmt(m[f"{part}/pass2"]) if f"{part}/pass2" in m else "-"
+                                    for part in ("held", "unseen"))
+                    unseen_seconds = f"{m['unseen/seconds_per_task']:.2f}" if args.unseen else "-"
+                    print(f"| {name} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
+                          f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {k} | "
+                          f"{fmt(m['arc/exact'])} | {fmt(m['arc/pass2'])} | {fmt(m['arc/oracle'])} | "
+                          f"{m['arc/seconds_per_task']:.2f} | {held} | {unseen} | {unseen_seconds} |", flush=True)
 
 
 if __name__ == "__main__":
