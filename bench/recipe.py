@@ -46,6 +46,8 @@ ROWS: dict[str, dict] = {
     "re-arc": {"data": RE_ARC},
     "placed": {PLACED: True},
     "re-arc + placed": {"data": RE_ARC, PLACED: True},
+    "placed in training": {PLACED: True, "place_validation": False},  # validation votes over unplaced views
+    "loop-vit": {"agent": "loop_vit"},
 }
 
 
