@@ -22,12 +22,11 @@ from torch import nn
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
+from agents.transformer_agent import HEADS  # the same attention heads a block: the channels must divide into them
 from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
-
-HEADS = 4  # attention heads of each block: the channels must divide into them
 
 
 class HybridBlock(nn.Module):
