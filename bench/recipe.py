@@ -14,7 +14,9 @@ first `--tasks` ARC-AGI-1 evaluation tasks, on the test pairs of the first `--he
 `--unseen` held-out tasks of the synthetic families flip, transpose, scale and fill
 (bench/adaptation.py's unseen families; training on ARC never shows them as such). With `--curve`, the run is
 resumed from one minute to the next (with the default constant learning rate a run stopped at minute
-15 is a 15-minute run) and each checkpoint is scored. With `--views`, each checkpoint is scored once
+15 is a 15-minute run) and each checkpoint is scored and kept as `<run>/marks/<minutes>min/`, a
+checkpoint folder any later validation can name (`fixed.py --eval_only --resume <run>/marks/30min
+--eval_tasks 0` scores it on all 400 tasks). With `--views`, each checkpoint is scored once
 for each number of views voted. A run already in `--out` that trained as long is scored, not
 trained again. Each row prints as it finishes.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -48,6 +51,9 @@ ROWS: dict[str, dict] = {
     "re-arc + placed": {"data": RE_ARC, PLACED: True},
     "placed in training": {PLACED: True, "place_validation": False},  # validation votes over unplaced views
     "loop-vit": {"agent": "loop_vit"},
+    "everything": {"data": RE_ARC, PLACED: True, "agent": "loop_vit"},
+    # what the Qwen text stream buys: the prompt from the numeric and relation features only
+    "everything without qwen": {"data": RE_ARC, PLACED: True, "agent": "loop_vit", "use_qwen": False},
 }
 
 
@@ -88,6 +94,18 @@ def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
     so_far = {"train_minutes": done + summary["train_seconds"] / 60, "steps": summary["steps"]}
     ledger.write_text(json.dumps(so_far))
     return so_far
+
+
+def keep_mark(run_dir: Path, minutes: float) -> Path:
+    """Copy the run's newest checkpoint to `run_dir/marks/<minutes>min` (the run's own rotation of
+    --keep_checkpoints would delete it as training goes on); -> that folder."""
+    mark = run_dir / "marks" / f"{minutes:g}min"
+    if not mark.exists():
+        partial = mark.with_name(mark.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(find_checkpoint(str(run_dir)), partial)
+        partial.rename(mark)  # whole or not at all
+    return mark
 
 
 def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
@@ -158,6 +176,8 @@ def main() -> None:
             run_dir = root / name.replace(" ", "")
             for until in minutes:
                 so_far = train_until(until, run_dir, flags)
+                if args.curve and so_far["train_minutes"] <= 1.02 * until + 0.02:  # the newest is this mark's
+                    keep_mark(run_dir, until)
                 for k in views:
                     m = score(run_dir, flags, args.tasks, args.unseen, {**settings, "eval_augments": k})
                     held, unseen = (fmt(m[f"{part}/pass2"]) if f"{part}/pass2" in m else "-"

@@ -32,3 +32,14 @@ def test_a_row_is_scored_at_each_view_count_and_a_rerun_trains_nothing(arc_folde
     assert all(row[9] != "-" for row in first), "held-out test pairs are scored"
     again = bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "2")
     assert len(again) == 1 and again[0][2] == steps and again[0][4] == "2", "the run found is scored, not trained"
+
+
+@pytest.mark.slow
+def test_a_curve_keeps_a_checkpoint_at_each_mark_that_validation_can_name(arc_folder, tmp_path):
+    rows = bench(arc_folder, tmp_path, "--curve", "0.05,0.1")
+    assert len(rows) == 2 and int(rows[1][2].replace(",", "")) > int(rows[0][2].replace(",", ""))
+    from engine.checkpoint import find_checkpoint
+
+    marks = tmp_path / "defaults" / "marks"
+    assert sorted(p.name for p in marks.iterdir()) == ["0.05min", "0.1min"]
+    assert find_checkpoint(str(marks / "0.05min")) == marks / "0.05min"  # intact, and a checkpoint folder

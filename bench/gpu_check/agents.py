@@ -1,4 +1,4 @@
-"""The agents on the device: conv and transformer at S = 30 (29x29 grids plus the end-of-grid row),
+"""The agents on the device: conv, transformer and the looped ViT at S = 30 (29x29 grids plus the end-of-grid row),
 fp32 / bf16 autocast / `--compile`, timed as `make bench-step` times them (bench/step_profile.py:
 the loop's whole step with the prompt cache cold and warm, and the bare agent's forward and
 backward on the step's own batch; loop overhead = 1 - bare agent / warm step).
@@ -20,7 +20,7 @@ from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section
 from bench.step_profile import bare_agent_flops, case_config, timed_steps
 
-AGENTS = ("conv", "transformer")
+AGENTS = ("conv", "transformer", "loop_vit")
 VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}}
 # dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins
 BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),

