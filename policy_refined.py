@@ -19,9 +19,13 @@ Inputs:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from engine.distributed import Dist
@@ -153,3 +157,85 @@ class PolicyRefiner(nn.Module):
             self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))
         return {"rl/loss": loss.detach(), "rl/advantage": advantage.mean().detach(),
                 "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}
+
+
+class AttemptChooser(nn.Module):
+    """The RL head's test-time job: a policy over one test input's candidates that picks the two attempts.
+
+    A small MLP scores each candidate from its features (evaluation/choice.py FEATURES, [N, F]
+    float32); the policy is the softmax over the candidates, the two attempts drawn one after the
+    other without replacement (Plackett-Luce), and at test time the two best scores. Trained by
+    `update`, REINFORCE with the exact-match reward and a moving-average baseline, like the head,
+    on test pairs whose outputs may be read (training/chooser.py); `features` names its inputs, so
+    a chooser is never read against other features.
+    """
+
+    def __init__(self, features: tuple[str, ...], hidden: int = 32, baseline_momentum: float = 0.9):
+        super().__init__()
+        self.features, self.hidden = tuple(features), hidden
+        self.net = nn.Sequential(nn.Linear(len(features), hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        self.momentum = baseline_momentum
+        self.register_buffer("baseline", torch.zeros(()))
+
+    def scores(self, features: torch.Tensor) -> torch.Tensor:
+        """features [N, F] float32 -> scores [N] float32 (the policy's logits)."""
+        if features.shape[-1] != len(self.features):
+            raise ValueError(f"the chooser reads {len(self.features)} features a candidate, got {features.shape[-1]}")
+        return self.net(features).squeeze(-1)
+
+    @torch.no_grad()
+    def best_two(self, features) -> tuple[int, int]:
+        """features [N, F] float32 (array or tensor) -> indices of the two best candidates (the same
+        twice when there is one)."""
+        s = self.scores(torch.as_tensor(features, dtype=torch.float32))
+        order = torch.argsort(s, descending=True, stable=True).tolist()
+        return order[0], order[min(1, len(order) - 1)]
+
+    def update(self, sets: list[tuple[torch.Tensor, torch.Tensor]], optimizer: torch.optim.Optimizer,
+               generator: torch.Generator) -> dict[str, float]:
+        """One REINFORCE step over candidate sets, each (features [N, F] float32, hits [N] bool: the
+        candidate is the test output). Two attempts are drawn from each set; the reward is 1 when
+        either is a hit (pass@2), the advantage that minus the baseline."""
+        log_probs, rewards = [], []
+        for features, hits in sets:
+            logits = self.scores(features)
+            first = torch.multinomial(logits.softmax(-1), 1, generator=generator).item()
+            log_prob = logits.log_softmax(-1)[first]
+            picked = [first]
+            if len(logits) > 1:
+                rest = logits.masked_fill(torch.arange(len(logits)) == first, float("-inf"))
+                second = torch.multinomial(rest.softmax(-1), 1, generator=generator).item()
+                log_prob = log_prob + rest.log_softmax(-1)[second]
+                picked.append(second)
+            log_probs.append(log_prob)
+            rewards.append(float(hits[picked].any()))
+        reward = torch.tensor(rewards)
+        advantage = reward - self.baseline
+        loss = -(advantage * torch.stack(log_probs)).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            self.baseline.mul_(self.momentum).add_((1 - self.momentum) * reward.mean())
+        return {"loss": loss.item(), "reward": reward.mean().item(), "baseline": self.baseline.item()}
+
+    def save(self, path: Path, trained_on: dict) -> None:
+        """The weights and baseline as safetensors, with the feature names and `trained_on` (what
+        it was trained on, for the record) in the header."""
+        save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(path),
+                  metadata={"features": json.dumps(self.features), "hidden": str(self.hidden),
+                            "trained_on": json.dumps(trained_on)})
+
+    @classmethod
+    def load(cls, path: Path, features: tuple[str, ...]) -> AttemptChooser:
+        """A chooser `save` wrote; ValueError naming the file when it reads other features than `features`."""
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata()
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+        saved = tuple(json.loads(meta["features"]))
+        if saved != tuple(features):
+            raise ValueError(f"{path}: the chooser reads features {list(saved)}, this suite computes {list(features)}: "
+                             f"train it again")
+        chooser = cls(saved, hidden=int(meta["hidden"]))
+        chooser.load_state_dict(weights)
+        return chooser

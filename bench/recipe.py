@@ -35,7 +35,6 @@ import training
 from bench.adaptation import CHEAP_VALIDATION, EVAL_DEFAULTS, UNSEEN_FAMILIES
 from bench.data_cost import measure
 from bench.learnability import evaluate_variant, fmt, parse_settings
-from data.episodes import EpisodeDataset, evaluation_episodes
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from evaluation.evaluate import evaluate
@@ -117,16 +116,15 @@ def score(run_dir: Path, flags: dict, tasks: int, unseen: int, settings: dict) -
     """The run's last checkpoint under the default validation: ARC-AGI-1's first `tasks` evaluation
     tasks (`arc/*`), the test pairs of the training tasks it held out (`held/*`), and `unseen`
     synthetic tasks of the unseen families (`unseen/*`); `settings` (--set) apply to the validation too."""
-    cfg = Config.from_flags(run_dir=str(run_dir), **{**flags, **EVAL_DEFAULTS, **settings, "eval_tasks": tasks})
+    cfg = Config.from_flags(run_dir=str(run_dir), eval_only=True,
+                            **{**flags, **EVAL_DEFAULTS, **settings, "eval_tasks": tasks})
     data, state = training.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
     out = prefixed("arc", evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=CPU,
-                                   desc="score ARC-AGI-1").metrics)
-    if data.held_out:
-        e = data.eval_set
-        held = EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas, fit_target=False,
-                              task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
+                                   desc="score ARC-AGI-1", chooser=state.chooser).metrics)
+    held = training.held_out_set(data)
+    if held is not None:
         out |= prefixed("held", evaluate(state.model, state.prompts, held, cfg=cfg.replace(eval_tasks=0),
-                                         device=CPU, desc="score held-out pairs").metrics)
+                                         device=CPU, desc="score held-out pairs", chooser=state.chooser).metrics)
     if unseen:
         synthetic = cfg.replace(eval_data=f"synthetic:{4 * unseen}", synthetic_eval_rules=UNSEEN_FAMILIES,
                                 eval_tasks=unseen)

@@ -27,7 +27,8 @@ from engine.precision import AMP_MODES
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
-RANKINGS = ("votes", "logprob", "hedged")  # how candidates become the two attempts (evaluation/scoring.py)
+# how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
+RANKINGS = ("votes", "logprob", "hedged", "learned")
 
 
 def flag(default, help: str, choices: tuple | None = None):  # noqa: A002 - mirrors argparse
@@ -260,8 +261,17 @@ class EvalCfg:
                                 ("mean", "sampled", "zero"))
     attempt_ranking: str = flag("votes", "how candidates become the two attempts: votes over the views (ties: mean "
                                          "log-probability); the candidate's log-probability summed over every "
-                                         "view; or hedged, the votes' first and the log-probability's first",
+                                         "view; hedged, the votes' first and the log-probability's first; or "
+                                         "learned, the checkpoint's attempt chooser (trained by --train_chooser)",
                                 RANKINGS)
+    enumerate: int = flag(0, "candidates beyond each view's argmax: up to this many of the most probable grids "
+                             "of each of the two most voted shapes under the views together, the least certain "
+                             "cells changed (0: off)")
+    enumerate_floor: float = flag(1.0, "--enumerate proposes no grid more than this many nats a view below its "
+                                       "shape's most probable one")
+    chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
+                                    "held-out test pair whose target is among its candidates")
+    chooser_lr: float = flag(3e-3, "--train_chooser: the attempt chooser's Adam learning rate")
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
                                 "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
@@ -302,7 +312,8 @@ class EvalCfg:
     def __post_init__(self) -> None:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks", "ttt_views"),
-               non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every"))
+               non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every", "enumerate",
+                             "enumerate_floor", "chooser_epochs"))
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
                               f"{self.eval_tasks}")
@@ -349,6 +360,8 @@ class RunCfg:
     resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
                            "one checkpoint folder")
     eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones) into a new run folder")
+    train_chooser: bool = flag(False, "only train the attempt chooser of the checkpoint --resume names, on the test "
+                                      "pairs its run held out (--hold_out_tests), and save it into that checkpoint")
     log_every: int = flag(50, "TensorBoard scalars every N optimizer steps")
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)")
     keep_checkpoints: int = flag(3, "checkpoints kept (0: all)")
@@ -403,6 +416,11 @@ class Config:
         if self.optim.fsdp and self.prompt.latent_step_lr > 0:
             # the latent step calls the agent inside a forward for a gradient of its own: not under FSDP2's hooks
             raise ConfigError("--fsdp does not take --latent_step_lr > 0: train the latent step with DDP (no --fsdp)")
+        if self.eval.attempt_ranking == "learned" and not self.run.eval_only:
+            raise ConfigError("--attempt_ranking learned needs a checkpoint's attempt chooser: use it with --eval_only "
+                              "--resume on a checkpoint that --train_chooser has trained one for")
+        if self.run.eval_only and self.run.train_chooser:
+            raise ConfigError("--eval_only and --train_chooser are two commands: run one, then the other")
         if self.optim.fsdp and self.agent.compile:
             raise ConfigError("--fsdp does not take --compile (a compiled agent under FSDP2 is untested here)")
 

@@ -26,16 +26,19 @@ from tqdm import tqdm
 from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import decode_logp
-from data.episodes import EpisodeDataset, collate
+from data.episodes import Episode, EpisodeDataset, collate
 from engine.config import Config
 from engine.distributed import Dist
+from engine.errors import ConfigError
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
+from evaluation.choice import learned_attempts
 from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from model import ArcModel
+from policy_refined import AttemptChooser
 from prompt import QwenFeatures
 
 IMAGES = 4  # tasks drawn as images for TensorBoard
@@ -147,18 +150,27 @@ def describe(cfg: Config) -> str:
     if e.ttt_steps:
         parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
                      f"test-time-training steps (--ttt_params {e.ttt_params})")
-    return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
+    proposed = f", the {e.enumerate} likeliest grids of a shape proposed" if e.enumerate else ""
+    return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted{proposed}"
 
 
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
-                desc: str | None = None) -> TaskScores:
+                desc: str | None = None, chooser: AttemptChooser | None = None,
+                on_candidates: Callable[[int, Candidates], None] | None = None) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
     are gathered, so every process returns them all).
 
     `stop` (this process was asked to stop) is read inside adaptation and, agreed by every process,
     between task groups: then `Interrupted` is raised and nothing is returned. `desc`: a progress bar
-    (main process) with tasks done, running pass@2, seconds and TTT steps a task."""
+    (main process) with tasks done, running pass@2, seconds and TTT steps a task. `chooser`: the
+    checkpoint's attempt chooser (needed by `--attempt_ranking learned`, and `pass2_learned` is
+    reported when there is one). `on_candidates(episode index, candidates)`: called for every test
+    input this process scores, after its attempts."""
+    if chooser is None and cfg.eval.attempt_ranking == "learned":
+        raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
+                          "python fixed.py --train_chooser --resume <checkpoint>")
+    rankings = [r for r in RANKINGS if r != "learned" or chooser is not None]
     was_training = model.training
     model.train(False)
     by_task: dict[str, list[int]] = defaultdict(list)
@@ -195,17 +207,22 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 if stop():  # the adaptation was cut short: nothing of this group will be kept
                     continue
                 cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adaptation)
-            for t in group:
+            for i in episodes:
+                if cfg.eval.enumerate:
+                    cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
+                attempts[i] = ranked_attempts(cands[i], cfg.eval.attempt_ranking, chooser, dataset.episodes[i])
+            for t in group:  # a task's seconds: its adaptation, predictions and attempts, not the other rankings
                 seconds[t] = (time.perf_counter() - start) / len(group)
                 ttt_steps[t] = adaptation.steps
             for i in episodes:
                 ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
-                attempts[i] = cands[i].attempts(cfg.eval.attempt_ranking)
                 metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input,
                                        cands[i].contains(ep.query.output))
-                for ranking in RANKINGS:
-                    metrics[f"pass2_{ranking}"] = pair_metrics(cands[i].attempts(ranking), ep.query.output,
-                                                               ep.query.input)["pass2"]
+                for ranking in rankings:
+                    metrics[f"pass2_{ranking}"] = pair_metrics(ranked_attempts(cands[i], ranking, chooser, ep),
+                                                               ep.query.output, ep.query.input)["pass2"]
+                if on_candidates is not None:
+                    on_candidates(i, cands[i])
                 records[i] = (ep.task.task_id, metrics)
                 copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
                                                                   ep.query.input))
@@ -220,6 +237,14 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     return reduce(TaskScores.merged, gathered)
 
 
+def ranked_attempts(cands: Candidates, ranking: str, chooser: AttemptChooser | None, ep: Episode) -> tuple[Grid, Grid]:
+    """The two attempts of one test input under `ranking` (learned: `chooser`, from the episode's demos
+    and test input)."""
+    if ranking == "learned":
+        return learned_attempts(chooser, cands, ep.task.train, ep.query.input)
+    return cands.attempts(ranking)
+
+
 def _postfix(totals: list[float], elapsed: float, test_time_training: bool) -> dict[str, str]:
     tasks, pairs, solved, steps = totals
     out = {"pass@2": f"{solved / max(pairs, 1):.1%}", "s/task": f"{elapsed / max(tasks, 1):.2f}"}
@@ -230,10 +255,12 @@ def _postfix(totals: list[float], elapsed: float, test_time_training: bool) -> d
 
 def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, *, cfg: Config,
              device: torch.device, dist: Dist = Dist(), tasks: list[str] | None = None,
-             stop: Callable[[], bool] | None = None, desc: str | None = None) -> EvalResult:
+             stop: Callable[[], bool] | None = None, desc: str | None = None,
+             chooser: AttemptChooser | None = None) -> EvalResult:
     """Score `tasks` (default: the first `--eval_tasks`, all when it is 0 or -1) as ARC Prize scores
-    them. Attempts are ranked by `--attempt_ranking`; `pass2_votes`, `pass2_logprob` and
-    `pass2_hedged` report every ranking. `stop`, `desc`: as `score_tasks`."""
+    them. Attempts are ranked by `--attempt_ranking`; `pass2_votes`, `pass2_logprob`, `pass2_hedged`
+    (and, with a `chooser`, `pass2_learned`) report every ranking. `stop`, `desc`: as `score_tasks`."""
     task_ids = tasks if tasks is not None else first_tasks(dataset, cfg.eval.eval_tasks)
-    scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc)
+    scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc,
+                         chooser=chooser)
     return EvalResult.of(scores, dataset, cfg)

@@ -18,6 +18,10 @@ from data.arc import Grid
 from data.augment import Augmentation
 from data.canvas import PAD, encode
 from engine.config import RANKINGS
+from evaluation.enumeration import enumerate_grids
+
+CANDIDATE_RANKINGS = tuple(r for r in RANKINGS if r != "learned")  # what the candidates alone can rank by
+SHAPES_ENUMERATED = 2  # the most voted output shapes whose most probable grids are proposed
 
 
 def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
@@ -44,6 +48,7 @@ class Candidates:
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
     views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list)
+    proposed: list[bytes] = field(default_factory=list)  # grids no view predicted (`propose_likely`), in order
     # summed over views, computed once per state
     _view_scores: dict[bytes, float] | None = field(default=None, init=False, repr=False)
 
@@ -62,6 +67,22 @@ class Candidates:
         if aug is not None:
             self.views.append((aug, logp))
 
+    def propose_likely(self, k: int, floor: float) -> None:
+        """Propose up to `k` grids of each of the SHAPES_ENUMERATED most voted shapes, the most probable
+        under the views together (evaluation/enumeration.py; `floor` in nats a view), beside the views'
+        own predictions. A proposed grid has no votes: the votes' ranking puts it after every voted
+        one, the log-probability's ranking scores it like any other."""
+        by_shape: dict[tuple[int, int], int] = defaultdict(int)
+        for key, n in self.votes.items():
+            by_shape[self.grids[key].shape] += n
+        shapes = sorted(by_shape, key=lambda s: -by_shape[s])[:SHAPES_ENUMERATED]
+        for grid in enumerate_grids(self.views, shapes, k, floor):
+            key = self.key(grid)
+            if key not in self.grids:
+                self._view_scores = None
+                self.grids[key] = grid
+                self.proposed.append(key)
+
     def view_score(self, grid: Grid) -> float:
         """The candidate's log-probability summed over every view."""
         return sum(grid_logprob(grid, aug, logp) for aug, logp in self.views)
@@ -74,14 +95,15 @@ class Candidates:
                 self._view_scores = {k: self.view_score(g) for k, g in self.grids.items()}
             order = sorted(self.grids, key=lambda k: -self._view_scores[k])
         else:
-            order = sorted(self.grids, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k]))))
+            order = sorted(self.votes, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k])))) + self.proposed
         return [self.grids[k] for k in order]
 
     def attempts(self, by: str = "votes") -> tuple[Grid, Grid]:
         """The two attempts: the first two of `ranked(by)`; hedged: the votes' first, then the
         summed log-probability's first (the votes' second when the two rankings agree)."""
-        if by not in RANKINGS:
-            raise ValueError(f"attempt ranking {by!r}: choose one of {', '.join(RANKINGS)}")
+        if by not in CANDIDATE_RANKINGS:
+            raise ValueError(f"attempt ranking {by!r}: choose one of {', '.join(CANDIDATE_RANKINGS)} (learned: "
+                             f"evaluation/choice.py)")
         ranked = self.ranked("votes" if by == "hedged" else by)
         second = ranked[1] if len(ranked) > 1 else ranked[0]
         if by == "hedged" and self.key(best := self.ranked("logprob")[0]) != self.key(ranked[0]):

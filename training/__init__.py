@@ -1,16 +1,25 @@
 """The training side, above the model and the evaluation side: building a run's parts
 (build.py), one optimizer step (step.py), the run's state and checkpoints (run_state.py), the
-epoch loop (epochs.py), validation in a run and `--eval_only` (validation.py), the run folder's
+epoch loop (epochs.py), validation in a run and `--eval_only` (validation.py), the attempt
+chooser's stage `--train_chooser` (chooser.py), the run folder's
 own files (run_folder.py), and the command line with main() (cli.py), which fixed.py runs.
 Benches and tests import from here."""
 
 from engine.loop import seed_everything
 from evaluation.evaluate import score_tasks
-from training.build import TrainingData, build_data, build_train_state, evaluation_view, load_run, prompt_cache_dir
+from training.build import (
+    TrainingData,
+    build_data,
+    build_train_state,
+    evaluation_view,
+    held_out_set,
+    load_run,
+    prompt_cache_dir,
+)
 from training.cli import main
 from training.epochs import train
 from training.step import train_step
 from training.validation import validate
 
-__all__ = ["TrainingData", "build_data", "build_train_state", "evaluation_view", "load_run", "main",
+__all__ = ["TrainingData", "build_data", "build_train_state", "evaluation_view", "held_out_set", "load_run", "main",
            "prompt_cache_dir", "score_tasks", "seed_everything", "train", "train_step", "validate"]

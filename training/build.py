@@ -22,12 +22,15 @@ from data.episodes import (
     training_episodes,
 )
 from data.sources import ReArcOptions, SyntheticOptions, load_splits
+from engine.checkpoint import CHOOSER_FILE, checked_file
 from engine.config import Config
 from engine.distributed import Dist, data_parallel, is_sharded
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import seed_everything
 from engine.precision import MixedPrecision, check_master_weights
+from evaluation.choice import FEATURES
 from model import ArcModel, build_model
+from policy_refined import AttemptChooser
 from prompt import QwenFeatures
 from training.run_state import TrainState, restore_run_state
 
@@ -146,7 +149,24 @@ def load_run(cfg: Config, checkpoint: Path | None, device: torch.device, dist: D
     state = build_train_state(cfg, device, dist, cache_dir, len(data.task_ids))
     if checkpoint is not None:
         restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
+        state.chooser = load_chooser(checkpoint)
     return data, state
+
+
+def load_chooser(checkpoint: Path) -> AttemptChooser | None:
+    """The attempt chooser saved in `checkpoint` (a checked folder) by --train_chooser; None if none."""
+    path = checked_file(checkpoint, CHOOSER_FILE)
+    return AttemptChooser.load(path, FEATURES) if path is not None else None
+
+
+def held_out_set(data: TrainingData) -> EpisodeDataset | None:
+    """The test pairs training held out (--hold_out_tests) as an evaluation set shaped like the run's
+    own (canvas, scale, placement, demos in context); None when it held none out."""
+    if not data.held_out:
+        return None
+    e = data.eval_set
+    return EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas, fit_target=False,
+                          task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:

@@ -25,6 +25,7 @@ from engine.distributed import Dist
 from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows, seed_everything
 from engine.schedule import TrainingSchedule
 from training.build import build_data, build_train_state, prompt_cache_dir
+from training.chooser import train_chooser
 from training.run_folder import finish_run, open_run, plan_run_dir
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
@@ -32,11 +33,14 @@ from training.validation import ValidationSchedule, evaluate_only, validate
 
 
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
-    """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
+    """Train for `--epochs` (or, with `--eval_only`, validate saved weights; with `--train_chooser`,
+    train a checkpoint's attempt chooser). SIGINT and SIGTERM stop
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
     with StopRequest(announce=dist.is_main) as stop:
         if cfg.run.eval_only:
             return evaluate_only(cfg, device, dist, stop)
+        if cfg.run.train_chooser:
+            return train_chooser(cfg, device, dist, stop)
         return EpochLoop(cfg, device, dist, stop).run()
 
 

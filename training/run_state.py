@@ -37,13 +37,14 @@ from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
 from model import ArcModel
+from policy_refined import AttemptChooser
 from prompt import PromptCache, QwenFeatures
 
 # Flags that may change on resume without a warning: they do not change what is learned (and no
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
-               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only", "compile",
-               "grad_bucket_mb", "fsdp",
+               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only",
+               "train_chooser", "compile", "grad_bucket_mb", "fsdp",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
@@ -71,6 +72,8 @@ class TrainState:
     # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
     trained: torch.nn.Module | None = None
     rl_head: torch.nn.Module | None = None
+    # The checkpoint's attempt chooser (--train_chooser), read by a loaded run's validation alone.
+    chooser: AttemptChooser | None = None
 
 
 def _rank_state(state: TrainState) -> dict:

@@ -211,7 +211,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     try:
         model, prompts = evaluation_view(state, cfg, device)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                             desc="evaluate")
+                             desc="evaluate", chooser=state.chooser)
         result = EvalResult.of(scores, data.eval_set, cfg)
         publish(result, state.counters.optimizer_steps, cfg, dist, logger)
         write_run_report(logger, "evaluation", str(weights), state.counters.optimizer_steps, cfg, result.metrics,

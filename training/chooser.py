@@ -1,0 +1,157 @@
+"""`--train_chooser`: the attempt chooser, trained on the test pairs a run held out, saved into its checkpoint.
+
+    python fixed.py --train_chooser --resume RUN [the run's flags] [--enumerate 8]
+    python fixed.py --eval_only --resume RUN --attempt_ranking learned [--enumerate 8]
+
+1. Gather. The checkpoint adapts to and predicts the test inputs of the training tasks its run held
+   out of training (--hold_out_tests), under the validation flags given (views, adaptation,
+   --enumerate), and each input's candidates become feature rows (evaluation/choice.py) with a mark
+   on the one that is the test output. Those outputs may be read: they are training tasks' pairs
+   that training never saw (pairs it trained on would teach the chooser nothing), and no evaluation
+   task is read at all. Tasks are saved as they are gathered: a stopped stage resumes where it was.
+2. Train. REINFORCE (policy_refined.AttemptChooser.update) over the inputs whose candidates hold the
+   output. An input without it rewards every choice alike, so its gradient is zero in expectation:
+   it would add only noise, and is left out.
+3. Save: chooser.safetensors into the checkpoint folder, its checksum recorded with the others.
+
+The chooser reads candidates as the flags of its stage made them; validate with the same views and
+--enumerate (its file's header records them).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from engine.checkpoint import CHOOSER_FILE, add_to_checkpoint, find_checkpoint, load_state
+from engine.config import SECTION_OF, Config
+from engine.distributed import Dist
+from engine.errors import ConfigError
+from engine.loop import Interrupted, TrainingStopped
+from evaluation.choice import FEATURES, candidate_features
+from evaluation.evaluate import first_tasks, score_tasks
+from evaluation.scoring import Candidates
+from policy_refined import AttemptChooser
+from training.build import held_out_set, load_run, prompt_cache_dir
+
+TASKS_A_SAVE = 4  # tasks gathered between two saves of what is gathered
+# validation flags that do not change a test input's candidates
+NOT_GATHERED = {"eval_tasks", "submission", "attempt_ranking", "chooser_epochs", "chooser_lr", "val_every",
+                "val_tasks", "val_share"}
+
+Gathered = dict[str, list[tuple[np.ndarray, np.ndarray]]]  # task id -> per test input (features [N, F], hits [N])
+
+
+def gathered_file(checkpoint: Path) -> Path:
+    """Where the candidates gathered for `checkpoint` are kept, beside it (never inside a checkpoint
+    folder, and never named like one)."""
+    return checkpoint.parent / f"chooser-candidates-{checkpoint.name}.pt"
+
+
+def held_out_count(cfg: Config, checkpoint: Path) -> int:
+    """The --hold_out_tests to gather with: the run's own, or fewer when asked; ConfigError when the
+    run held none out, or when asked for pairs it trained on."""
+    trained = load_state(checkpoint)["config"]
+    held = trained.get("hold_out_tests", 0)
+    if not held:
+        raise ConfigError(f"--train_chooser: {checkpoint} was trained with --hold_out_tests 0: no training test pair "
+                          f"is left unseen to train the chooser on; train with --hold_out_tests N")
+    if cfg.data.hold_out_tests > held:
+        raise ConfigError(f"--hold_out_tests {cfg.data.hold_out_tests}: the run held out only {held} tasks' test "
+                          f"pairs; the chooser never learns from pairs the run trained on")
+    if trained.get("data", cfg.data.data) != cfg.data.data:
+        raise ConfigError(f"--data {cfg.data.data}: the run trained on {trained['data']}, whose first tasks are the "
+                          f"held-out ones: give the run's --data")
+    return cfg.data.hold_out_tests or held
+
+
+def gather(cfg: Config, device: torch.device, dist: Dist, stop, checkpoint: Path) -> Gathered:
+    """Every held-out test input's candidate features and hits, resuming what was gathered with the
+    same flags (see the module docstring)."""
+    run_dir = checkpoint.parent.parent  # <run>/checkpoints/step_N (or <run>/marks/30min): the run's cache beside it
+    data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
+    held = held_out_set(data)
+    key = {"checkpoint": (checkpoint / "checksums.json").read_text(), "hold_out_tests": cfg.data.hold_out_tests,
+           **{k: v for k, v in cfg.flags().items() if SECTION_OF[k] == "eval" and k not in NOT_GATHERED}}
+    path = gathered_file(checkpoint)
+    saved = torch.load(path, weights_only=False) if path.exists() else None
+    tasks: Gathered = saved["tasks"] if saved is not None and saved["key"] == key else {}
+    if saved is not None and not tasks:
+        print(f"{path}: gathered under other flags or weights; gathering again", flush=True)
+    todo = [t for t in first_tasks(held, 0) if t not in tasks]
+    rows: Gathered = {}
+
+    def keep(i: int, cands: Candidates) -> None:
+        ep = held.episodes[i]  # a held-out training pair: its output may be read
+        grids, features = candidate_features(cands, ep.task.train, ep.query.input)
+        hits = np.array([g.shape == ep.query.output.shape and (g == ep.query.output).all() for g in grids])
+        rows.setdefault(ep.task.task_id, []).append((features, hits))
+
+    model, prompts = state.model, state.prompts
+    bar = tqdm(total=len(first_tasks(held, 0)), initial=len(tasks), desc="gather candidates", unit="task",
+               dynamic_ncols=True, disable=not dist.is_main)
+    try:
+        for start in range(0, len(todo), TASKS_A_SAVE):
+            chunk = todo[start: start + TASKS_A_SAVE]
+            score_tasks(model, prompts, held, chunk, cfg=cfg, device=device, dist=dist, stop=stop, on_candidates=keep)
+            tasks.update({t: rows.pop(t, []) for t in chunk})
+            tmp = path.with_name(path.name + ".tmp")
+            torch.save({"key": key, "tasks": tasks}, tmp)
+            os.replace(tmp, path)  # whole or not at all
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+    return tasks
+
+
+def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]:
+    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures)."""
+    inputs = [x for rows in tasks.values() for x in rows]
+    sets = [(torch.from_numpy(f), torch.from_numpy(h)) for f, h in inputs if h.any()]
+    if not sets:
+        raise ConfigError(f"--train_chooser: none of the {len(inputs)} held-out test inputs has its output among the "
+                          f"candidates: nothing to learn a choice from (hold more tasks out, or train longer)")
+    torch.manual_seed(cfg.run.seed)
+    chooser = AttemptChooser(FEATURES)
+    optimizer = torch.optim.Adam(chooser.parameters(), lr=cfg.eval.chooser_lr)
+    generator = torch.Generator().manual_seed(cfg.run.seed)
+    bar = tqdm(range(cfg.eval.chooser_epochs), desc="train the chooser", unit="step", dynamic_ncols=True)
+    for _ in bar:
+        figures = chooser.update(sets, optimizer, generator)
+        bar.set_postfix(reward=f"{figures['reward']:.2f}", baseline=f"{figures['baseline']:.2f}", refresh=False)
+    chooser.eval()
+    chosen = np.mean([h[list(chooser.best_two(f))].any().item() for f, h in sets])
+    by_votes = np.mean([h[:2].any().item() for _, h in sets])  # rows are in the votes' order
+    return chooser, {"chooser/inputs": float(len(inputs)), "chooser/with_output": float(len(sets)),
+                     "chooser/pass2_fit": float(chosen), "chooser/pass2_votes_fit": float(by_votes)}
+
+
+def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
+    """The stage (module docstring). -> its summary: steps (the chooser's), seconds and the figures."""
+    if not cfg.run.resume:
+        raise ConfigError("--train_chooser needs --resume: the checkpoint whose chooser it trains")
+    if dist.world_size > 1:
+        raise ConfigError("--train_chooser runs in one process (it gathers a few hundred test inputs): launch it "
+                          "without torchrun or accelerate")
+    started = time.time()
+    checkpoint = find_checkpoint(cfg.run.resume)
+    cfg = cfg.replace(hold_out_tests=held_out_count(cfg, checkpoint))
+    try:
+        tasks = gather(cfg, device, dist, stop, checkpoint)
+    except Interrupted as err:
+        raise TrainingStopped.by_signal(err.signum, f"while gathering candidates for the chooser; what was gathered "
+                                                    f"is kept in {gathered_file(checkpoint)}: run the same command "
+                                                    f"to go on") from None
+    chooser, figures = fit(tasks, cfg)
+    trained_on = {"checkpoint": str(checkpoint), "eval_augments": cfg.eval.eval_augments,
+                  "enumerate": cfg.eval.enumerate, "enumerate_floor": cfg.eval.enumerate_floor, **figures}
+    path = add_to_checkpoint(checkpoint, CHOOSER_FILE, lambda p: chooser.save(p, trained_on))
+    print(f"chooser: {figures['chooser/with_output']:.0f} of {figures['chooser/inputs']:.0f} held-out test inputs "
+          f"have the output among their candidates; on them pass@2 {figures['chooser/pass2_fit']:.1%} chosen, "
+          f"{figures['chooser/pass2_votes_fit']:.1%} by votes; saved {path}", flush=True)
+    return {"steps": cfg.eval.chooser_epochs, "seconds": time.time() - started, **figures}
