@@ -54,7 +54,8 @@ def candidate_features(cands: Candidates, demos: tuple[ArcPair, ...], query: Gri
     demos: the task's demo pairs; query: the test input [h, w] int64. Reads no test output."""
     grids = cands.ranked("votes")
     views = max(len(cands.views), 1)
-    scores = np.array([cands.view_score(g) for g in grids])
+    by_key = cands.view_scores()
+    scores = np.array([by_key[Candidates.key(g)] for g in grids])
     by_logprob = {Candidates.key(g): r for r, g in enumerate(cands.ranked("logprob"))}
     shapes = expected_shapes(demos, query)
     known = np.zeros(10, bool)

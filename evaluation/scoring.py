@@ -87,13 +87,19 @@ class Candidates:
         """The candidate's log-probability summed over every view."""
         return sum(grid_logprob(grid, aug, logp) for aug, logp in self.views)
 
+    def view_scores(self) -> dict[bytes, float]:
+        """Every candidate's `view_score` by key, computed once while the candidates stay the same
+        (every ranking, metric and chooser feature of a validation reads them)."""
+        if self._view_scores is None:
+            self._view_scores = {k: self.view_score(g) for k, g in self.grids.items()}
+        return self._view_scores
+
     def ranked(self, by: str = "votes") -> list[Grid]:
         """Distinct candidates, best first. votes: most votes, ties broken by the higher mean
         log-probability; logprob: the highest log-probability summed over the views."""
         if by == "logprob":
-            if self._view_scores is None:  # every ranking and metric of a validation reads these
-                self._view_scores = {k: self.view_score(g) for k, g in self.grids.items()}
-            order = sorted(self.grids, key=lambda k: -self._view_scores[k])
+            scores = self.view_scores()
+            order = sorted(self.grids, key=lambda k: -scores[k])
         else:
             order = sorted(self.votes, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k])))) + self.proposed
         return [self.grids[k] for k in order]
