@@ -271,7 +271,7 @@ class EvalCfg:
                                        "shape's most probable one")
     chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
                                     "held-out test pair whose target is among its candidates")
-    chooser_lr: float = flag(3e-3, "--train_chooser: the attempt chooser's Adam learning rate")
+    chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate")
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
                                 "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")

@@ -150,6 +150,9 @@ def test_stage_gathers_held_out_pairs_only_resumes_and_saves_a_chooser_eval_only
     torch.save(saved, gathered_file(checkpoint))
     summary = training.train(stage, CPU)  # resumes: nothing left to gather, trains on what is there
     assert summary["chooser/with_output"] == 20 and checked_file(checkpoint, CHOOSER_FILE) is not None
+    gathered_at = gathered_file(checkpoint).stat().st_mtime_ns
+    training.train(stage.replace(chooser_epochs=5), CPU)  # trained again: what was gathered is read, not redone
+    assert gathered_file(checkpoint).stat().st_mtime_ns == gathered_at
 
     result = training.train(cfg.replace(eval_only=True, resume=cfg.run.run_dir, run_dir=cfg.run.run_dir + "-eval",
                                         attempt_ranking="learned", enumerate=4), CPU)

@@ -20,6 +20,7 @@ The chooser reads candidates as the flags of its stage made them; validate with 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from engine.checkpoint import CHOOSER_FILE, add_to_checkpoint, find_checkpoint, load_state
+from engine.checkpoint import CHECKSUMS_FILE, CHOOSER_FILE, add_to_checkpoint, find_checkpoint, load_state
 from engine.config import SECTION_OF, Config
 from engine.distributed import Dist
 from engine.errors import ConfigError
@@ -76,7 +77,8 @@ def gather(cfg: Config, device: torch.device, dist: Dist, stop, checkpoint: Path
     run_dir = checkpoint.parent.parent  # <run>/checkpoints/step_N (or <run>/marks/30min): the run's cache beside it
     data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
     held = held_out_set(data)
-    key = {"checkpoint": (checkpoint / "checksums.json").read_text(), "hold_out_tests": cfg.data.hold_out_tests,
+    weights = {k: v for k, v in json.loads((checkpoint / CHECKSUMS_FILE).read_text()).items() if k != CHOOSER_FILE}
+    key = {"weights": weights, "hold_out_tests": cfg.data.hold_out_tests,
            **{k: v for k, v in cfg.flags().items() if SECTION_OF[k] == "eval" and k not in NOT_GATHERED}}
     path = gathered_file(checkpoint)
     saved = torch.load(path, weights_only=False) if path.exists() else None
