@@ -13,6 +13,7 @@ from data.augment import Augmentation
 from engine.checkpoint import CHOOSER_FILE, add_to_checkpoint, checked_file, find_checkpoint
 from engine.config import Config
 from engine.errors import ConfigError
+from engine.loop import summary_line
 from evaluation.choice import FEATURES, candidate_features, expected_shapes
 from evaluation.scoring import Candidates
 from policy_refined import AttemptChooser
@@ -151,7 +152,8 @@ def test_stage_gathers_held_out_pairs_only_resumes_and_saves_a_chooser_eval_only
     summary = training.train(stage, CPU)  # resumes: nothing left to gather, trains on what is there
     assert summary["chooser/with_output"] == 20 and checked_file(checkpoint, CHOOSER_FILE) is not None
     gathered_at = gathered_file(checkpoint).stat().st_mtime_ns
-    training.train(stage.replace(chooser_epochs=5), CPU)  # trained again: what was gathered is read, not redone
+    again = training.train(stage.replace(chooser_epochs=5), CPU)  # trained again: what was gathered is read
+    assert summary_line(again).endswith(f"run {checkpoint}")  # the line fixed.py prints
     assert gathered_file(checkpoint).stat().st_mtime_ns == gathered_at
 
     result = training.train(cfg.replace(eval_only=True, resume=cfg.run.run_dir, run_dir=cfg.run.run_dir + "-eval",

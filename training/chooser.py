@@ -134,7 +134,8 @@ def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]
 
 
 def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
-    """The stage (module docstring). -> its summary: steps (the chooser's), seconds and the figures."""
+    """The stage (module docstring). -> its summary: steps (the chooser's), seconds, the checkpoint it
+    wrote into (as `run_dir`) and the figures."""
     if not cfg.run.resume:
         raise ConfigError("--train_chooser needs --resume: the checkpoint whose chooser it trains")
     if dist.world_size > 1:
@@ -156,4 +157,5 @@ def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
     print(f"chooser: {figures['chooser/with_output']:.0f} of {figures['chooser/inputs']:.0f} held-out test inputs "
           f"have the output among their candidates; on them pass@2 {figures['chooser/pass2_fit']:.1%} chosen, "
           f"{figures['chooser/pass2_votes_fit']:.1%} by votes; saved {path}", flush=True)
-    return {"steps": cfg.eval.chooser_epochs, "seconds": time.time() - started, **figures}
+    return {"steps": cfg.eval.chooser_epochs, "seconds": time.time() - started, "run_dir": str(checkpoint),
+            **figures}
