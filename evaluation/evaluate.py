@@ -218,9 +218,10 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
                 metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input,
                                        cands[i].contains(ep.query.output))
-                for ranking in rankings:
-                    metrics[f"pass2_{ranking}"] = pair_metrics(ranked_attempts(cands[i], ranking, chooser, ep),
-                                                               ep.query.output, ep.query.input)["pass2"]
+                for ranking in rankings:  # the configured ranking's attempts are those already chosen
+                    ranked = attempts[i] if ranking == cfg.eval.attempt_ranking else \
+                        ranked_attempts(cands[i], ranking, chooser, ep)
+                    metrics[f"pass2_{ranking}"] = pair_metrics(ranked, ep.query.output, ep.query.input)["pass2"]
                 if on_candidates is not None:
                     on_candidates(i, cands[i])
                 records[i] = (ep.task.task_id, metrics)
