@@ -72,16 +72,19 @@ class Candidates:
         under the views together (evaluation/enumeration.py; `floor` in nats a view), beside the views'
         own predictions. A proposed grid has no votes: the votes' ranking puts it after every voted
         one, the log-probability's ranking scores it like any other."""
-        by_shape: dict[tuple[int, int], int] = defaultdict(int)
-        for key, n in self.votes.items():
-            by_shape[self.grids[key].shape] += n
-        shapes = sorted(by_shape, key=lambda s: -by_shape[s])[:SHAPES_ENUMERATED]
-        for grid in enumerate_grids(self.views, shapes, k, floor):
+        for grid in enumerate_grids(self.views, self.voted_shapes()[:SHAPES_ENUMERATED], k, floor):
             key = self.key(grid)
             if key not in self.grids:
                 self._view_scores = None
                 self.grids[key] = grid
                 self.proposed.append(key)
+
+    def voted_shapes(self) -> list[tuple[int, int]]:
+        """The candidates' shapes, most votes (summed over a shape's grids) first."""
+        by_shape: dict[tuple[int, int], int] = defaultdict(int)
+        for key, n in self.votes.items():
+            by_shape[self.grids[key].shape] += n
+        return sorted(by_shape, key=lambda s: -by_shape[s])
 
     def view_score(self, grid: Grid) -> float:
         """The candidate's log-probability summed over every view."""
