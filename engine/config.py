@@ -272,6 +272,11 @@ class EvalCfg:
     chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
                                     "held-out test pair whose target is among its candidates")
     chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate")
+    chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries of its "
+                                   "generated pairs of each held-out task join the task's test pairs as the "
+                                   "chooser's inputs (more inputs whose answer is deep, at little cost: a task "
+                                   "adapts once for all its inputs)")
+    chooser_queries: int = flag(4, "--train_chooser with --chooser_re_arc: generated pairs a held-out task")
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
                                 "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
@@ -313,7 +318,7 @@ class EvalCfg:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks", "ttt_views"),
                non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every", "enumerate",
-                             "enumerate_floor", "chooser_epochs"))
+                             "enumerate_floor", "chooser_epochs", "chooser_queries"))
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
                               f"{self.eval_tasks}")

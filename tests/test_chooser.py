@@ -17,7 +17,8 @@ from engine.loop import summary_line
 from evaluation.choice import FEATURES, candidate_features, expected_shapes
 from evaluation.scoring import Candidates
 from policy_refined import AttemptChooser
-from training.chooser import fit, gathered_file
+from tests.conftest import write_re_arc
+from training.chooser import fit, gathered_file, with_generated_queries
 
 CPU = torch.device("cpu")
 
@@ -185,3 +186,36 @@ def test_the_stage_reads_no_evaluation_output(small_cfg, arc_folder, tmp_path):
     for task_id, rows in gathered[0].items():
         for (f0, h0), (f1, h1) in zip(rows, gathered[1][task_id], strict=True):
             assert np.array_equal(f0, f1) and np.array_equal(h0, h1)
+
+
+def test_generated_queries_are_refused_where_training_saw_re_arc_or_re_arc_lacks_the_tasks(small_cfg, re_arc, tmp_path):
+    cfg = small_cfg(hold_out_tests=2, chooser_re_arc=str(re_arc[1]))
+    held = training.build_data(cfg, CPU).held_out
+    assert [len(t.test) for t in with_generated_queries(held, cfg)] == [len(t.test) + 4 for t in held]
+    on_re_arc = cfg.replace(data=f"{cfg.data.data},re-arc:{re_arc[1]}")
+    with pytest.raises(ConfigError, match="the run trained on RE-ARC"):
+        with_generated_queries(held, on_re_arc)
+    other, _ = write_re_arc(tmp_path, ["not-a-held-out-task"])
+    with pytest.raises(ConfigError, match="none of the 2 held-out tasks"):
+        with_generated_queries(held, cfg.replace(chooser_re_arc=str(other)))
+
+
+@pytest.mark.slow
+def test_the_stage_gathers_generated_queries_of_the_held_out_tasks(small_cfg, re_arc):
+    """--chooser_re_arc: each held-out task's inputs are its test pairs and --chooser_queries generated
+    pairs, gathered under a key that names them (the same stage without them gathers again)."""
+    cfg = small_cfg(max_batches=1, hold_out_tests=2)
+    training.train(cfg, CPU)
+    checkpoint = find_checkpoint(cfg.run.run_dir)
+    held = training.build_data(cfg, CPU).held_out
+    for queries in (3, 0):
+        stage = cfg.replace(train_chooser=True, resume=cfg.run.run_dir, chooser_epochs=5, chooser_re_arc=str(re_arc[1]),
+                            chooser_queries=queries)
+        try:
+            training.train(stage, CPU)
+        except ConfigError as err:  # a run this small seldom has an output among its candidates
+            assert "has its output among the candidates" in str(err)
+        gathered = torch.load(gathered_file(checkpoint), weights_only=False)
+        assert gathered["key"]["chooser_queries"] == queries
+        assert {t: len(rows) for t, rows in gathered["tasks"].items()} == {t.task_id: len(t.test) + queries
+                                                                           for t in held}

@@ -159,14 +159,15 @@ def load_chooser(checkpoint: Path) -> AttemptChooser | None:
     return AttemptChooser.load(path, FEATURES) if path is not None else None
 
 
-def held_out_set(data: TrainingData) -> EpisodeDataset | None:
+def held_out_set(data: TrainingData, tasks: tuple[ArcTask, ...] | None = None) -> EpisodeDataset | None:
     """The test pairs training held out (--hold_out_tests) as an evaluation set shaped like the run's
-    own (canvas, scale, placement, demos in context); None when it held none out."""
+    own (canvas, scale, placement, demos in context); None when it held none out. `tasks`: the
+    held-out tasks with other test pairs (the chooser's generated ones; the demos must be theirs)."""
     if not data.held_out:
         return None
     e = data.eval_set
-    return EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas, fit_target=False,
-                          task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
+    return EpisodeDataset(evaluation_episodes(data.held_out if tasks is None else tasks), e.scale, canvas=e.canvas,
+                          fit_target=False, task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:

@@ -8,7 +8,9 @@
    --enumerate), and each input's candidates become feature rows (evaluation/choice.py) with a mark
    on the one that is the test output. Those outputs may be read: they are training tasks' pairs
    that training never saw (pairs it trained on would teach the chooser nothing), and no evaluation
-   task is read at all. Tasks are saved as they are gathered: a stopped stage resumes where it was.
+   task is read at all. With --chooser_re_arc, RE-ARC's generated pairs of the held-out tasks join
+   them (--chooser_queries a task): more inputs, at little more cost, as a task adapts once for all.
+   Tasks are saved as they are gathered: a stopped stage resumes where it was.
 2. Train. REINFORCE (policy_refined.AttemptChooser.update) over the inputs whose candidates hold the
    output. An input without it rewards every choice alike, so its gradient is zero in expectation:
    it would add only noise, and is left out.
@@ -29,6 +31,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from data.arc import ArcTask
+from data.re_arc import held_out_queries, load_pools
 from engine.checkpoint import CHECKSUMS_FILE, CHOOSER_FILE, add_to_checkpoint, find_checkpoint, load_state
 from engine.config import SECTION_OF, Config
 from engine.distributed import Dist
@@ -71,12 +75,28 @@ def held_out_count(cfg: Config, checkpoint: Path) -> int:
     return cfg.data.hold_out_tests or held
 
 
+def with_generated_queries(tasks: tuple[ArcTask, ...], cfg: Config) -> tuple[ArcTask, ...]:
+    """The held-out tasks, each with --chooser_queries of RE-ARC's generated pairs of it added to its test
+    pairs (a task RE-ARC lacks keeps its own). ConfigError when the run trained on RE-ARC (its generated
+    pairs are then no longer unseen) or when RE-ARC holds none of the tasks."""
+    path = cfg.eval.chooser_re_arc
+    if any(source.startswith("re-arc:") for source in cfg.data.data.split(",")):
+        raise ConfigError(f"--chooser_re_arc {path}: the run trained on RE-ARC (--data {cfg.data.data}): its generated "
+                          f"pairs of the held-out tasks are not unseen; the chooser learns from the test pairs alone")
+    pools = {pool.task_id: pool for pool in load_pools(path)}
+    if not any(t.task_id in pools for t in tasks):
+        raise ConfigError(f"--chooser_re_arc {path}: none of the {len(tasks)} held-out tasks (e.g. {tasks[0].task_id}) "
+                          f"is a RE-ARC task: RE-ARC generates ARC-AGI-1's training tasks")
+    return tuple(held_out_queries(pools[t.task_id], t, count=cfg.eval.chooser_queries, seed=cfg.run.seed)
+                 if t.task_id in pools else t for t in tasks)
+
+
 def gather(cfg: Config, device: torch.device, dist: Dist, stop, checkpoint: Path) -> Gathered:
     """Every held-out test input's candidate features and hits, resuming what was gathered with the
     same flags (see the module docstring)."""
     run_dir = checkpoint.parent.parent  # <run>/checkpoints/step_N (or <run>/marks/30min): the run's cache beside it
     data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
-    held = held_out_set(data)
+    held = held_out_set(data, with_generated_queries(data.held_out, cfg) if cfg.eval.chooser_re_arc else None)
     weights = {k: v for k, v in json.loads((checkpoint / CHECKSUMS_FILE).read_text()).items() if k != CHOOSER_FILE}
     key = {"weights": weights, "hold_out_tests": cfg.data.hold_out_tests,
            **{k: v for k, v in cfg.flags().items() if SECTION_OF[k] == "eval" and k not in NOT_GATHERED}}
