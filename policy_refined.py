@@ -159,6 +159,14 @@ class PolicyRefiner(nn.Module):
                 "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}
 
 
+def plackett_luce_two(logits: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Two draws without replacement from softmax(logits) of each row, the second from what the first
+    left (Plackett-Luce), by the Gumbel top-2 trick. logits [B, N] float32 (-inf: not a candidate) ->
+    indices [B, min(2, N)] int64; a row with one candidate gives a -inf one second."""
+    u = torch.rand(logits.shape, generator=generator).clamp(1e-12, 1 - 1e-7)
+    return (logits - torch.log(-torch.log(u))).topk(min(2, logits.shape[-1]), dim=-1).indices
+
+
 class AttemptChooser(nn.Module):
     """The RL head's test-time job: a policy over one test input's candidates that picks the two attempts.
 
@@ -194,24 +202,34 @@ class AttemptChooser(nn.Module):
     def update(self, sets: list[tuple[torch.Tensor, torch.Tensor]], optimizer: torch.optim.Optimizer,
                generator: torch.Generator) -> dict[str, float]:
         """One REINFORCE step over candidate sets, each (features [N, F] float32, hits [N] bool: the
-        candidate is the test output). Two attempts are drawn from each set; the reward is 1 when
-        either is a hit (pass@2), the advantage that minus the baseline."""
-        log_probs, rewards = [], []
-        for features, hits in sets:
-            logits = self.scores(features)
-            first = torch.multinomial(logits.softmax(-1), 1, generator=generator).item()
-            log_prob = logits.log_softmax(-1)[first]
-            picked = [first]
-            if len(logits) > 1:
-                rest = logits.masked_fill(torch.arange(len(logits)) == first, float("-inf"))
-                second = torch.multinomial(rest.softmax(-1), 1, generator=generator).item()
-                log_prob = log_prob + rest.log_softmax(-1)[second]
-                picked.append(second)
-            log_probs.append(log_prob)
-            rewards.append(float(hits[picked].any()))
-        reward = torch.tensor(rewards)
+        candidate is the test output). Two attempts are drawn from each set (one from a set of one);
+        the reward is 1 when either is a hit (pass@2), the advantage that minus the baseline.
+
+        The sets are padded into one batch [B, N_max] and drawn by the Gumbel top-2 trick: the two
+        largest of logits + Gumbel noise are distributed as two Plackett-Luce draws without
+        replacement, so one batched forward replaces a loop over the sets."""
+        sizes = torch.tensor([len(h) for _, h in sets])
+        width = int(sizes.max())
+        real = torch.arange(width) < sizes[:, None]  # [B, N_max]
+        features = torch.zeros(len(sets), width, len(self.features))
+        hits = torch.zeros(len(sets), width, dtype=torch.bool)
+        for i, (f, h) in enumerate(sets):
+            features[i, : len(h)], hits[i, : len(h)] = f, h
+        logits = self.scores(features).masked_fill(~real, float("-inf"))  # [B, N_max]
+        drawn = plackett_luce_two(logits.detach(), generator)
+        first = drawn[:, :1]
+        log_prob = logits.log_softmax(-1).gather(1, first)[:, 0]
+        reward = hits.gather(1, first)[:, 0]
+        if width > 1:
+            pair = sizes > 1  # a set of one draws once; its other row is kept finite (no NaN in backward)
+            rest = logits.masked_fill(torch.arange(width) == first, float("-inf"))
+            rest = torch.where(pair[:, None], rest, torch.zeros_like(rest))
+            second = drawn[:, 1:]
+            log_prob = log_prob + torch.where(pair, rest.log_softmax(-1).gather(1, second)[:, 0], 0.0)
+            reward = reward | (pair & hits.gather(1, second)[:, 0])
+        reward = reward.float()
         advantage = reward - self.baseline
-        loss = -(advantage * torch.stack(log_probs)).mean()
+        loss = -(advantage * log_prob).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

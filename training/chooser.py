@@ -13,7 +13,8 @@
    Tasks are saved as they are gathered: a stopped stage resumes where it was.
 2. Train. REINFORCE (policy_refined.AttemptChooser.update) over the inputs whose candidates hold the
    output. An input without it rewards every choice alike, so its gradient is zero in expectation:
-   it would add only noise, and is left out.
+   it would add only noise, and is left out. Cross-validated over the tasks first (`fit`): how the
+   choice does on inputs of tasks the chooser did not train on, beside the votes.
 3. Save: chooser.safetensors into the checkpoint folder, its checksum recorded with the others.
 
 The chooser reads candidates as the flags of its stage made them; validate with the same views and
@@ -45,6 +46,7 @@ from policy_refined import AttemptChooser
 from training.build import held_out_set, load_run, prompt_cache_dir
 
 TASKS_A_SAVE = 4  # tasks gathered between two saves of what is gathered
+CV_FOLDS = 5  # folds of the tasks the chooser's figures are cross-validated over
 # validation flags that do not change a test input's candidates
 NOT_GATHERED = {"eval_tasks", "submission", "attempt_ranking", "chooser_epochs", "chooser_lr", "val_every",
                 "val_tasks", "val_share"}
@@ -131,26 +133,57 @@ def gather(cfg: Config, device: torch.device, dist: Dist, stop, checkpoint: Path
     return tasks
 
 
-def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]:
-    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures)."""
-    inputs = [x for rows in tasks.values() for x in rows]
-    sets = [(torch.from_numpy(f), torch.from_numpy(h)) for f, h in inputs if h.any()]
-    if not sets:
-        raise ConfigError(f"--train_chooser: none of the {len(inputs)} held-out test inputs has its output among the "
-                          f"candidates: nothing to learn a choice from (hold more tasks out, or train longer)")
+def _trained(sets: list[tuple[torch.Tensor, torch.Tensor]], cfg: Config, bar: tqdm) -> AttemptChooser:
+    """A chooser trained from the seed by --chooser_epochs REINFORCE steps over `sets`."""
     torch.manual_seed(cfg.run.seed)
     chooser = AttemptChooser(FEATURES)
     optimizer = torch.optim.Adam(chooser.parameters(), lr=cfg.eval.chooser_lr)
     generator = torch.Generator().manual_seed(cfg.run.seed)
-    bar = tqdm(range(cfg.eval.chooser_epochs), desc="train the chooser", unit="step", dynamic_ncols=True)
-    for _ in bar:
+    for _ in range(cfg.eval.chooser_epochs):
         figures = chooser.update(sets, optimizer, generator)
+        bar.update()
         bar.set_postfix(reward=f"{figures['reward']:.2f}", baseline=f"{figures['baseline']:.2f}", refresh=False)
-    chooser.eval()
-    chosen = np.mean([h[list(chooser.best_two(f))].any().item() for f, h in sets])
-    by_votes = np.mean([h[:2].any().item() for _, h in sets])  # rows are in the votes' order
-    return chooser, {"chooser/inputs": float(len(inputs)), "chooser/with_output": float(len(sets)),
-                     "chooser/pass2_fit": float(chosen), "chooser/pass2_votes_fit": float(by_votes)}
+    return chooser.eval()
+
+
+def _pass2(chooser: AttemptChooser, sets: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
+    """-> (how many of `sets` the chooser's two best hold the output in, how many the votes' two do)."""
+    chosen = sum(h[list(chooser.best_two(f))].any().item() for f, h in sets)
+    return float(chosen), float(sum(h[:2].any().item() for _, h in sets))  # rows are in the votes' order
+
+
+def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]:
+    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures).
+
+    Before the chooser kept (trained on them all), CV_FOLDS choosers each trained without a fold of
+    the tasks (every CV_FOLDS-th in id order) choose on it: `chooser/pass2_cv` against the votes'
+    `chooser/pass2_votes_cv` on the same inputs says whether the choice carries to inputs it never
+    saw, where `pass2_fit` (on its own training inputs) cannot. Needs inputs of two tasks at least."""
+    positive = {t: [(torch.from_numpy(f), torch.from_numpy(h)) for f, h in rows if h.any()]
+                for t, rows in sorted(tasks.items())}
+    positive = {t: sets for t, sets in positive.items() if sets}
+    inputs = sum(map(len, tasks.values()))
+    if not positive:
+        raise ConfigError(f"--train_chooser: none of the {inputs} held-out test inputs has its output among the "
+                          f"candidates: nothing to learn a choice from (hold more tasks out, or train longer)")
+    folds = min(CV_FOLDS, len(positive)) if len(positive) > 1 else 0
+    names = list(positive)
+    everything = [s for sets in positive.values() for s in sets]
+    figures = {"chooser/inputs": float(inputs), "chooser/with_output": float(len(everything))}
+    with tqdm(total=cfg.eval.chooser_epochs * (1 + folds), desc="train the chooser", unit="step",
+              dynamic_ncols=True) as bar:
+        if folds:
+            held = [0.0, 0.0]
+            for k in range(folds):
+                train = [s for i, t in enumerate(names) if i % folds != k for s in positive[t]]
+                test = [s for i, t in enumerate(names) if i % folds == k for s in positive[t]]
+                held = [a + b for a, b in zip(held, _pass2(_trained(train, cfg, bar), test), strict=True)]
+            figures |= {"chooser/pass2_cv": held[0] / len(everything),
+                        "chooser/pass2_votes_cv": held[1] / len(everything)}
+        chooser = _trained(everything, cfg, bar)
+    chosen, by_votes = _pass2(chooser, everything)
+    return chooser, {**figures, "chooser/pass2_fit": chosen / len(everything),
+                     "chooser/pass2_votes_fit": by_votes / len(everything)}
 
 
 def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
@@ -174,8 +207,10 @@ def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
     trained_on = {"checkpoint": str(checkpoint), "eval_augments": cfg.eval.eval_augments,
                   "enumerate": cfg.eval.enumerate, "enumerate_floor": cfg.eval.enumerate_floor, **figures}
     path = add_to_checkpoint(checkpoint, CHOOSER_FILE, lambda p: chooser.save(p, trained_on))
+    unseen = (f"; on inputs of tasks it did not train on (cross-validated) {figures['chooser/pass2_cv']:.1%} chosen, "
+              f"{figures['chooser/pass2_votes_cv']:.1%} by votes" if "chooser/pass2_cv" in figures else "")
     print(f"chooser: {figures['chooser/with_output']:.0f} of {figures['chooser/inputs']:.0f} held-out test inputs "
           f"have the output among their candidates; on them pass@2 {figures['chooser/pass2_fit']:.1%} chosen, "
-          f"{figures['chooser/pass2_votes_fit']:.1%} by votes; saved {path}", flush=True)
+          f"{figures['chooser/pass2_votes_fit']:.1%} by votes{unseen}; saved {path}", flush=True)
     return {"steps": cfg.eval.chooser_epochs, "seconds": time.time() - started, "run_dir": str(checkpoint),
             **figures}
