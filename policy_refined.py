@@ -178,18 +178,28 @@ class AttemptChooser(nn.Module):
     a chooser is never read against other features.
     """
 
-    def __init__(self, features: tuple[str, ...], hidden: int = 32, baseline_momentum: float = 0.9):
+    def __init__(self, features: tuple[str, ...], hidden: int = 32, baseline_momentum: float = 0.9,
+                 votes_prior: float = 0.0):
         super().__init__()
-        self.features, self.hidden = tuple(features), hidden
+        self.features, self.hidden, self.votes_prior = tuple(features), hidden, votes_prior
+        if votes_prior and "votes_rank" not in self.features:
+            raise ValueError("a chooser with a votes prior reads the feature votes_rank")
         self.net = nn.Sequential(nn.Linear(len(features), hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        if votes_prior:  # it starts as the votes' ranking and learns where leaving it pays
+            nn.init.zeros_(self.net[-1].weight)
+            nn.init.zeros_(self.net[-1].bias)
         self.momentum = baseline_momentum
         self.register_buffer("baseline", torch.zeros(()))
 
     def scores(self, features: torch.Tensor) -> torch.Tensor:
-        """features [N, F] float32 -> scores [N] float32 (the policy's logits)."""
+        """features [N, F] float32 -> scores [N] float32 (the policy's logits): the MLP's, plus
+        votes_prior x log(votes_rank) = -votes_prior x log(1 + the candidate's rank by votes)."""
         if features.shape[-1] != len(self.features):
             raise ValueError(f"the chooser reads {len(self.features)} features a candidate, got {features.shape[-1]}")
-        return self.net(features).squeeze(-1)
+        out = self.net(features).squeeze(-1)
+        if self.votes_prior:
+            out = out + self.votes_prior * features[..., self.features.index("votes_rank")].log()
+        return out
 
     @torch.no_grad()
     def best_two(self, features) -> tuple[int, int]:
@@ -242,7 +252,7 @@ class AttemptChooser(nn.Module):
         it was trained on, for the record) in the header."""
         save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(path),
                   metadata={"features": json.dumps(self.features), "hidden": str(self.hidden),
-                            "trained_on": json.dumps(trained_on)})
+                            "votes_prior": str(self.votes_prior), "trained_on": json.dumps(trained_on)})
 
     @classmethod
     def load(cls, path: Path, features: tuple[str, ...]) -> AttemptChooser:
@@ -254,6 +264,6 @@ class AttemptChooser(nn.Module):
         if saved != tuple(features):
             raise ValueError(f"{path}: the chooser reads features {list(saved)}, this suite computes {list(features)}: "
                              f"train it again")
-        chooser = cls(saved, hidden=int(meta["hidden"]))
+        chooser = cls(saved, hidden=int(meta["hidden"]), votes_prior=float(meta.get("votes_prior", 0.0)))  # 0: older
         chooser.load_state_dict(weights)
         return chooser

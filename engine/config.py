@@ -272,6 +272,9 @@ class EvalCfg:
     chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
                                     "held-out test pair whose target is among its candidates")
     chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate")
+    chooser_votes_prior: float = flag(2.0, "--train_chooser: the chooser starts as the votes' ranking, its logit of "
+                                           "the candidate ranked r by votes -this x log(1 + r), and learns where "
+                                           "leaving it pays (0: it starts from nothing)")
     chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries of its "
                                    "generated pairs of each held-out task join the task's test pairs as the "
                                    "chooser's inputs (more inputs whose answer is deep, at little cost: a task "
@@ -318,7 +321,7 @@ class EvalCfg:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks", "ttt_views"),
                non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every", "enumerate",
-                             "enumerate_floor", "chooser_epochs", "chooser_queries"))
+                             "enumerate_floor", "chooser_epochs", "chooser_queries", "chooser_votes_prior"))
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
                               f"{self.eval_tasks}")

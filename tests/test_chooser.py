@@ -58,6 +58,7 @@ def synthetic_sets(n, rng):
         size = int(rng.integers(4, 9))
         features = rng.normal(size=(size, len(FEATURES))).astype(np.float32)
         features[:, FEATURES.index("proposed")] = 0.0
+        features[:, FEATURES.index("votes_rank")] = 1 / (1 + np.arange(size))  # rows in the votes' order
         hit = int(rng.integers(2, size))
         features[hit, FEATURES.index("proposed")] = 1.0
         hits = np.zeros(size, bool)
@@ -86,12 +87,13 @@ def test_chooser_file_round_trip_and_checksum(tmp_path, small_cfg):
     training.train(cfg, CPU)
     checkpoint = find_checkpoint(cfg.run.run_dir)
     assert checked_file(checkpoint, CHOOSER_FILE) is None
-    chooser = AttemptChooser(FEATURES)
+    chooser = AttemptChooser(FEATURES, votes_prior=3.0)
+    torch.nn.init.normal_(chooser.net[-1].weight)  # a trained chooser's last layer is not zero
     add_to_checkpoint(checkpoint, CHOOSER_FILE, lambda p: chooser.save(p, {"note": "test"}))
     assert find_checkpoint(str(checkpoint)) == checkpoint  # its checksum recorded: the folder is intact
     loaded = AttemptChooser.load(checked_file(checkpoint, CHOOSER_FILE), FEATURES)
-    x = torch.randn(5, len(FEATURES))
-    assert torch.equal(loaded.scores(x), chooser.scores(x))
+    x = torch.rand(5, len(FEATURES)) + 0.1  # votes_rank in (0, 1] as candidate_features makes it
+    assert loaded.votes_prior == 3.0 and torch.equal(loaded.scores(x), chooser.scores(x))
     with pytest.raises(ValueError, match=f"{CHOOSER_FILE}: the chooser reads features"):
         AttemptChooser.load(checkpoint / CHOOSER_FILE, FEATURES[:-1])
     (checkpoint / CHOOSER_FILE).write_bytes(b"damaged")
@@ -229,7 +231,8 @@ def test_cross_validation_scores_each_fold_with_a_chooser_that_never_saw_it():
     _, figures = fit(tasks, Config.from_flags(chooser_epochs=150, chooser_lr=3e-2))
     assert figures["chooser/pass2_votes_cv"] == 0.0 and figures["chooser/pass2_cv"] > 0.8
     # answers marked at random (no feature says where): what one fold learns cannot carry to another
-    noise = {t: [(rng.normal(size=f.shape).astype(np.float32), h)] for t, [(f, h)] in tasks.items()}
+    noise = {t: [(np.where(np.arange(len(FEATURES)) == FEATURES.index("votes_rank"), f,
+                           rng.normal(size=f.shape)).astype(np.float32), h)] for t, [(f, h)] in tasks.items()}
     _, figures = fit(noise, Config.from_flags(chooser_epochs=150, chooser_lr=3e-2))
     assert figures["chooser/pass2_cv"] < 0.6 < figures["chooser/pass2_fit"]
     _, single = fit({"one": tasks["t0"] * 3}, Config.from_flags(chooser_epochs=5))
@@ -249,3 +252,14 @@ def test_the_batched_draws_are_two_plackett_luce_draws_without_replacement():
                 seen = ((draws[:, 0] == i) & (draws[:, 1] == j)).float().mean().item()
                 assert seen == pytest.approx(exact, abs=0.005)
     assert (draws[:, 0] != 4).all() and (draws[:, 1] != 4).all()
+
+
+def test_the_chooser_starts_as_the_votes_ranking():
+    """With a votes prior (--chooser_votes_prior) and the MLP's last layer at zero, an untrained
+    chooser's two best are the votes' two (rows come in the votes' order), whatever else it reads."""
+    rng = np.random.default_rng(3)
+    chooser = AttemptChooser(FEATURES, votes_prior=2.0)
+    for f, _ in synthetic_sets(20, rng):
+        assert chooser.best_two(f) == (0, 1)
+    with pytest.raises(ValueError, match="reads the feature votes_rank"):
+        AttemptChooser(("vote_share",), votes_prior=1.0)

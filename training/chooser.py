@@ -48,7 +48,8 @@ from training.build import held_out_set, load_run, prompt_cache_dir
 TASKS_A_SAVE = 4  # tasks gathered between two saves of what is gathered
 CV_FOLDS = 5  # folds of the tasks the chooser's figures are cross-validated over
 # validation flags that do not change a test input's candidates
-NOT_GATHERED = {"eval_tasks", "submission", "attempt_ranking", "chooser_epochs", "chooser_lr", "val_every",
+NOT_GATHERED = {"eval_tasks", "submission", "attempt_ranking", "chooser_epochs", "chooser_lr", "chooser_votes_prior",
+                "val_every",
                 "val_tasks", "val_share"}
 
 Gathered = dict[str, list[tuple[np.ndarray, np.ndarray]]]  # task id -> per test input (features [N, F], hits [N])
@@ -136,7 +137,7 @@ def gather(cfg: Config, device: torch.device, dist: Dist, stop, checkpoint: Path
 def _trained(sets: list[tuple[torch.Tensor, torch.Tensor]], cfg: Config, bar: tqdm) -> AttemptChooser:
     """A chooser trained from the seed by --chooser_epochs REINFORCE steps over `sets`."""
     torch.manual_seed(cfg.run.seed)
-    chooser = AttemptChooser(FEATURES)
+    chooser = AttemptChooser(FEATURES, votes_prior=cfg.eval.chooser_votes_prior)
     optimizer = torch.optim.Adam(chooser.parameters(), lr=cfg.eval.chooser_lr)
     generator = torch.Generator().manual_seed(cfg.run.seed)
     for _ in range(cfg.eval.chooser_epochs):
