@@ -49,8 +49,7 @@ TASKS_A_SAVE = 4  # tasks gathered between two saves of what is gathered
 CV_FOLDS = 5  # folds of the tasks the chooser's figures are cross-validated over
 # validation flags that do not change a test input's candidates
 NOT_GATHERED = {"eval_tasks", "submission", "attempt_ranking", "chooser_epochs", "chooser_lr", "chooser_votes_prior",
-                "val_every",
-                "val_tasks", "val_share"}
+                "val_every", "val_tasks", "val_share"}
 
 Gathered = dict[str, list[tuple[np.ndarray, np.ndarray]]]  # task id -> per test input (features [N, F], hits [N])
 
