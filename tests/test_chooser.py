@@ -155,7 +155,8 @@ def test_stage_gathers_held_out_pairs_only_resumes_and_saves_a_chooser_eval_only
     summary = training.train(stage, CPU)  # resumes: nothing left to gather, trains on what is there
     assert summary["chooser/with_output"] == 20 and checked_file(checkpoint, CHOOSER_FILE) is not None
     gathered_at = gathered_file(checkpoint).stat().st_mtime_ns
-    again = training.train(stage.replace(chooser_epochs=5), CPU)  # trained again: what was gathered is read
+    # trained again with other training flags: what was gathered is read, not gathered again
+    again = training.train(stage.replace(chooser_epochs=5, chooser_votes_prior=0.0), CPU)
     assert summary_line(again).endswith(f"run {checkpoint}")  # the line fixed.py prints
     assert gathered_file(checkpoint).stat().st_mtime_ns == gathered_at
 
