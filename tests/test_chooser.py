@@ -18,7 +18,7 @@ from evaluation.choice import FEATURES, candidate_features, expected_shapes
 from evaluation.scoring import Candidates
 from policy_refined import AttemptChooser, plackett_luce_two
 from tests.conftest import write_re_arc
-from training.chooser import fit, gathered_file, with_generated_queries
+from training.chooser import ranking_hits, fit, gathered_file, with_generated_queries
 
 CPU = torch.device("cpu")
 
@@ -71,7 +71,7 @@ def test_reinforce_learns_the_choice_the_reward_points_to():
     rng = np.random.default_rng(0)
     tasks = {f"t{i}": [s] for i, s in enumerate(synthetic_sets(60, rng))}
     chooser, figures = fit(tasks, Config.from_flags(chooser_epochs=150, chooser_lr=3e-2))
-    assert figures["chooser/pass2_votes_fit"] == 0.0 and figures["chooser/with_output"] == 60
+    assert figures["chooser/pass2_votes"] == 0.0 and figures["chooser/with_output"] == 60
     fresh = synthetic_sets(100, rng)  # never seen: the chooser learned the feature, not the sets
     assert np.mean([h[list(chooser.best_two(f))].any() for f, h in fresh]) > 0.9
 
@@ -230,7 +230,7 @@ def test_cross_validation_scores_each_fold_with_a_chooser_that_never_saw_it():
     rng = np.random.default_rng(2)
     tasks = {f"t{i}": [s] for i, s in enumerate(synthetic_sets(60, rng))}
     _, figures = fit(tasks, Config.from_flags(chooser_epochs=150, chooser_lr=3e-2))
-    assert figures["chooser/pass2_votes_cv"] == 0.0 and figures["chooser/pass2_cv"] > 0.8
+    assert figures["chooser/pass2_votes"] == 0.0 and figures["chooser/pass2_cv"] > 0.8
     # answers marked at random (no feature says where): what one fold learns cannot carry to another
     noise = {t: [(np.where(np.arange(len(FEATURES)) == FEATURES.index("votes_rank"), f,
                            rng.normal(size=f.shape)).astype(np.float32), h)] for t, [(f, h)] in tasks.items()}
@@ -264,3 +264,19 @@ def test_the_chooser_starts_as_the_votes_ranking():
         assert chooser.best_two(f) == (0, 1)
     with pytest.raises(ValueError, match="reads the feature votes_rank"):
         AttemptChooser(("vote_share",), votes_prior=1.0)
+
+
+def test_the_rankings_figures_read_the_features_as_the_candidates_rank():
+    """votes: the first two rows; logprob: the two best logprob_rank; hedged: the votes' first and the
+    logprob's first (the votes' second when they agree), as Candidates.attempts picks them."""
+    def one(logprob_order, hit):
+        f = np.zeros((4, len(FEATURES)), np.float32)
+        f[:, FEATURES.index("logprob_rank")] = 1 / (1 + np.argsort(logprob_order))
+        h = np.zeros(4, bool)
+        h[hit] = True
+        return torch.from_numpy(f), torch.from_numpy(h)
+
+    # logprob ranks row 3 first, then row 2: votes miss, logprob and hedged find row 3
+    assert ranking_hits([one([3, 2, 0, 1], 3)]) == {"votes": 0.0, "logprob": 1.0, "hedged": 1.0}
+    # logprob agrees on row 0 first: hedged takes the votes' second (row 1), logprob its second (row 2)
+    assert ranking_hits([one([0, 2, 1, 3], 1)]) == {"votes": 1.0, "logprob": 0.0, "hedged": 1.0}

@@ -146,19 +146,34 @@ def _trained(sets: list[tuple[torch.Tensor, torch.Tensor]], cfg: Config, bar: tq
     return chooser.eval()
 
 
-def _pass2(chooser: AttemptChooser, sets: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[float, float]:
-    """-> (how many of `sets` the chooser's two best hold the output in, how many the votes' two do)."""
-    chosen = sum(h[list(chooser.best_two(f))].any().item() for f, h in sets)
-    return float(chosen), float(sum(h[:2].any().item() for _, h in sets))  # rows are in the votes' order
+def _hits(chooser: AttemptChooser, sets: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """How many of `sets` the chooser's two best hold the output in."""
+    return float(sum(h[list(chooser.best_two(f))].any().item() for f, h in sets))
+
+
+def ranking_hits(sets: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """How many of `sets` the two attempts of votes, logprob and hedged (Candidates.attempts) hold the
+    output in, read from the features: rows come in the votes' order, `logprob_rank` gives the other."""
+    by_logprob = FEATURES.index("logprob_rank")
+    out = dict.fromkeys(("votes", "logprob", "hedged"), 0.0)
+    for f, h in sets:
+        votes = [0, min(1, len(h) - 1)]
+        logprob = torch.argsort(f[:, by_logprob], descending=True, stable=True)[:2].tolist()
+        hedged = [0, logprob[0] if logprob[0] != 0 else votes[1]]
+        for name, picked in (("votes", votes), ("logprob", logprob), ("hedged", hedged)):
+            out[name] += float(h[picked].any())
+    return out
 
 
 def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]:
-    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures).
+    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures: pass@2 on
+    those inputs of the votes, logprob and hedged rankings, of the chooser on them (`pass2_fit`,
+    its own training inputs) and cross-validated (`pass2_cv`)).
 
     Before the chooser kept (trained on them all), CV_FOLDS choosers each trained without a fold of
-    the tasks (every CV_FOLDS-th in id order) choose on it: `chooser/pass2_cv` against the votes'
-    `chooser/pass2_votes_cv` on the same inputs says whether the choice carries to inputs it never
-    saw, where `pass2_fit` (on its own training inputs) cannot. Needs inputs of two tasks at least."""
+    the tasks (every CV_FOLDS-th in id order) choose on it: `chooser/pass2_cv`, beside the rankings
+    on the same inputs, says whether the choice carries to inputs of tasks it never saw, where
+    `pass2_fit` cannot. Needs inputs of two tasks at least."""
     positive = {t: [(torch.from_numpy(f), torch.from_numpy(h)) for f, h in rows if h.any()]
                 for t, rows in sorted(tasks.items())}
     positive = {t: sets for t, sets in positive.items() if sets}
@@ -169,21 +184,19 @@ def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]
     folds = min(CV_FOLDS, len(positive)) if len(positive) > 1 else 0
     names = list(positive)
     everything = [s for sets in positive.values() for s in sets]
-    figures = {"chooser/inputs": float(inputs), "chooser/with_output": float(len(everything))}
+    figures = {"chooser/inputs": float(inputs), "chooser/with_output": float(len(everything)),
+               **{f"chooser/pass2_{k}": v / len(everything) for k, v in ranking_hits(everything).items()}}
     with tqdm(total=cfg.eval.chooser_epochs * (1 + folds), desc="train the chooser", unit="step",
               dynamic_ncols=True) as bar:
         if folds:
-            held = [0.0, 0.0]
+            held = 0.0
             for k in range(folds):
                 train = [s for i, t in enumerate(names) if i % folds != k for s in positive[t]]
                 test = [s for i, t in enumerate(names) if i % folds == k for s in positive[t]]
-                held = [a + b for a, b in zip(held, _pass2(_trained(train, cfg, bar), test), strict=True)]
-            figures |= {"chooser/pass2_cv": held[0] / len(everything),
-                        "chooser/pass2_votes_cv": held[1] / len(everything)}
+                held += _hits(_trained(train, cfg, bar), test)
+            figures["chooser/pass2_cv"] = held / len(everything)
         chooser = _trained(everything, cfg, bar)
-    chosen, by_votes = _pass2(chooser, everything)
-    return chooser, {**figures, "chooser/pass2_fit": chosen / len(everything),
-                     "chooser/pass2_votes_fit": by_votes / len(everything)}
+    return chooser, {**figures, "chooser/pass2_fit": _hits(chooser, everything) / len(everything)}
 
 
 def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
@@ -207,10 +220,12 @@ def train_chooser(cfg: Config, device: torch.device, dist: Dist, stop) -> dict:
     trained_on = {"checkpoint": str(checkpoint), "eval_augments": cfg.eval.eval_augments,
                   "enumerate": cfg.eval.enumerate, "enumerate_floor": cfg.eval.enumerate_floor, **figures}
     path = add_to_checkpoint(checkpoint, CHOOSER_FILE, lambda p: chooser.save(p, trained_on))
-    unseen = (f"; on inputs of tasks it did not train on (cross-validated) {figures['chooser/pass2_cv']:.1%} chosen, "
-              f"{figures['chooser/pass2_votes_cv']:.1%} by votes" if "chooser/pass2_cv" in figures else "")
+    unseen = (f", {figures['chooser/pass2_cv']:.1%} on tasks it did not train on (cross-validated)"
+              if "chooser/pass2_cv" in figures else "")
     print(f"chooser: {figures['chooser/with_output']:.0f} of {figures['chooser/inputs']:.0f} held-out test inputs "
-          f"have the output among their candidates; on them pass@2 {figures['chooser/pass2_fit']:.1%} chosen, "
-          f"{figures['chooser/pass2_votes_fit']:.1%} by votes{unseen}; saved {path}", flush=True)
+          f"have the output among their candidates; on them pass@2 by votes {figures['chooser/pass2_votes']:.1%}, "
+          f"logprob {figures['chooser/pass2_logprob']:.1%}, hedged {figures['chooser/pass2_hedged']:.1%}; the chooser "
+          f"{figures['chooser/pass2_fit']:.1%} on the inputs it trained on{unseen}; "
+          f"saved {path}", flush=True)
     return {"steps": cfg.eval.chooser_epochs, "seconds": time.time() - started, "run_dir": str(checkpoint),
             **figures}
