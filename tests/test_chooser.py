@@ -18,7 +18,7 @@ from evaluation.choice import FEATURES, candidate_features, expected_shapes
 from evaluation.scoring import Candidates
 from policy_refined import AttemptChooser, plackett_luce_two
 from tests.conftest import write_re_arc
-from training.chooser import ranking_hits, fit, gathered_file, with_generated_queries
+from training.chooser import fit, gathered_file, ranking_hits, with_generated_queries
 
 CPU = torch.device("cpu")
 
