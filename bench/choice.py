@@ -2,7 +2,7 @@
 
     python fixed.py --eval_only --resume RUN --eval_tasks 0 --attempt_ranking learned --enumerate 0 --run_dir A
     python fixed.py --eval_only --resume RUN --eval_tasks 0 --attempt_ranking learned --enumerate 8 --run_dir B
-    python -m bench.choice A B
+    python -m bench.choice A B [--first 100]
 
 Prints, for each validation, pass@2 under every ranking it reported (votes, logprob, hedged and, with
 a chooser, learned) beside the oracle and seconds a task (summary.json), and the near misses: the test
@@ -49,10 +49,22 @@ def near_misses(before: dict[tuple[str, int], dict], after: dict[tuple[str, int]
     return out
 
 
+def first_figures(run: Path, n: int) -> dict[str, float]:
+    """The run's report on its first `n` tasks by id (ARC's evaluation order): test pairs, pass@2 of
+    its configured ranking, oracle, seconds a task."""
+    cards = sorted(read_report(run)["cards"], key=lambda c: c["id"])[:n]
+    records = [p for c in cards for p in c["runs"][0]["pairs"]]
+    return {"tasks": len(cards), "pairs": len(records),
+            "pass2": sum(any(p["right"]) for p in records) / len(records),
+            "oracle": sum(p["oracle"] for p in records) / len(records),
+            "seconds": sum(c["runs"][0]["seconds"] for c in cards) / len(cards)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("without", type=Path, help="--eval_only run folder without --enumerate")
     ap.add_argument("with_", metavar="with", type=Path, help="--eval_only run folder of the same checkpoint with it")
+    ap.add_argument("--first", type=int, default=0, help="also the figures of the first N tasks (from the reports)")
     args = ap.parse_args()
     print("| candidates | tasks | " + " | ".join(f"pass@2 {r}" for r in RANKINGS) + " | oracle | s/task |")
     print("|---" * (len(RANKINGS) + 4) + "|")
@@ -65,6 +77,13 @@ def main() -> None:
     print("|---|---|---|")
     for label, count, found in near_misses(pairs(args.without), pairs(args.with_)):
         print(f"| {label} off | {count} | {found} |")
+    if args.first:
+        print(f"\n| candidates, first {args.first} tasks | test pairs | pass@2 (the run's ranking) | oracle | s/task |")
+        print("|---|---|---|---|---|")
+        for name, run in (("views' argmax", args.without), ("+ enumerated", args.with_)):
+            f = first_figures(run, args.first)
+            print(f"| {name} | {f['pairs']} | {100 * f['pass2']:.1f}% | {100 * f['oracle']:.1f}% | "
+                  f"{f['seconds']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import training
-from bench.choice import near_misses, pairs
+from bench.choice import first_figures, near_misses, pairs
 from bench.near_miss_depth import main, near_miss_depth, near_miss_pairs, reachable, target_depth
 from data.augment import Augmentation
 from data.canvas import NUM_CLASSES, NUM_COLOURS
@@ -132,3 +132,16 @@ def test_the_bench_validates_the_reported_tasks_again_and_prints_its_tables(smal
     out = capsys.readouterr().out
     assert f"{len(episodes)} near misses in {tmp_path / 'report'}" in out
     assert "| --enumerate_floor | k=8 | k=64 | k=512 |" in out and "| 8 | " in out
+
+
+def test_first_figures_read_the_first_tasks_by_id(tmp_path):
+    run = write_report(tmp_path / "a", {
+        "b": [record([0, 3], oracle=True), record([2, 2])],
+        "a": [record([4, 1], oracle=True)],
+        "c": [record([0, 0], oracle=True)],  # not among the first two
+    })
+    cards = json.loads((run / "report.json").read_text())
+    for card, seconds in zip(cards["cards"], (2.0, 4.0, 9.0), strict=True):
+        card["runs"][0]["seconds"] = seconds
+    (run / "report.json").write_text(json.dumps(cards))
+    assert first_figures(run, 2) == {"tasks": 2, "pairs": 3, "pass2": 1 / 3, "oracle": 2 / 3, "seconds": 3.0}
