@@ -7,7 +7,8 @@
 Prints, for each validation, pass@2 under every ranking it reported (votes, logprob, hedged and, with
 a chooser, learned) beside the oracle and seconds a task (summary.json), and the near misses: the test
 pairs whose better attempt in A is 1-2 or 3-5 cells off, and how many of them B holds among its
-candidates (report.json's oracle). B must have scored the same tasks as A.
+candidates (report.json's oracle). B must have scored the same tasks as A. With --first N, also
+pass@2 of each run's own ranking, the oracle and seconds a task on the first N tasks (their reports).
 """
 
 from __future__ import annotations
