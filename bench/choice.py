@@ -36,6 +36,11 @@ def pairs(run: Path) -> dict[tuple[str, int], dict]:
             for j, pair in enumerate(card["runs"][0]["pairs"])}
 
 
+def cells_off(pair: dict) -> int:
+    """A report pair's better attempt: its cells wrong (0 when neither attempt has the target's shape)."""
+    return min((c for c in pair["cells_wrong"] if c is not None), default=0)
+
+
 def near_misses(before: dict[tuple[str, int], dict], after: dict[tuple[str, int], dict]) -> list[tuple[str, int, int]]:
     """-> per NEAR range: (label, pairs of `before` whose better attempt is that many cells off, of
     them those whose target is among `after`'s candidates)."""
@@ -44,8 +49,7 @@ def near_misses(before: dict[tuple[str, int], dict], after: dict[tuple[str, int]
         raise SystemExit(f"the second run did not score {len(missing)} of the first's test pairs (e.g. {min(missing)})")
     out = []
     for low, high in NEAR:
-        near = [k for k, p in before.items()
-                if not p["oracle"] and low <= min((c for c in p["cells_wrong"] if c is not None), default=0) <= high]
+        near = [k for k, p in before.items() if not p["oracle"] and low <= cells_off(p) <= high]
         out.append((f"{low}-{high} cells", len(near), sum(after[k]["oracle"] for k in near)))
     return out
 

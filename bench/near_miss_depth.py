@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.choice import NEAR, pairs
+from bench.choice import NEAR, cells_off, pairs
 from data.arc import Grid
 from data.augment import Augmentation
 from engine.checkpoint import find_checkpoint
@@ -82,8 +82,7 @@ def near_miss_pairs(report_run: Path) -> dict[str, list[int]]:
     low, high = NEAR[0][0], NEAR[-1][1]
     out: dict[str, list[int]] = {}
     for (task, j), p in pairs(report_run).items():
-        off = min((c for c in p["cells_wrong"] if c is not None), default=0)
-        if not p["oracle"] and low <= off <= high:
+        if not p["oracle"] and low <= cells_off(p) <= high:
             out.setdefault(task, []).append(j)
     return out
 
