@@ -254,6 +254,9 @@ class EvalCfg:
                                "all when they are expected to take no longer than the training did (--eval_only: "
                                "all), else the --val_tasks ones")
     eval_batch_size: int = flag(32, "episodes per validation batch")
+    heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md): at each validation before adaptation "
+                                    "on every evaluation task and held-out training pair (one forward a pair), and "
+                                    "after each task's adaptation over its voted views")
     eval_augments: int = flag(8, "validation: views (identity + dihedral x colour augmentations) voted over for "
                                  "the two attempts")
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "

@@ -34,6 +34,8 @@ from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
 from evaluation.choice import learned_attempts
+from evaluation.heldout import PairLoss, adapted_losses, loss_metrics, target_fitted
+from evaluation.intervals import interval
 from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
@@ -42,6 +44,7 @@ from policy_refined import AttemptChooser
 from prompt import QwenFeatures
 
 IMAGES = 4  # tasks drawn as images for TensorBoard
+INTERVALS = ("pass2", "exact", "oracle", "task_score")  # the scores with a 95% interval (evaluation.intervals)
 
 
 @torch.no_grad()
@@ -74,15 +77,16 @@ class TaskScores:
     attempts: dict[int, tuple[Grid, Grid]]  # episode index -> its two attempts
     seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
     ttt_steps: dict[str, int]  # task id -> test-time-training steps taken
+    losses: dict[int, PairLoss]  # episode index -> its held-out loss after adaptation (evaluation/heldout.py)
 
     def merged(self, other: TaskScores) -> TaskScores:
         return TaskScores({**self.records, **other.records}, {**self.copy_records, **other.copy_records},
                           {**self.attempts, **other.attempts}, {**self.seconds, **other.seconds},
-                          {**self.ttt_steps, **other.ttt_steps})
+                          {**self.ttt_steps, **other.ttt_steps}, {**self.losses, **other.losses})
 
     def cards(self, dataset: EpisodeDataset) -> list[dict]:
         """The report's card of every scored task (evaluation/report.py), in the evaluation set's order."""
-        return task_cards(self.attempts, self.records, self.seconds, self.ttt_steps, dataset)
+        return task_cards(self.attempts, self.records, self.seconds, self.ttt_steps, dataset, self.losses)
 
     def images(self, dataset: EpisodeDataset) -> list[tuple[str, np.ndarray]]:
         """(task id, [H, W, 3] uint8) of the first IMAGES scored tasks in the evaluation set's order
@@ -97,9 +101,18 @@ class TaskScores:
         return images
 
     def metrics(self, prefix: str, cfg: Config) -> dict[str, float]:
-        """`<prefix>/*`: ARC Prize metrics, the copy baseline as `<prefix>/copy_*`, tasks, seconds a task
-        and (with test-time training) its steps a task."""
-        out = {f"{prefix}/{k}": v for k, v in summarise(list(self.records.values())).items()}
+        """`<prefix>/*`: ARC Prize metrics with the 95% interval over tasks of pass2, exact, oracle and
+        task_score (`_lo`, `_hi`; evaluation/intervals.py), the held-out loss after adaptation
+        (`adapted_nats_cell`, `adapted_bits_grid`, with theirs), the copy baseline as `<prefix>/copy_*`,
+        tasks, seconds a task and (with test-time training) its steps a task."""
+        records = list(self.records.values())
+        out = {f"{prefix}/{k}": v for k, v in summarise(records).items()}
+        for name in INTERVALS:
+            source, per = ("pass2", "task") if name == "task_score" else (name, "pair")  # task score: solved pairs
+            if records and source in records[0][1]:
+                lo, hi = interval([(t, m[source]) for t, m in records], per)
+                out.update({f"{prefix}/{name}_lo": lo, f"{prefix}/{name}_hi": hi})
+        out.update({f"{prefix}/{k}": v for k, v in loss_metrics(self.losses, "adapted").items()})
         out.update({f"{prefix}/copy_{k}": v for k, v in summarise(list(self.copy_records.values())).items()
                     if k != "oracle"})
         out[f"{prefix}/seconds_per_task"] = float(np.mean(list(self.seconds.values())))
@@ -181,7 +194,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
-    records, copy_records, attempts, seconds, ttt_steps = {}, {}, {}, {}, {}
+    fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None  # the held-out loss's canvases hold the output
+    records, copy_records, attempts, seconds, ttt_steps, losses = {}, {}, {}, {}, {}, {}
     progress = [0.0] * 4  # this slot's tasks, test inputs, of them solved (pass@2), TTT steps
     totals = [0.0] * 4
     bar = tqdm(total=len(task_ids), desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
@@ -207,6 +221,9 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 if stop():  # the adaptation was cut short: nothing of this group will be kept
                     continue
                 cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adaptation)
+                if cfg.eval.heldout_loss:
+                    losses.update(adapted_losses(model, prompts, dataset, fitted, cands, episodes, cfg=cfg,
+                                                 device=device, adapted=adaptation))
             for i in episodes:
                 if cfg.eval.enumerate:
                     cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
@@ -234,7 +251,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     finally:
         bar.close()
         model.train(was_training)
-    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps))
+    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps, losses))
     return reduce(TaskScores.merged, gathered)
 
 

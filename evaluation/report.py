@@ -24,6 +24,7 @@ import numpy as np
 from data.arc import Grid
 from data.episodes import EpisodeDataset
 from engine.files import write_atomic
+from evaluation.intervals import METHOD
 
 PAGE = Path(__file__).with_name("report_page.html")
 FILTERS = ("all", "solved", "oracle", "near", "shape")  # the page's own list; a test holds them equal
@@ -67,10 +68,12 @@ def run_of_task(pairs: list[tuple[tuple[Grid, Grid], Grid, dict[str, float]]], s
 
 
 def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[str, dict[str, float]]],
-               seconds: dict[str, float], ttt_steps: dict[str, int], dataset: EpisodeDataset) -> list[dict]:
+               seconds: dict[str, float], ttt_steps: dict[str, int], dataset: EpisodeDataset,
+               losses: dict[int, tuple[str, float, float]] | None = None) -> list[dict]:
     """One card per scored task, in the evaluation set's order: {"id", "demos": [[input, output]],
-    "tests": [{"input", "target"}], "runs": [run_of_task(...)]} (grids as digit rows).
-    attempts, records: by episode index of `dataset` (evaluation.evaluate.TaskScores)."""
+    "tests": [{"input", "target"}], "runs": [run_of_task(...)]} (grids as digit rows); with `losses`
+    (the held-out loss after adaptation, evaluation/heldout.py) each pair has its "nats_cell".
+    attempts, records, losses: by episode index of `dataset` (evaluation.evaluate.TaskScores)."""
     by_task: dict[str, list[int]] = defaultdict(list)
     for i in sorted(attempts):
         by_task[dataset.episodes[i].task.task_id].append(i)
@@ -80,6 +83,9 @@ def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[
         queries = [dataset.episodes[i].query for i in episodes]
         run = run_of_task([(attempts[i], q.output, records[i][1]) for i, q in zip(episodes, queries, strict=True)],
                           seconds.get(task_id, 0.0), ttt_steps.get(task_id, 0))
+        for i, pair in zip(episodes, run["pairs"], strict=True):
+            if losses and i in losses:
+                pair["nats_cell"] = round(losses[i][1], 5)
         cards.append({"id": task_id, "demos": [[grid_rows(d.input), grid_rows(d.output)] for d in task.train],
                       "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output)} for q in queries],
                       "runs": [run]})
@@ -97,11 +103,13 @@ def page_html(title: str, header: list[tuple[str, str]], runs: list[str], cards:
     return page.replace("__TITLE__", html.escape(title)).replace("__DATA__", text)
 
 
-def write_report(folder: Path, header: dict, cards: list[dict]) -> Path:
-    """report.json ({"header": {...}, "cards": [...]}, what compare.py reads) and report.html in
-    `folder`. header: "title", "run", "rows" [(label, value)] shown above the cards. -> the page's path."""
+def write_report(folder: Path, header: dict, cards: list[dict], heldout: dict | None = None) -> Path:
+    """report.json ({"header": {...}, "cards": [...], "heldout": {...}}, what compare.py reads) and
+    report.html in `folder`. header: "title", "run", "rows" [(label, value)] shown above the cards.
+    heldout: `heldout_pairs`'s held-out losses before adaptation. -> the page's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / "report.json", json.dumps({"header": header, "cards": cards}, separators=(",", ":")))
+    write_atomic(folder / "report.json", json.dumps({"header": header, "cards": cards, "heldout": heldout or {}},
+                                                    separators=(",", ":")))
     page = folder / "report.html"
     write_atomic(page, page_html(header["title"], header["rows"], [header["run"]], cards))
     return page
@@ -110,15 +118,33 @@ def write_report(folder: Path, header: dict, cards: list[dict]) -> Path:
 def header(*, run: str, what: str, weights: str, step: int, data: str, settings: str, metrics: dict[str, float],
            prefix: str) -> dict:
     """What report.json keeps of a validation and the page shows above the cards: `metrics` are its
-    `<prefix>/*` scalars (evaluation.evaluate.TaskScores.metrics)."""
+    `<prefix>/*` scalars (evaluation.evaluate.TaskScores.metrics) and any `heldout/*` ones (the held-out
+    loss before adaptation, evaluation/heldout.py)."""
     scores = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(prefix + "/")}
 
     def pct(name: str) -> str:
-        return f"{100 * scores[name]:.1f}%" if name in scores else "-"
+        return f"{100 * scores[name]:.1f}%{span(name, 100, '.1f', '%')}" if name in scores else "-"
+
+    def span(name: str, scale: float, fmt: str, unit: str = "") -> str:
+        if f"{name}_lo" not in scores:
+            return ""
+        lo, hi = scores[f"{name}_lo"] * scale, scores[f"{name}_hi"] * scale
+        return f" (95%: {lo:{fmt}}-{hi:{fmt}}{unit})"
+
+    def loss(name: str) -> str:
+        return f"{scores[name]:.3f} nats a cell{span(name, 1, '.3f')}" if name in scores else "-"
 
     rows = [("run", run), ("weights", f"{weights} (step {step})"), ("data", data), ("adaptation", settings),
-            ("tasks", f"{scores.get('tasks', 0):.0f}"), ("pass@2", pct("pass2")), ("oracle", pct("oracle")),
-            ("task score", f"{scores['task_score']:.3f}" if "task_score" in scores else "-"),
+            ("tasks", f"{scores.get('tasks', 0):.0f}"), ("pass@2", pct("pass2")), ("exact", pct("exact")),
+            ("oracle", pct("oracle")),
+            ("task score", f"{scores['task_score']:.3f}{span('task_score', 1, '.3f')}" if "task_score" in scores
+             else "-"),
             ("copy the input: pass@2", pct("copy_pass2")),
+            ("held-out loss after adaptation", loss("adapted_nats_cell")),
             ("seconds a task", f"{scores.get('seconds_per_task', 0.0):.2f}")]
+    rows += [(f"held-out loss before adaptation: {name.split('/')[1].removesuffix('_nats_cell')}",
+              f"{value:.3f} nats a cell (95%: {metrics[name + '_lo']:.3f}-{metrics[name + '_hi']:.3f}), "
+              f"{metrics[name.replace('nats_cell', 'pairs')]:.0f} test pairs")
+             for name, value in metrics.items() if name.startswith("heldout/") and name.endswith("_nats_cell")]
+    rows.append(("intervals", METHOD))
     return {"title": f"{run}: {what}", "run": run, "step": step, "weights": weights, "metrics": scores, "rows": rows}

@@ -33,9 +33,12 @@ from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
 from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
+from evaluation.heldout import heldout_losses, pair_records
 from evaluation.report import header as report_header
 from evaluation.report import write_report
-from training.build import TrainingData, evaluation_view, load_run, prompt_cache_dir
+from model import ArcModel
+from prompt import QwenFeatures
+from training.build import TrainingData, evaluation_view, held_out_set, load_run, prompt_cache_dir
 from training.run_folder import announce, finish_run, open_run, plan_run_dir
 from training.run_state import TrainState
 
@@ -122,6 +125,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                            desc=desc)
 
     with preserved_rng():
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         scores = score(first, "validate")
@@ -135,17 +139,33 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                 scores = scores.merged(score(rest, "final"))
             result = EvalResult.of(scores, data.eval_set, cfg)
             publish(result, step, cfg, dist, logger)
-            write_run_report(logger, f"final validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg,
-                             result.metrics, "eval", scores, data.eval_set)
             metrics = result.metrics
         else:
             log_images(logger, scores.images(data.eval_set), step)
-            write_run_report(logger, f"validation at step {step}", f"checkpoints/step_{step:08d}", step, cfg, metrics,
-                             "val", scores, data.eval_set)
+        write_run_report(logger, f"{'final ' if final else ''}validation at step {step}",
+                         f"checkpoints/step_{step:08d}", step, cfg, {**metrics, **heldout}, "eval" if final else "val",
+                         scores, data.eval_set, heldout_pairs)
     state.model.set_rl_noise_state(noise)
     schedule.val_seconds += dist.from_main(time.perf_counter() - started)
     schedule.done += not final
-    return metrics
+    return {**metrics, **heldout}
+
+
+def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: TrainingData, cfg: Config,
+                    device: torch.device, dist: Dist, logger: RunLogger | None,
+                    step: int) -> tuple[dict[str, float], dict]:
+    """The held-out loss before adaptation (evaluation/heldout.py) on every evaluation task ("eval": on
+    synthetic data the held-out families) and on the test pairs training held out ("train_tests"),
+    logged as `heldout/*` at `step` with its seconds. -> (metrics, report.json's per-pair records)."""
+    if not cfg.eval.heldout_loss:
+        return {}, {}
+    started = time.perf_counter()
+    sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
+    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist)
+    metrics["heldout/seconds"] = dist.from_main(time.perf_counter() - started)
+    if logger is not None:
+        logger.write(step, metrics)
+    return metrics, pair_records(pairs, sets)
 
 
 def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seconds_so_far: float,
@@ -182,7 +202,8 @@ def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], s
 
 
 def write_run_report(logger: RunLogger | None, what: str, weights: str, step: int, cfg: Config,
-                     metrics: dict[str, float], prefix: str, scores: TaskScores, dataset: EpisodeDataset) -> None:
+                     metrics: dict[str, float], prefix: str, scores: TaskScores, dataset: EpisodeDataset,
+                     heldout: dict | None = None) -> None:
     """report.html and report.json in the run folder (main process: the one with a logger), after
     a validation's scoring; the time it takes is printed (it is not part of the validation's)."""
     if logger is None:
@@ -192,7 +213,7 @@ def write_run_report(logger: RunLogger | None, what: str, weights: str, step: in
     data = cfg.data.data + (f", evaluation: {cfg.data.eval_data}" if cfg.data.eval_data else "")
     head = report_header(run=logger.run_dir.name, what=what, weights=weights, step=step, data=data,
                          settings=describe(cfg), metrics=metrics, prefix=prefix)
-    page = write_report(logger.run_dir, head, cards)
+    page = write_report(logger.run_dir, head, cards, heldout)
     tqdm.write(f"report: {page} ({len(cards)} tasks, {page.stat().st_size / 2**20:.1f} MiB, "
                f"{time.perf_counter() - started:.2f} s)", file=sys.stderr)
 
@@ -208,16 +229,18 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     started = time.time()
     tasks = first_tasks(data.eval_set, cfg.eval.eval_tasks)  # -1 and 0: all
     announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
+    step = state.counters.optimizer_steps
     try:
         model, prompts = evaluation_view(state, cfg, device)
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser)
         result = EvalResult.of(scores, data.eval_set, cfg)
-        publish(result, state.counters.optimizer_steps, cfg, dist, logger)
-        write_run_report(logger, "evaluation", str(weights), state.counters.optimizer_steps, cfg, result.metrics,
-                         "eval", scores, data.eval_set)
-        return finish_run(run_dir, logger, started, state.counters.optimizer_steps,
-                          {"evaluated": str(weights), **result.metrics}, dist)
+        publish(result, step, cfg, dist, logger)
+        write_run_report(logger, "evaluation", str(weights), step, cfg, {**result.metrics, **heldout}, "eval", scores,
+                         data.eval_set, heldout_pairs)
+        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **result.metrics, **heldout},
+                          dist)
     except Interrupted as err:
         raise TrainingStopped.by_signal(err.signum, f"during the evaluation of {weights}; nothing written as "
                                                     f"finished, run the same command to evaluate again") from None

@@ -1,0 +1,163 @@
+"""The held-out loss: how well the weights predict the outputs of pairs training never saw.
+
+Definition (docs/runs.md, "The held-out loss"; tests/test_heldout.py works one example by hand).
+For a test pair with output y of h x w cells, the agent predicts a canvas from the pair's demos and
+test input, with the mean refinement, on the side training would use (large enough for y and its
+end-of-grid markers: data.episodes.episode_extent with the target). With p_c the agent's softmax
+over the 12 classes at cell c, under one view:
+
+    nats(y)       = - sum over the cells c of y's canvas that are not PAD of log p_c(y_c)
+                    (the h*w colours and the h + w + 1 end-of-grid markers: the output's size is
+                    predicted, so getting it right is part of the loss; a placed view counts its
+                    scaled cells)
+    nats a cell   = nats(y) / (those cells)
+    bits a grid   = nats a cell * (h*w + h + w + 1) / ln 2     (the identity view: -log2 p(y))
+
+Several views: the mean over views of each. A set's loss is the mean over its test pairs, with the
+95% interval over tasks (evaluation/intervals.py).
+
+Before adaptation it reads the weights as training left them (one forward a pair, the identity
+view): every validation measures it on every evaluation task and on the test pairs training held
+out (--hold_out_tests). After adaptation (the final validation and --eval_only) it is measured
+inside each task's adaptation, with the adapted weights, over the voted views. Either way it reads
+test outputs as the scorer does, after the attempts are chosen, and changes nothing: no weight, no
+random stream (the model's RL noise is not drawn: the mean refinement).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from data.augment import view_ids
+from data.canvas import PAD, encode
+from data.episodes import EpisodeDataset, collate
+from engine.config import Config
+from engine.distributed import Dist
+from engine.loop import to_device
+from engine.precision import autocast
+from evaluation.adaptation import AdaptedTasks
+from evaluation.intervals import interval
+from evaluation.scoring import Candidates, grid_logprob
+from model import ArcModel
+from prompt import QwenFeatures
+
+PairLoss = tuple[str, float, float]  # (task id, nats a cell, bits a grid) of one test pair
+
+
+def target_fitted(dataset: EpisodeDataset) -> EpisodeDataset:
+    """The same episodes and views on the canvas side training would use (fitted to each target as
+    well), so every output lies on the canvas its loss is read from."""
+    return EpisodeDataset(dataset.episodes, dataset.scale, permute_background=dataset.permute_background,
+                          scores=dataset.scores, canvas=dataset.canvas, fit_target=True, task_rows=dataset.task_rows,
+                          context_demos=dataset.context_demos, placing=dataset.placing)
+
+
+def grid_cells(shape: tuple[int, int]) -> int:
+    """Cells of an unplaced h x w grid's canvas that the loss reads: h*w colours, h + w + 1 markers."""
+    h, w = shape
+    return h * w + h + w + 1
+
+
+@torch.no_grad()
+def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDataset, episodes: list[int], *,
+                views: int, cfg: Config, device: torch.device,
+                adapted: AdaptedTasks | None = None) -> dict[int, PairLoss]:
+    """The held-out loss of each of `episodes` (indices into `fitted`, a `target_fitted` set), mean
+    over its first `views` views, with `adapted`'s per-task adapters when given.
+    -> {episode index: (task id, nats a cell, bits a grid)}."""
+    items = [(e, a) for e in episodes for a in view_ids(views)]
+    loader = DataLoader(fitted, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
+    nats_cell: dict[int, list[float]] = {e: [] for e in episodes}
+    with autocast(cfg.optim.amp, device.type):
+        for batch in loader:
+            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+            adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
+            logits = model(batch, "mean", adapter).logits[0]
+            target = batch["target"]  # [B, S, S] int64: read by this loss only, never by the model
+            logp = F.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, S, S]
+            cells = target != PAD
+            per_cell = (-(logp * cells).sum((1, 2)) / cells.sum((1, 2))).cpu().tolist()
+            for e, value in zip(batch["episode"], per_cell, strict=True):
+                nats_cell[e].append(value)
+    out = {}
+    for e, values in nats_cell.items():
+        ep = fitted.episodes[e]
+        mean = float(np.mean(values))
+        out[e] = (ep.task.task_id, mean, mean * grid_cells(ep.query.output.shape) / math.log(2))
+    return out
+
+
+def adapted_losses(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, fitted: EpisodeDataset,
+                   cands: dict[int, Candidates], episodes: list[int], *, cfg: Config, device: torch.device,
+                   adapted: AdaptedTasks | None) -> dict[int, PairLoss]:
+    """The held-out loss after adaptation of `episodes` (indices into `dataset`, the evaluation set, and
+    `fitted`, its `target_fitted` twin) over the voted views, inside the tasks' adaptation. A pair whose
+    output lies within its predicted extent has the same canvases in both sets, so the views' own
+    log-probabilities (`cands`, kept for ranking) give its loss at no cost; the others take one
+    forward a view on the fitted canvases."""
+    out, rest = {}, []
+    for i in episodes:
+        if fitted.extents[i] != dataset.extents[i]:
+            rest.append(i)
+            continue
+        target = dataset.episodes[i].query.output  # read by this loss, as by the scorer
+        per_view = []
+        for aug, logp in cands[i].views:
+            cells = int((encode(aug.grid(target), aug.placement, logp.shape[0]) != PAD).sum())
+            per_view.append(-grid_logprob(target, aug, logp) / cells)
+        mean = float(np.mean(per_view))
+        out[i] = (dataset.episodes[i].task.task_id, mean, mean * grid_cells(target.shape) / math.log(2))
+    if rest:
+        out.update(pair_losses(model, prompts, fitted, rest, views=cfg.eval.eval_augments, cfg=cfg, device=device,
+                               adapted=adapted))
+    return out
+
+
+def loss_metrics(losses: dict[int, PairLoss], prefix: str) -> dict[str, float]:
+    """`<prefix>_nats_cell`, `<prefix>_bits_grid` (means over test pairs), each with `_lo`, `_hi` (95%
+    over tasks), and `<prefix>_pairs`."""
+    if not losses:
+        return {}
+    out = {f"{prefix}_pairs": float(len(losses))}
+    for i, name in ((1, "nats_cell"), (2, "bits_grid")):
+        values = [(rec[0], rec[i]) for rec in losses.values()]
+        lo, hi = interval(values)
+        out.update({f"{prefix}_{name}": float(np.mean([v for _, v in values])), f"{prefix}_{name}_lo": lo,
+                    f"{prefix}_{name}_hi": hi})
+    return out
+
+
+def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str, EpisodeDataset | None], *,
+                   cfg: Config, device: torch.device,
+                   dist: Dist = Dist()) -> tuple[dict[str, float], dict[str, dict[int, PairLoss]]]:
+    """The held-out loss before adaptation (identity view) of every test pair of each named set (None:
+    left out), this process's share computed and all gathered. -> (`heldout/<name>_*` metrics,
+    {name: pair losses})."""
+    was_training = model.training
+    model.train(False)
+    metrics: dict[str, float] = {}
+    pairs: dict[str, dict[int, PairLoss]] = {}
+    try:
+        for name, dataset in sets.items():
+            if dataset is None:
+                continue
+            mine = list(range(dist.rank, len(dataset), dist.world_size))
+            losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device)
+            pairs[name] = {k: v for part in dist.gather(losses) for k, v in part.items()}
+            metrics.update(loss_metrics(pairs[name], f"heldout/{name}"))
+    finally:
+        model.train(was_training)
+    return metrics, pairs
+
+
+def pair_records(pairs: dict[str, dict[int, PairLoss]], datasets: dict[str, EpisodeDataset | None]) -> dict:
+    """What report.json keeps of `heldout_losses`' pairs (evaluation/compare.py pairs two runs on them):
+    {name: [[task id, "test[j]", nats a cell, bits a grid], ...]} in each set's order."""
+    return {name: [[task, datasets[name].episodes[i].where, round(nats, 5), round(bits, 4)]
+                   for i, (task, nats, bits) in sorted(losses.items())]
+            for name, losses in pairs.items()}
