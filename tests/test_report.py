@@ -125,6 +125,32 @@ def test_compare_counts_tasks_gained_and_lost(finished_run, tmp_path, capsys):
     rows = [line.split()[:2] for line in out.splitlines()]
     assert "gained (B solves, A does not): 1" in out and [ids[0], "gained"] in rows and [ids[1], "lost"] in rows
     assert (other / "compare.html").is_file()
+    diff = {d["name"]: d for d in result.differences}
+    assert diff["pass@2"]["diff"] == pytest.approx(result.pass2[1] - result.pass2[0])
+    assert (diff["pass@2"]["gained"], diff["pass@2"]["lost"]) == (gained, lost) and diff["pass@2"]["pairs"] == pairs
+    assert diff["pass@2"]["lo"] <= diff["pass@2"]["diff"] <= diff["pass@2"]["hi"]
+    assert "McNemar p = " in out and "95%" in out
+
+
+def test_compare_pairs_the_held_out_losses_and_says_when_a_difference_is_beyond_noise(finished_run, tmp_path, capsys):
+    """B's held-out loss before adaptation a tenth lower on every pair: lower in every task, the sign
+    test's p that of all tasks one way, the interval off zero; after adaptation the same losses: a tie."""
+    _, _, run = finished_run
+    report = json.loads((run / "report.json").read_text())
+    assert len(report["heldout"]["eval"]) == 3 and all(p["nats_cell"] > 0 for c in report["cards"]
+                                                       for p in c["runs"][0]["pairs"])
+    other = tmp_path / "other"
+    other.mkdir()
+    report["heldout"]["eval"] = [[t, w, n - 0.1, b] for t, w, n, b in report["heldout"]["eval"]]
+    (other / "report.json").write_text(json.dumps(report))
+    compare.main([str(run), str(other)])
+    out = capsys.readouterr().out
+    result = compare.compare(compare.read_report(run), compare.read_report(other))
+    diff = {d["name"]: d for d in result.differences}
+    before, after = diff["held-out loss before adaptation: eval"], diff["held-out loss after adaptation"]
+    assert before["diff"] == pytest.approx(-0.1) and before["hi"] < 0 and before["lower"] == 3 and before["p"] == 0.25
+    assert after["diff"] == 0 and after["lower"] == after["higher"] == 0
+    assert "held-out loss before adaptation: eval" in out and "beyond noise" in out and "a tie" in out
 
 
 def test_compare_refuses_a_run_without_a_report_in_one_line(tmp_path):
