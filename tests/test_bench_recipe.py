@@ -1,6 +1,7 @@
 """bench/recipe.py, the side-by-side table's bench, on the small ARC folder: a row trains, is scored
-at each number of views asked for, and a rerun on the same folder scores the run it finds without
-training it again."""
+at each number of views asked for beside the untrained start, with its paired gain over it, and a
+rerun on the same folder scores the run it finds without training it again; with --seeds each row
+runs once a seed and a last table gives the mean and spread."""
 
 import subprocess
 import sys
@@ -12,32 +13,61 @@ from tests.conftest import ROOT
 SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=2")
 
 
-def bench(arc_folder, out, *args) -> list[list[str]]:
-    """The table's rows, each a list of its cells."""
+COLUMNS = 15  # the first table's: row, seed, train min, steps, s/step, views, ARC loss, exact, pass@2, oracle, s/task,
+#              held-out pairs' loss and pass@2, unseen pass@2 and s/task
+
+
+def tables(stdout: str, row: str = "defaults") -> list[list[list[str]]]:
+    """Each printed table's lines of `row`, each a list of its cells, table by table."""
+    out: list[list[list[str]]] = []
+    for line in stdout.splitlines():
+        if line.startswith("| row "):
+            out.append([])
+        elif line.startswith(f"| {row} "):
+            out[-1].append([c.strip() for c in line.strip("|").split("|")])
+    return out
+
+
+def bench(arc_folder, out, *args) -> str:
+    """The bench's printed output."""
     sets = [a for s in (f"data={arc_folder}", *SMALL) for a in ("--set", s)]
     proc = subprocess.run([sys.executable, "-m", "bench.recipe", "--rows", "defaults", "--tasks", "1", "--held", "2",
                            "--unseen", "0", "--out", str(out), *sets, *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return [[c.strip() for c in line.strip("|").split("|")] for line in proc.stdout.splitlines()
-            if line.startswith("| defaults")]
+    return proc.stdout
 
 
 @pytest.mark.slow
-def test_a_row_is_scored_at_each_view_count_and_a_rerun_trains_nothing(arc_folder, tmp_path):
-    first = bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "1,3")
-    assert [row[4] for row in first] == ["1", "3"]  # the views column
-    steps = first[0][2]
-    assert int(steps.replace(",", "")) > 0 and first[1][2] == steps, "one run, scored twice"
-    assert all(row[9] != "-" for row in first), "held-out test pairs are scored"
-    again = bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "2")
-    assert len(again) == 1 and again[0][2] == steps and again[0][4] == "2", "the run found is scored, not trained"
+def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rerun_trains_nothing(arc_folder, tmp_path):
+    out = bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "1,3")
+    first, gains = tables(out)
+    assert all(len(row) == COLUMNS for row in first) and [row[5] for row in first] == ["1", "3"]  # views
+    steps = first[0][3]
+    assert int(steps.replace(",", "")) > 0 and first[1][3] == steps, "one run, scored twice"
+    assert all(row[12] != "-" and "(" in row[8] for row in first), "held-out pairs scored, pass@2 with its interval"
+    assert all(row[6] != "-" and row[11] != "-" for row in first), "the held-out losses"
+    assert [row[3] for row in gains] == ["1", "3"] and all("(" in c for row in gains for c in row[4:]), \
+        "a paired gain with its interval for each view count"
+    untrained = tables(out, "untrained")[0]
+    assert [row[3] for row in untrained] == ["0", "0"] and untrained[0][6] != first[0][6], "weights as built"
+    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "2"))[0]
+    assert len(again) == 1 and again[0][3] == steps and again[0][5] == "2", "the run found is scored, not trained"
+
+
+@pytest.mark.slow
+def test_seeds_run_each_row_once_a_seed_and_give_mean_and_spread(arc_folder, tmp_path):
+    runs, gains, spread = tables(bench(arc_folder, tmp_path, "--minutes", "0.05", "--seeds", "2", "--views", "1"))
+    assert [row[1] for row in runs] == ["0", "1"] and [row[1] for row in gains] == ["0", "1"]
+    assert runs[0][6] != runs[1][6], "two seeds, two runs"
+    assert len(spread) == 1 and spread[0][3] == "2" and "(" in spread[0][4]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("defaults")) == ["defaults", "defaults-seed1"]
 
 
 @pytest.mark.slow
 def test_a_curve_keeps_a_checkpoint_at_each_mark_that_validation_can_name(arc_folder, tmp_path):
-    rows = bench(arc_folder, tmp_path, "--curve", "0.05,0.1")
-    assert len(rows) == 2 and int(rows[1][2].replace(",", "")) > int(rows[0][2].replace(",", ""))
+    rows = tables(bench(arc_folder, tmp_path, "--curve", "0.05,0.1", "--no_untrained"))[0]
+    assert len(rows) == 2 and int(rows[1][3].replace(",", "")) > int(rows[0][3].replace(",", ""))
     from engine.checkpoint import find_checkpoint
 
     marks = tmp_path / "defaults" / "marks"

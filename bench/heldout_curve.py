@@ -1,0 +1,157 @@
+"""The held-out loss against training: does what training learns carry to tasks it never saw?
+
+    python -m bench.heldout_curve RUN [RUN ...] [--untrained RUN0] [--svg curve.svg]
+
+Reads what each run's validations logged (evaluation/heldout.py): the held-out loss before
+adaptation on every evaluation task (`heldout/eval_*`) and on the training pairs it held out
+(`heldout/train_tests_*`), beside the training loss (`loss/efe`, the mean of the logged values since
+the previous validation), at each validation's step; `--untrained` adds a run folder of the weights
+as built (`fixed.py --eval_only` without --resume, with the same flags) as step 0. Training minutes
+are the run's `train_seconds` spread evenly over its steps (summary.json).
+
+Prints one table row a validation, then for each run the power law fitted to its evaluation loss,
+L = a * steps^-b (least squares in log-log over the validations after step 0), with b's 95%
+interval (t distribution of the slope) and, when the last two validations' intervals overlap,
+that the loss has stopped falling. `--svg` draws every run's curves on one picture (no plotting
+library: SVG written here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from engine.run_logger import read_scalars
+
+COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+# two-sided 97.5% quantiles of Student's t for 1-10 degrees of freedom (no scipy in the requirements)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def curve(run: Path) -> list[dict]:
+    """One row a validation of `run`: step, train minutes, each held-out loss with its interval, the
+    training loss since the previous validation."""
+    tags = read_scalars(run)
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    per_step = summary.get("train_seconds", 0.0) / max(summary.get("steps", 0), 1) / 60
+    train = tags.get("loss/efe", [])
+    rows, previous = [], -1
+    for step, _ in tags.get("heldout/eval_nats_cell", []):
+        row = {"run": run.name, "step": step, "minutes": step * per_step}
+        for name in ("eval", "train_tests"):
+            for suffix in ("", "_lo", "_hi"):
+                got = dict(tags.get(f"heldout/{name}_nats_cell{suffix}", []))
+                row[f"{name}{suffix}"] = got.get(step, math.nan)
+        window = [v for s, v in train if previous < s <= step]
+        row["train_loss"] = float(np.mean(window)) if window else math.nan
+        row["seconds"] = dict(tags.get("heldout/seconds", [])).get(step, math.nan)
+        rows.append(row)
+        previous = step
+    return rows
+
+
+def fit(rows: list[dict]) -> dict | None:
+    """L = a * steps^-b on the rows after step 0: {"b", "b_lo", "b_hi", "a"}; None with fewer than 3."""
+    points = [(r["step"], r["eval"]) for r in rows if r["step"] > 0 and r["eval"] > 0]
+    if len(points) < 3:
+        return None
+    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (slope * x + intercept)
+    dof = len(points) - 2
+    se = math.sqrt(float(residual @ residual) / dof / float(((x - x.mean()) ** 2).sum()))
+    t = T975[min(dof, len(T975)) - 1]
+    return {"b": -slope, "b_lo": -slope - t * se, "b_hi": -slope + t * se, "a": math.exp(intercept)}
+
+
+def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path) -> None:
+    """Every run's evaluation loss (with its 95% interval as bars), held-out training pairs' loss
+    (dashed) and training loss (dotted) against training steps, and the fitted power law (thin)."""
+    width, height, pad = 720, 420, 60
+    rows = [r for rs in curves.values() for r in rs]
+    xmax = max(r["step"] for r in rows) or 1
+    values = [v for r in rows for v in (r["eval_lo"], r["eval_hi"], r["train_tests"], r["train_loss"])
+              if not math.isnan(v)]
+    ymax = max(values) * 1.05
+
+    def xy(step: float, loss: float) -> tuple[float, float]:
+        return pad + (width - 2 * pad) * step / xmax, height - pad - (height - 2 * pad) * loss / ymax
+
+    def point(step: float, loss: float) -> str:
+        x, y = xy(step, loss)
+        return f"{x:.1f},{y:.1f}"
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'font-family="sans-serif" font-size="12">', '<rect width="100%" height="100%" fill="white"/>',
+             f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
+             f'<text x="{width / 2}" y="{height - 20}" text-anchor="middle">training steps</text>',
+             f'<text x="15" y="{height / 2}" transform="rotate(-90 15 {height / 2})" text-anchor="middle">'
+             'nats a cell</text>']
+    for k in range(5):
+        step, loss = xmax * k / 4, ymax * k / 4
+        x, _ = xy(step, 0)
+        _, y = xy(0, loss)
+        parts += [f'<text x="{x}" y="{height - pad + 16}" text-anchor="middle">{step:,.0f}</text>',
+                  f'<text x="{pad - 6}" y="{y + 4}" text-anchor="end">{loss:.2f}</text>']
+    for i, (name, rs) in enumerate(curves.items()):
+        colour = COLOURS[i % len(COLOURS)]
+        for key, dash in (("eval", ""), ("train_tests", ' stroke-dasharray="6 4"'), ("train_loss",
+                                                                                   ' stroke-dasharray="2 3"')):
+            points = " ".join(point(r["step"], r[key]) for r in rs if not math.isnan(r[key]))
+            if points:
+                parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
+        for r in rs:
+            (x, y0), (_, y1) = xy(r["step"], r["eval_lo"]), xy(r["step"], r["eval_hi"])
+            parts.append(f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="{colour}"/>')
+        f = fits.get(name)
+        if f is not None:
+            steps = np.linspace(max(1, xmax / 200), xmax, 60)
+            points = " ".join(point(s, min(ymax, f["a"] * s ** -f["b"])) for s in steps)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="0.8"/>')
+        parts.append(f'<text x="{width - pad - 250}" y="{pad + 16 * i}" fill="{colour}">{name}</text>')
+    parts.append(f'<text x="{pad + 10}" y="{pad - 20}">solid: evaluation tasks (bars: 95% over tasks); dashed: '
+                 'held-out training pairs; dotted: training loss; thin: power-law fit</text>')
+    path.write_text("\n".join(parts + ["</svg>"]) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run folders whose validations logged heldout/*")
+    ap.add_argument("--untrained", type=Path, help="an --eval_only run folder of the weights as built: step 0")
+    ap.add_argument("--svg", type=Path, help="draw the curves here")
+    args = ap.parse_args(argv)
+    start = curve(args.untrained) if args.untrained else []
+    curves = {}
+    for run in args.runs:
+        if not (run / "summary.json").is_file() and not any(run.glob("events.out.tfevents.*")):
+            raise SystemExit(f"{run}: not a run folder (no summary.json or TensorBoard events)")
+        curves[run.name] = [{**r, "run": run.name, "step": 0, "minutes": 0.0} for r in start[:1]] + curve(run)
+    print("| run | step | train min | evaluation tasks' loss | held-out training pairs' loss | training loss (EFE) | "
+          "seconds |\n|---|---|---|---|---|---|---|")
+    for rows in curves.values():
+        for r in rows:
+            held = f"{r['train_tests']:.3f} ({r['train_tests_lo']:.3f}-{r['train_tests_hi']:.3f})" \
+                if not math.isnan(r["train_tests"]) else "-"
+            print(f"| {r['run']} | {r['step']:,} | {r['minutes']:.1f} | {r['eval']:.3f} ({r['eval_lo']:.3f}-"
+                  f"{r['eval_hi']:.3f}) | {held} | {r['train_loss']:.3f} | {r['seconds']:.1f} |")
+    fits = {name: fit(rows) for name, rows in curves.items()}
+    for name, rows in curves.items():
+        f = fits[name]
+        if f is not None:
+            print(f"{name}: evaluation loss ~ {f['a']:.3f} * steps^-{f['b']:.3f} (b's 95%: {f['b_lo']:.3f} to "
+                  f"{f['b_hi']:.3f})")
+        if len(rows) >= 2 and rows[-1]["eval_lo"] <= rows[-2]["eval_hi"] and rows[-2]["eval_lo"] <= rows[-1]["eval_hi"]:
+            print(f"{name}: the last two validations' intervals overlap: within the noise, it stopped falling "
+                  f"(step {rows[-2]['step']:,} to {rows[-1]['step']:,})")
+    if args.svg:
+        svg(curves, fits, args.svg)
+        print(f"picture: {args.svg}")
+
+
+if __name__ == "__main__":
+    main()
