@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-prompt-reading bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -88,6 +88,15 @@ bench-adapt: $(STAMP)
 # a finished run's folder: make bench-ttt-curve RUN=runs/<name>
 bench-ttt-curve: $(STAMP)
 	$(PY) -m bench.ttt_curve $(RUN)
+
+# the held-out loss a run's validations logged, its power-law fit and a picture:
+# make bench-heldout-curve RUN=runs/<name> [UNTRAINED=runs/<an --eval_only run of fresh weights>] [SVG=curve.svg]
+bench-heldout-curve: $(STAMP)
+	$(PY) -m bench.heldout_curve $(RUN) $(if $(UNTRAINED),--untrained $(UNTRAINED)) $(if $(SVG),--svg $(SVG))
+
+# does the agent read its prompt: the held-out loss with each stream taken from another task
+bench-prompt-reading: $(STAMP)
+	$(PY) -m bench.prompt_reading $(RUN)
 
 bench-step: $(STAMP)
 	$(PY) -m bench.step_profile

@@ -7,7 +7,8 @@ adaptation on every evaluation task (`heldout/eval_*`) and on the training pairs
 (`heldout/train_tests_*`), beside the training loss (`loss/efe`, the mean of the logged values since
 the previous validation), at each validation's step; `--untrained` adds a run folder of the weights
 as built (`fixed.py --eval_only` without --resume, with the same flags) as step 0. Training minutes
-are the run's `train_seconds` spread evenly over its steps (summary.json).
+are those the run logged (`heldout/train_minutes`), else its `train_seconds` spread evenly over its
+steps (summary.json).
 
 Prints one table row a validation, then for each run the power law fitted to its evaluation loss,
 L = a * steps^-b (least squares in log-log over the validations after step 0), with b's 95%
@@ -41,7 +42,8 @@ def curve(run: Path) -> list[dict]:
     train = tags.get("loss/efe", [])
     rows, previous = [], -1
     for step, _ in tags.get("heldout/eval_nats_cell", []):
-        row = {"run": run.name, "step": step, "minutes": step * per_step}
+        row = {"run": run.name, "step": step,
+               "minutes": dict(tags.get("heldout/train_minutes", [])).get(step, step * per_step)}
         for name in ("eval", "train_tests"):
             for suffix in ("", "_lo", "_hi"):
                 got = dict(tags.get(f"heldout/{name}_nats_cell{suffix}", []))
@@ -143,11 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     for name, rows in curves.items():
         f = fits[name]
         if f is not None:
-            print(f"{name}: evaluation loss ~ {f['a']:.3f} * steps^-{f['b']:.3f} (b's 95%: {f['b_lo']:.3f} to "
-                  f"{f['b_hi']:.3f})")
+            print(f"{name}: evaluation loss ~ {f['a']:.3f} * steps^(-b), b = {f['b']:.3f} (95%: {f['b_lo']:.3f} to "
+                  f"{f['b_hi']:.3f}; b > 0: falling)")
         if len(rows) >= 2 and rows[-1]["eval_lo"] <= rows[-2]["eval_hi"] and rows[-2]["eval_lo"] <= rows[-1]["eval_hi"]:
-            print(f"{name}: the last two validations' intervals overlap: within the noise, it stopped falling "
-                  f"(step {rows[-2]['step']:,} to {rows[-1]['step']:,})")
+            print(f"{name}: the last two validations' intervals overlap: no change beyond noise from step "
+                  f"{rows[-2]['step']:,} to {rows[-1]['step']:,}")
     if args.svg:
         svg(curves, fits, args.svg)
         print(f"picture: {args.svg}")

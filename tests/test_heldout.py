@@ -116,6 +116,8 @@ def test_a_run_logs_it_at_every_validation_and_saves_it(small_cfg, tmp_path):
     tags = scalars(summary["run_dir"])
     assert [s for s, _ in tags["heldout/eval_nats_cell"]] == [2, 4]
     assert [s for s, _ in tags["heldout/train_tests_nats_cell"]] == [2, 4]
+    minutes = [m for _, m in tags["heldout/train_minutes"]]
+    assert 0 < minutes[0] < minutes[1] <= summary["train_seconds"] / 60 + 0.01
     n_eval = len(training.build_data(small_cfg(), CPU).eval_set)
     assert summary["heldout/eval_pairs"] == n_eval and summary["heldout/train_tests_pairs"] >= 3
     assert summary["eval/adapted_nats_cell"] > 0 and "eval/pass2_lo" in summary and "eval/task_score_hi" in summary

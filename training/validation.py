@@ -125,7 +125,8 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                            desc=desc)
 
     with preserved_rng():
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step)
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step,
+                                                 train_seconds)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         scores = score(first, "validate")
@@ -152,17 +153,20 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
 
 def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: TrainingData, cfg: Config,
-                    device: torch.device, dist: Dist, logger: RunLogger | None,
-                    step: int) -> tuple[dict[str, float], dict]:
+                    device: torch.device, dist: Dist, logger: RunLogger | None, step: int,
+                    train_seconds: float | None = None) -> tuple[dict[str, float], dict]:
     """The held-out loss before adaptation (evaluation/heldout.py) on every evaluation task ("eval": on
     synthetic data the held-out families) and on the test pairs training held out ("train_tests"),
-    logged as `heldout/*` at `step` with its seconds. -> (metrics, report.json's per-pair records)."""
+    logged as `heldout/*` at `step` with its seconds (and, in a training run, the training minutes so
+    far in this invocation: `heldout/train_minutes`). -> (metrics, report.json's per-pair records)."""
     if not cfg.eval.heldout_loss:
         return {}, {}
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
     metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist)
     metrics["heldout/seconds"] = dist.from_main(time.perf_counter() - started)
+    if train_seconds is not None:
+        metrics["heldout/train_minutes"] = train_seconds / 60
     if logger is not None:
         logger.write(step, metrics)
     return metrics, pair_records(pairs, sets)
