@@ -98,8 +98,8 @@ def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path)
         step, loss = xmax * k / 4, ymax * k / 4
         x, _ = xy(step, 0)
         _, y = xy(0, loss)
-        parts += [f'<text x="{x}" y="{height - pad + 16}" text-anchor="middle">{step:,.0f}</text>',
-                  f'<text x="{pad - 6}" y="{y + 4}" text-anchor="end">{loss:.2f}</text>']
+        parts += [f'<text x="{x:.1f}" y="{height - pad + 16}" text-anchor="middle">{step:,.0f}</text>',
+                  f'<text x="{pad - 6}" y="{y + 4:.1f}" text-anchor="end">{loss:.2f}</text>']
     for i, (name, rs) in enumerate(curves.items()):
         colour = COLOURS[i % len(COLOURS)]
         for key, dash in (("eval", ""), ("train_tests", ' stroke-dasharray="6 4"'), ("train_loss",
