@@ -27,6 +27,8 @@ random stream (the model's RL noise is not drawn: the mean refinement).
 from __future__ import annotations
 
 import math
+import signal
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -38,7 +40,7 @@ from data.canvas import PAD, encode
 from data.episodes import EpisodeDataset, collate
 from engine.config import Config
 from engine.distributed import Dist
-from engine.loop import to_device
+from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks
 from evaluation.intervals import interval
@@ -65,16 +67,19 @@ def grid_cells(shape: tuple[int, int]) -> int:
 
 @torch.no_grad()
 def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDataset, episodes: list[int], *,
-                views: int, cfg: Config, device: torch.device,
-                adapted: AdaptedTasks | None = None) -> dict[int, PairLoss]:
+                views: int, cfg: Config, device: torch.device, adapted: AdaptedTasks | None = None,
+                stop: Callable[[], bool] | None = None) -> dict[int, PairLoss]:
     """The held-out loss of each of `episodes` (indices into `fitted`, a `target_fitted` set), mean
     over its first `views` views, with `adapted`'s per-task adapters when given.
-    -> {episode index: (task id, nats a cell, bits a grid)}."""
+    -> {episode index: (task id, nats a cell, bits a grid)}; `stop` (read between batches): the
+    pairs done when it turned true, the others left out."""
     items = [(e, a) for e in episodes for a in view_ids(views)]
     loader = DataLoader(fitted, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
     nats_cell: dict[int, list[float]] = {e: [] for e in episodes}
     with autocast(cfg.optim.amp, device.type):
         for batch in loader:
+            if stop is not None and stop():
+                break
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
             logits = model(batch, "mean", adapter).logits[0]
@@ -86,6 +91,8 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
                 nats_cell[e].append(value)
     out = {}
     for e, values in nats_cell.items():
+        if len(values) < views:  # stopped before all its views
+            continue
         ep = fitted.episodes[e]
         mean = float(np.mean(values))
         out[e] = (ep.task.task_id, mean, mean * grid_cells(ep.query.output.shape) / math.log(2))
@@ -133,11 +140,12 @@ def loss_metrics(losses: dict[int, PairLoss], prefix: str) -> dict[str, float]:
 
 
 def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str, EpisodeDataset | None], *,
-                   cfg: Config, device: torch.device,
-                   dist: Dist = Dist()) -> tuple[dict[str, float], dict[str, dict[int, PairLoss]]]:
+                   cfg: Config, device: torch.device, dist: Dist = Dist(),
+                   stop: Callable[[], bool] | None = None) -> tuple[dict[str, float], dict[str, dict[int, PairLoss]]]:
     """The held-out loss before adaptation (identity view) of every test pair of each named set (None:
     left out), this process's share computed and all gathered. -> (`heldout/<name>_*` metrics,
-    {name: pair losses})."""
+    {name: pair losses}). `stop` (this process was asked to stop) is read between batches, and agreed
+    by every process after each set: then `Interrupted` is raised (a validation stops within seconds)."""
     was_training = model.training
     model.train(False)
     metrics: dict[str, float] = {}
@@ -147,8 +155,11 @@ def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str
             if dataset is None:
                 continue
             mine = list(range(dist.rank, len(dataset), dist.world_size))
-            losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device)
+            losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device,
+                                 stop=stop)
             pairs[name] = {k: v for part in dist.gather(losses) for k, v in part.items()}
+            if dist.any(stop is not None and stop()):
+                raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
             metrics.update(loss_metrics(pairs[name], f"heldout/{name}"))
     finally:
         model.train(was_training)

@@ -126,3 +126,24 @@ def test_a_run_logs_it_at_every_validation_and_saves_it(small_cfg, tmp_path):
     rows = dict(report["header"]["rows"])
     assert "95%" in rows["pass@2"] and "nats a cell" in rows["held-out loss before adaptation: eval"]
     assert all("nats_cell" in p for c in report["cards"] for p in c["runs"][0]["pairs"])
+
+
+def test_a_stop_ends_it_within_a_batch(small_cfg, tmp_path):
+    """Validation stops within seconds: the held-out loss reads the stop between batches and raises
+    Interrupted once every process has seen it (a run's validation of 400 tasks takes 25 s)."""
+    import pytest
+
+    from engine.loop import Interrupted
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, eval_batch_size=1)
+    calls = []
+
+    def stop():
+        calls.append(1)
+        return len(calls) > 1  # true from the second batch on
+
+    fitted = target_fitted(eval_set)
+    done = pair_losses(state.model, state.prompts, fitted, list(range(len(fitted))), views=1, cfg=cfg, device=CPU,
+                       stop=stop)
+    assert len(done) == 1 < len(fitted), "the pair of the first batch, no other"
+    with pytest.raises(Interrupted):
+        heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU, stop=lambda: True)

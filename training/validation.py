@@ -125,7 +125,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                            desc=desc)
 
     with preserved_rng():
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step,
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
                                                  train_seconds)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
@@ -154,6 +154,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
 def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: TrainingData, cfg: Config,
                     device: torch.device, dist: Dist, logger: RunLogger | None, step: int,
+                    stop: StopRequest | None = None,
                     train_seconds: float | None = None) -> tuple[dict[str, float], dict]:
     """The held-out loss before adaptation (evaluation/heldout.py) on every evaluation task ("eval": on
     synthetic data the held-out families) and on the test pairs training held out ("train_tests"),
@@ -163,7 +164,7 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
         return {}, {}
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
-    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist)
+    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop)
     metrics["heldout/seconds"] = dist.from_main(time.perf_counter() - started)
     if train_seconds is not None:
         metrics["heldout/train_minutes"] = train_seconds / 60
@@ -236,7 +237,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     step = state.counters.optimizer_steps
     try:
         model, prompts = evaluation_view(state, cfg, device)
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step)
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser)
         result = EvalResult.of(scores, data.eval_set, cfg)
