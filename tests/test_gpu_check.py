@@ -150,3 +150,14 @@ def test_the_gpu_recipes_are_the_field_s_recipe_at_its_scale():
 def test_markdown_table_has_every_key_as_a_column():
     lines = markdown_table([{"a": 1, "b": None}, {"a": True, "c": 0.12345}])
     assert lines == ["| a | b | c |", "|---|---|---|", "| 1 | n/a |  |", "| yes |  | 0.123 |"]
+
+
+def test_the_last_line_of_a_log_keeps_a_message_written_right_after_a_progress_bar(tmp_path):
+    from bench.gpu_check.arc import last_line
+
+    log = tmp_path / "run.log"
+    log.write_text("SIGTERM: stopping within seconds\n"
+                   "epoch 1/9:   4%|▎   | 8/215 [00:02<01:12,  2.86batch/s, loss=1.2]"
+                   "fixed.py: stopped by SIGTERM at step 2\n"
+                   "\repoch 1/9:   4%|▎   | 8/215 [00:02<01:13,  2.82batch/s]\n")
+    assert last_line(log) == "fixed.py: stopped by SIGTERM at step 2"

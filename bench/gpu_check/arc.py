@@ -32,7 +32,9 @@ TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers"
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
                  "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
                  "ARC-AGI-1 (docs/adaptation.md)")
-PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's "26%|██▌  | 55/215"
+# tqdm's "epoch 1/1000:  26%|██▌  | 55/215 [00:20<01:02, 2.5batch/s]": a message printed as the run
+# stops can follow it on the same line (the bar leaves no newline)
+PROGRESS_BAR = re.compile(r"^.*\d+%\|.*?\]")
 GRACE_SECONDS = 30  # from SIGTERM to SIGKILL: a stopped run saves its checkpoint in this time
 
 
@@ -53,9 +55,10 @@ def run_child(check: Check, argv: list[str], log: Path, reserve: float = 0.0) ->
 
 
 def last_line(log: Path) -> str:
-    """The log's last line that is not a progress bar (a bar closing may come after the last message)."""
-    lines = [line for line in log.read_text(errors="replace").splitlines()
-             if line.strip() and not PROGRESS_BAR.search(line)]
+    """The log's last line that is not a progress bar (a bar closing may come after the last message;
+    a message written right after a bar is kept without it)."""
+    lines = [rest for line in log.read_text(errors="replace").splitlines()
+             if (rest := PROGRESS_BAR.sub("", line)).strip()]
     return lines[-1][-300:] if lines else "(no output)"
 
 
