@@ -22,7 +22,7 @@ from bench.learnability import CPU, parse_settings
 from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config
-from evaluation.heldout import pair_losses, target_fitted
+from evaluation.heldout import by_pair, pair_losses, target_fitted
 from evaluation.intervals import METHOD, beyond_noise, paired
 
 STREAMS = {"relation features": ("relation",), "numeric features": ("numeric",),
@@ -80,13 +80,13 @@ def main(argv: list[str] | None = None) -> None:
         fitted = target_fitted(dataset)
         episodes = list(range(len(fitted)))
         own = pair_losses(state.model, state.prompts, fitted, episodes, views=1, cfg=cfg, device=CPU)
-        base = {(t, fitted.episodes[i].where): v for i, (t, v, _) in own.items()}
+        base = by_pair(own, fitted)
         print(f"| {name} | its own | {sum(base.values()) / len(base):.3f} | | |", flush=True)
         donor = donors(fitted)
         for label, fields in STREAMS.items():
             swapped = pair_losses(state.model, state.prompts, SwappedPrompt(fitted, donor, fields), episodes, views=1,
                                   cfg=cfg, device=CPU)
-            d = paired(base, {(t, fitted.episodes[i].where): v for i, (t, v, _) in swapped.items()})
+            d = paired(base, by_pair(swapped, fitted))
             print(f"| {name} | {label} of another task | {d['b']:.3f} | {d['diff']:+.3f} ({d['lo']:+.3f} to "
                   f"{d['hi']:+.3f}) | {'yes' if beyond_noise(d['lo'], d['hi']) else 'no'} |", flush=True)
 

@@ -48,7 +48,7 @@ from bench.learnability import evaluate_variant, fmt, parse_settings
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from evaluation.evaluate import first_tasks, score_tasks
-from evaluation.heldout import heldout_losses
+from evaluation.heldout import by_pair, heldout_losses
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 
 CPU = torch.device("cpu")
@@ -144,7 +144,7 @@ def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: 
     held = training.held_out_set(data)
     out, losses = heldout_losses(state.model, state.prompts, {"arc": data.eval_set, "held": held}, cfg=cfg,
                                  device=CPU)
-    pairs = {f"{name} loss": {(task, dataset.episodes[i].where): nats for i, (task, nats, _) in losses[name].items()}
+    pairs = {f"{name} loss": by_pair(losses[name], dataset)
              for name, dataset in (("arc", data.eval_set), ("held", held)) if name in losses}
     for name, dataset, chosen in (("arc", data.eval_set, first_tasks(data.eval_set, tasks)),
                                   ("held", held, None)):
@@ -153,8 +153,7 @@ def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: 
         scores = score_tasks(state.model, state.prompts, dataset, chosen or first_tasks(dataset, 0), cfg=cfg,
                              device=CPU, desc=f"score {name}", chooser=state.chooser)
         out |= prefixed(name, scores.metrics("eval", cfg))
-        pairs[f"{name} pass@2"] = {(task, dataset.episodes[i].where): m["pass2"]
-                                   for i, (task, m) in scores.records.items()}
+        pairs[f"{name} pass@2"] = {key: m["pass2"] for key, m in by_pair(scores.records, dataset).items()}
     if unseen:
         synthetic = cfg.replace(eval_data=f"synthetic:{4 * unseen}", synthetic_eval_rules=UNSEEN_FAMILIES,
                                 eval_tasks=unseen)

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from data.augment import view_ids
-from data.canvas import PAD, encode
+from data.canvas import PAD
 from data.episodes import EpisodeDataset, collate
 from engine.config import Config
 from engine.distributed import Dist
@@ -44,7 +44,7 @@ from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks
 from evaluation.intervals import interval
-from evaluation.scoring import Candidates, grid_logprob
+from evaluation.scoring import Candidates, grid_logprob_cells
 from model import ArcModel
 from prompt import QwenFeatures
 
@@ -115,14 +115,20 @@ def adapted_losses(model: ArcModel, prompts: QwenFeatures | None, dataset: Episo
         target = dataset.episodes[i].query.output  # read by this loss, as by the scorer
         per_view = []
         for aug, logp in cands[i].views:
-            cells = int((encode(aug.grid(target), aug.placement, logp.shape[0]) != PAD).sum())
-            per_view.append(-grid_logprob(target, aug, logp) / cells)
+            logprob, cells = grid_logprob_cells(target, aug, logp)
+            per_view.append(-logprob / cells)
         mean = float(np.mean(per_view))
         out[i] = (dataset.episodes[i].task.task_id, mean, mean * grid_cells(target.shape) / math.log(2))
     if rest:
         out.update(pair_losses(model, prompts, fitted, rest, views=cfg.eval.eval_augments, cfg=cfg, device=device,
                                adapted=adapted))
     return out
+
+
+def by_pair(values: dict[int, tuple], dataset: EpisodeDataset, column: int = 1) -> dict[tuple[str, str], float]:
+    """{episode index: (task id, value, ...)} -> {(task id, "test[j]"): the `column`-th value}: what
+    evaluation.intervals pairs two runs' values by."""
+    return {(rec[0], dataset.episodes[i].where): rec[column] for i, rec in values.items()}
 
 
 def loss_metrics(losses: dict[int, PairLoss], prefix: str) -> dict[str, float]:

@@ -29,14 +29,19 @@ def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
     read at the cells of the augmented grid's canvas cut to S, placed as the view places it (colours
     and the end-of-grid markers that fit; PAD cells beyond them are not scored). -inf when the grid
     does not fit the canvas."""
+    return grid_logprob_cells(grid, aug, logp)[0]
+
+
+def grid_logprob_cells(grid: Grid, aug: Augmentation, logp: np.ndarray) -> tuple[float, int]:
+    """`grid_logprob` and the number of canvas cells it read (0 when the grid does not fit)."""
     shown = aug.grid(grid)
     side = logp.shape[0]
     if not aug.placement.fits(shown.shape, side):
-        return float("-inf")
+        return float("-inf"), 0
     canvas = encode(shown, aug.placement, side)
     cells = canvas != PAD
     rows, cols = np.nonzero(cells)
-    return float(logp[rows, cols, canvas[cells]].sum())
+    return float(logp[rows, cols, canvas[cells]].sum()), int(cells.sum())
 
 
 @dataclass
