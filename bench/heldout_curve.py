@@ -56,68 +56,96 @@ def curve(run: Path) -> list[dict]:
     return rows
 
 
-def fit(rows: list[dict]) -> dict | None:
-    """L = a * steps^-b on the rows after step 0: {"b", "b_lo", "b_hi", "a"}; None with fewer than 3."""
-    points = [(r["step"], r["eval"]) for r in rows if r["step"] > 0 and r["eval"] > 0]
-    if len(points) < 3:
+def power_fit(x: list[float], y: list[float]) -> dict | None:
+    """y = a * x^-b by least squares in log-log: {"a", "b", "b_lo", "b_hi" (95%, Student's t of the
+    slope), and what `predict` needs}; None with fewer than 3 points."""
+    if len(x) < 3:
         return None
-    x, y = np.log([p[0] for p in points]), np.log([p[1] for p in points])
-    slope, intercept = np.polyfit(x, y, 1)
-    residual = y - (slope * x + intercept)
-    dof = len(points) - 2
-    se = math.sqrt(float(residual @ residual) / dof / float(((x - x.mean()) ** 2).sum()))
+    lx, ly = np.log(x), np.log(y)
+    slope, intercept = np.polyfit(lx, ly, 1)
+    residual = ly - (slope * lx + intercept)
+    dof = len(x) - 2
+    sxx = float(((lx - lx.mean()) ** 2).sum())
+    s = math.sqrt(float(residual @ residual) / dof)
     t = T975[min(dof, len(T975)) - 1]
-    return {"b": -slope, "b_lo": -slope - t * se, "b_hi": -slope + t * se, "a": math.exp(intercept)}
+    return {"b": -slope, "b_lo": -slope - t * s / math.sqrt(sxx), "b_hi": -slope + t * s / math.sqrt(sxx),
+            "a": math.exp(intercept), "n": len(x), "mean_log_x": float(lx.mean()), "sxx": sxx, "s": s, "t": t}
 
 
-def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path) -> None:
+def predict(f: dict, x: float) -> tuple[float, float, float]:
+    """The fitted law at `x` with its 95% prediction interval for one new point (log scale: it
+    widens with the distance from the fitted points, as an extrapolation should). -> (y, lo, hi)"""
+    lx = math.log(x)
+    centre = math.log(f["a"]) - f["b"] * lx
+    half = f["t"] * f["s"] * math.sqrt(1 + 1 / f["n"] + (lx - f["mean_log_x"]) ** 2 / f["sxx"])
+    return math.exp(centre), math.exp(centre - half), math.exp(centre + half)
+
+
+def fit(rows: list[dict]) -> dict | None:
+    """L = a * steps^-b on the rows after step 0 (`power_fit`); None with fewer than 3."""
+    points = [(r["step"], r["eval"]) for r in rows if r["step"] > 0 and r["eval"] > 0]
+    return power_fit([p[0] for p in points], [p[1] for p in points])
+
+
+def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path, *, x_key: str = "step",
+        x_label: str = "training steps", log_x: bool = False) -> None:
     """Every run's evaluation loss (with its 95% interval as bars), held-out training pairs' loss
-    (dashed) and training loss (dotted) against training steps, and the fitted power law (thin)."""
+    (dashed) and training loss (dotted) against `x_key` (log scale with `log_x`, where points at 0
+    are left out), and each fitted power law (thin; in its run's colour, black for a fit over runs)."""
     width, height, pad = 720, 420, 60
+    curves = {name: [r for r in rs if r[x_key] > 0 or not log_x] for name, rs in curves.items()}
     rows = [r for rs in curves.values() for r in rs]
-    xmax = max(r["step"] for r in rows) or 1
+    xs = [r[x_key] for r in rows]
+    xmin, xmax = (min(xs), max(xs)) if log_x else (0.0, max(xs) or 1)
+    scale = math.log10 if log_x else float
+    span = (scale(xmax) - scale(xmin)) or 1.0
     values = [v for r in rows for v in (r["eval_lo"], r["eval_hi"], r["train_tests"], r["train_loss"])
               if not math.isnan(v)]
     ymax = max(values) * 1.05
 
-    def xy(step: float, loss: float) -> tuple[float, float]:
-        return pad + (width - 2 * pad) * step / xmax, height - pad - (height - 2 * pad) * loss / ymax
+    def xy(x: float, loss: float) -> tuple[float, float]:
+        return (pad + (width - 2 * pad) * (scale(x) - scale(xmin)) / span,
+                height - pad - (height - 2 * pad) * loss / ymax)
 
-    def point(step: float, loss: float) -> str:
-        x, y = xy(step, loss)
-        return f"{x:.1f},{y:.1f}"
+    def point(x: float, loss: float) -> str:
+        px, py = xy(x, loss)
+        return f"{px:.1f},{py:.1f}"
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'font-family="sans-serif" font-size="12">', '<rect width="100%" height="100%" fill="white"/>',
              f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>',
              f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
-             f'<text x="{width / 2}" y="{height - 20}" text-anchor="middle">training steps</text>',
+             f'<text x="{width / 2}" y="{height - 20}" text-anchor="middle">{x_label}</text>',
              f'<text x="15" y="{height / 2}" transform="rotate(-90 15 {height / 2})" text-anchor="middle">'
              'nats a cell</text>']
+    ticks = np.geomspace(xmin, xmax, 5) if log_x else [xmax * k / 4 for k in range(5)]
+    for tick in ticks:
+        x, _ = xy(tick, 0)
+        label = f"{tick:.3g}" if log_x else f"{tick:,.0f}"
+        parts.append(f'<text x="{x:.1f}" y="{height - pad + 16}" text-anchor="middle">{label}</text>')
     for k in range(5):
-        step, loss = xmax * k / 4, ymax * k / 4
-        x, _ = xy(step, 0)
-        _, y = xy(0, loss)
-        parts += [f'<text x="{x:.1f}" y="{height - pad + 16}" text-anchor="middle">{step:,.0f}</text>',
-                  f'<text x="{pad - 6}" y="{y + 4:.1f}" text-anchor="end">{loss:.2f}</text>']
+        _, y = xy(xmin, ymax * k / 4)
+        parts.append(f'<text x="{pad - 6}" y="{y + 4:.1f}" text-anchor="end">{ymax * k / 4:.2f}</text>')
+    colours = {name: COLOURS[i % len(COLOURS)] for i, name in enumerate(curves)}
     for i, (name, rs) in enumerate(curves.items()):
-        colour = COLOURS[i % len(COLOURS)]
+        colour = colours[name]
         for key, dash in (("eval", ""), ("train_tests", ' stroke-dasharray="6 4"'), ("train_loss",
                                                                                    ' stroke-dasharray="2 3"')):
-            points = " ".join(point(r["step"], r[key]) for r in rs if not math.isnan(r[key]))
+            points = " ".join(point(r[x_key], r[key]) for r in rs if not math.isnan(r[key]))
             if points:
                 parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
         for r in rs:
-            (x, y0), (_, y1) = xy(r["step"], r["eval_lo"]), xy(r["step"], r["eval_hi"])
+            (x, y0), (_, y1) = xy(r[x_key], r["eval_lo"]), xy(r[x_key], r["eval_hi"])
             parts.append(f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="{colour}"/>')
-        f = fits.get(name)
-        if f is not None:
-            steps = np.linspace(max(1, xmax / 200), xmax, 60)
-            points = " ".join(point(s, min(ymax, f["a"] * s ** -f["b"])) for s in steps)
-            parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="0.8"/>')
         parts.append(f'<text x="{width - pad - 250}" y="{pad + 16 * i}" fill="{colour}">{name}</text>')
-    parts.append(f'<text x="{pad + 10}" y="{pad - 20}">solid: evaluation tasks (bars: 95% over tasks); dashed: '
-                 'held-out training pairs; dotted: training loss; thin: power-law fit</text>')
+    for name, f in fits.items():
+        if f is not None:
+            grid = np.geomspace(xmin, xmax, 60) if log_x else np.linspace(max(1, xmax / 200), xmax, 60)
+            points = " ".join(point(x, min(ymax, f["a"] * x ** -f["b"])) for x in grid)
+            parts.append(f'<polyline points="{points}" fill="none" stroke="{colours.get(name, "black")}" '
+                         'stroke-width="0.8"/>')
+    parts.append(f'<text x="{pad}" y="{pad - 20}">solid: evaluation tasks (bars: 95% over tasks); dashed: held-out '
+                 'training pairs; dotted: training loss; thin: power law</text>')
     path.write_text("\n".join(parts + ["</svg>"]) + "\n")
 
 
