@@ -234,9 +234,26 @@ class OptimCfg:
     grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB")
     fsdp: bool = flag(False, "shard weights, gradients and AdamW state over the processes with FSDP2 (a trainable "
                              "Qwen layer by layer; engine/fsdp.py); DDP replicates them otherwise")
+    meta_steps: int = flag(0, "training through adaptation (training/meta_step.py): Adam steps of a copy of the "
+                              "--meta_params weights on each meta episode's context demos before its query's loss "
+                              "adds its first-order gradient (0: off)")
+    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt (each one at a time)")
+    meta_demos: int = flag(3, "--meta_steps: context demos a meta episode adapts on at most")
+    meta_lr: float = flag(1e-3, "--meta_steps: the inner Adam's learning rate (test-time training's default)")
+    meta_params: str = flag("all", "--meta_steps: the weights the inner steps adapt (as --ttt_params names them)",
+                            TTT_PARAMS)
+    meta_weight: float = flag(1.0, "--meta_steps: weight of the meta episodes' mean query gradient beside the "
+                                   "training loss's")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"))
+        _check(self, at_least_one=("grad_accum", "meta_tasks", "meta_demos"),
+               non_negative=("clip", "weight_decay", "grad_bucket_mb", "meta_steps", "meta_lr", "meta_weight"))
+        if self.meta_steps and self.amp == "fp16":
+            raise ConfigError("--meta_steps does not take --amp fp16: its inner gradients are not loss-scaled "
+                              "(use bf16)")
+        if self.meta_steps and self.fsdp:
+            raise ConfigError("--meta_steps does not take --fsdp: it adds gradients after the backward that reduces "
+                              "them (one process)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -424,6 +441,9 @@ class Config:
             raise ConfigError("--compile needs --canvas full: a compiled agent fails at the second canvas side "
                               "that --canvas fit gives it")
 
+        if self.optim.meta_steps and self.prompt.latent_step_lr > 0:
+            raise ConfigError("--meta_steps does not take --latent_step_lr > 0: the inner steps' context demos have "
+                              "no context of their own for the latent step to read")
         if self.optim.fsdp and self.prompt.latent_step_lr > 0:
             # the latent step calls the agent inside a forward for a gradient of its own: not under FSDP2's hooks
             raise ConfigError("--fsdp does not take --latent_step_lr > 0: train the latent step with DDP (no --fsdp)")

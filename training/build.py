@@ -25,6 +25,7 @@ from data.sources import ReArcOptions, SyntheticOptions, load_splits
 from engine.checkpoint import CHOOSER_FILE, checked_file
 from engine.config import Config
 from engine.distributed import Dist, data_parallel, is_sharded
+from engine.errors import ConfigError
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import seed_everything
 from engine.precision import MixedPrecision, check_master_weights
@@ -69,10 +70,13 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     scale = DifficultyScale(scores)
     task_index = {t.task_id: i for i, t in enumerate(tasks)}
     task_rows = task_index if cfg.prompt.task_embedding else None
+    # each sample carries its context demos when the model reads them (the latent step) or training
+    # adapts on them (--meta_steps; validation's episodes need none then)
     context_demos = cfg.prompt.latent_step_demos if cfg.prompt.latent_step_lr > 0 else 0
+    train_context = context_demos or (cfg.optim.meta_demos if cfg.optim.meta_steps else 0)
     placing = Placing(side=cfg.agent.canvas_side, max_scale=d.place_scale, max_shift=d.place_shift)
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas, task_rows=task_rows, context_demos=context_demos, placing=placing)
+                               canvas=d.canvas, task_rows=task_rows, context_demos=train_context, placing=placing)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
@@ -94,6 +98,9 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
                       tasks: int = 0) -> TrainState:
     """The model (with `tasks` task embeddings under --task_embedding), its prompt cache, both
     optimizers and the mixed-precision step."""
+    if cfg.optim.meta_steps and dist.world_size > 1:
+        raise ConfigError(f"--meta_steps runs on one process, not {dist.world_size}: it adds gradients after the "
+                          f"backward in which DDP reduces them (training/meta_step.py)")
     model = build_model(cfg, noise_seed=cfg.run.seed + 1000 * dist.rank, tasks=tasks).to(device)
     if cfg.optim.fsdp:  # before the optimizer is made: it holds the sharded parameters
         shard_model(model, dist, device, cfg.optim.amp)

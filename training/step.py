@@ -9,6 +9,7 @@ from engine.config import Config
 from engine.distributed import Dist, gradient_sync, is_sharded, under_ddp
 from loss_function import training_loss
 from policy_refined import RLInfo
+from training.meta_step import meta_gradient
 from training.run_state import TrainState
 
 
@@ -61,6 +62,7 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
     # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
     share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
     learned, infos, rewards = [], [], []
+    meta_episodes = sum(min(cfg.optim.meta_tasks, b["input"].shape[0]) for b in window)  # --meta_steps' mean
     dropped = 0  # samples of this process whose loss was non-finite
     for i, batch in enumerate(window):
         last = i == len(window) - 1
@@ -80,6 +82,9 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
                 amp.backward(window_loss)
         if not finite:
             continue
+        if cfg.optim.meta_steps:
+            with record_function("step/meta"):
+                loss.stats.update(meta_gradient(model, batch, cfg, amp, cfg.optim.meta_weight / meta_episodes))
         if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
             loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
             loss.stats["latent/step_lr"] = model.latent_step_size()
