@@ -67,7 +67,7 @@ bench-data-cost: $(STAMP)
 	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
 
 # recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
-# re-arc + placed, placed in training, loop-vit): make bench-recipe ROWS=defaults,placed
+# re-arc + placed, placed in training, loop-vit, meta): make bench-recipe ROWS=defaults,placed
 # [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60: one run, a checkpoint kept at each mark]
 # [VIEWS=8,64,256] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
 # found there already trained is scored again]; the untrained start is always a row

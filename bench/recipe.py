@@ -64,6 +64,8 @@ ROWS: dict[str, dict] = {
     "re-arc + placed": {"data": RE_ARC, PLACED: True},
     "placed in training": {PLACED: True, "place_validation": False},  # validation votes over unplaced views
     "loop-vit": {"agent": "loop_vit"},
+    # training through adaptation (training/meta_step.py): 3 inner steps on 2 episodes a micro-batch
+    "meta": {"meta_steps": 3, "meta_tasks": 2},
     "everything": {"data": RE_ARC, PLACED: True, "agent": "loop_vit"},
     # what the Qwen text stream buys: the prompt from the numeric and relation features only
     "everything without qwen": {"data": RE_ARC, PLACED: True, "agent": "loop_vit", "use_qwen": False},
