@@ -17,9 +17,9 @@ import argparse
 import json
 from pathlib import Path
 
+from engine.config import RANKINGS
 from evaluation.compare import read_report
 
-RANKINGS = ("votes", "logprob", "hedged", "learned")
 NEAR = ((1, 2), (3, 5))  # cells off, inclusive ranges
 
 

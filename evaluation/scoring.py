@@ -113,19 +113,30 @@ class Candidates:
         return [self.grids[k] for k in order]
 
     def attempts(self, by: str = "votes") -> tuple[Grid, Grid]:
-        """The two attempts: the first two of `ranked(by)`; hedged: the votes' first, then the
-        summed log-probability's first (the votes' second when the two rankings agree)."""
+        """The two attempts under ranking `by` (`pick_two` on the votes' and the log-probability's
+        orders of the distinct candidates)."""
         if by not in CANDIDATE_RANKINGS:
             raise ValueError(f"attempt ranking {by!r}: choose one of {', '.join(CANDIDATE_RANKINGS)} (learned: "
                              f"evaluation/choice.py)")
-        ranked = self.ranked("votes" if by == "hedged" else by)
-        second = ranked[1] if len(ranked) > 1 else ranked[0]
-        if by == "hedged" and self.key(best := self.ranked("logprob")[0]) != self.key(ranked[0]):
-            second = best
-        return ranked[0], second
+        votes = [self.key(g) for g in self.ranked("votes")]
+        logprob = [self.key(g) for g in self.ranked("logprob")] if by != "votes" else votes
+        first, second = pick_two(by, votes, logprob)
+        return self.grids[first], self.grids[second]
 
     def contains(self, target: Grid) -> bool:
         return self.key(target) in self.grids
+
+
+def pick_two(by: str, votes: list, logprob: list) -> tuple:
+    """The one copy of the ranking rules: the two attempts among candidates given in the votes' order
+    and in the summed log-probability's order (any ids, the same candidates in both). votes, logprob:
+    that order's first two (the first twice when there is one candidate); hedged: the votes' first,
+    then the log-probability's first, or the votes' second when the two orders agree on the first."""
+    order = logprob if by == "logprob" else votes
+    first, second = order[0], order[1] if len(order) > 1 else order[0]
+    if by == "hedged" and logprob[0] != first:
+        second = logprob[0]
+    return first, second
 
 
 def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:

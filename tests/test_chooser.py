@@ -15,7 +15,7 @@ from engine.config import Config
 from engine.errors import ConfigError
 from engine.loop import summary_line
 from evaluation.choice import FEATURES, candidate_features, expected_shapes
-from evaluation.scoring import Candidates
+from evaluation.scoring import Candidates, pick_two
 from policy_refined import AttemptChooser, plackett_luce_two
 from tests.conftest import write_re_arc
 from training.chooser import fit, gathered_file, ranking_hits, with_generated_queries
@@ -280,3 +280,12 @@ def test_the_rankings_figures_read_the_features_as_the_candidates_rank():
     assert ranking_hits([one([3, 2, 0, 1], 3)]) == {"votes": 0.0, "logprob": 1.0, "hedged": 1.0}
     # logprob agrees on row 0 first: hedged takes the votes' second (row 1), logprob its second (row 2)
     assert ranking_hits([one([0, 2, 1, 3], 1)]) == {"votes": 1.0, "logprob": 0.0, "hedged": 1.0}
+
+
+def test_the_ranking_rules_have_one_copy():
+    """scoring.pick_two: the rule Candidates.attempts and ranking_hits both apply."""
+    assert pick_two("votes", ["a", "b", "c"], ["c", "a", "b"]) == ("a", "b")
+    assert pick_two("logprob", ["a", "b", "c"], ["c", "a", "b"]) == ("c", "a")
+    assert pick_two("hedged", ["a", "b", "c"], ["c", "a", "b"]) == ("a", "c")
+    assert pick_two("hedged", ["a", "b", "c"], ["a", "c", "b"]) == ("a", "b")  # they agree: the votes' second
+    assert pick_two("hedged", ["a"], ["a"]) == ("a", "a")  # one candidate: both attempts

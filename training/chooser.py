@@ -41,7 +41,7 @@ from engine.errors import ConfigError
 from engine.loop import Interrupted, TrainingStopped
 from evaluation.choice import FEATURES, candidate_features
 from evaluation.evaluate import first_tasks, score_tasks
-from evaluation.scoring import Candidates
+from evaluation.scoring import CANDIDATE_RANKINGS, Candidates, pick_two
 from policy_refined import AttemptChooser
 from training.build import held_out_set, load_run, prompt_cache_dir
 
@@ -152,16 +152,16 @@ def _hits(chooser: AttemptChooser, sets: list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def ranking_hits(sets: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
-    """How many of `sets` the two attempts of votes, logprob and hedged (Candidates.attempts) hold the
-    output in, read from the features: rows come in the votes' order, `logprob_rank` gives the other."""
+    """How many of `sets` the two attempts of votes, logprob and hedged (scoring.pick_two, the rule
+    Candidates.attempts applies) hold the output in, read from the features: rows come in the votes'
+    order, `logprob_rank` gives the other."""
     by_logprob = FEATURES.index("logprob_rank")
-    out = dict.fromkeys(("votes", "logprob", "hedged"), 0.0)
+    out = dict.fromkeys(CANDIDATE_RANKINGS, 0.0)
     for f, h in sets:
-        votes = [0, min(1, len(h) - 1)]
-        logprob = torch.argsort(f[:, by_logprob], descending=True, stable=True)[:2].tolist()
-        hedged = [0, logprob[0] if logprob[0] != 0 else votes[1]]
-        for name, picked in (("votes", votes), ("logprob", logprob), ("hedged", hedged)):
-            out[name] += float(h[picked].any())
+        votes = list(range(len(h)))
+        logprob = torch.argsort(f[:, by_logprob], descending=True, stable=True).tolist()
+        for name in CANDIDATE_RANKINGS:
+            out[name] += float(h[list(pick_two(name, votes, logprob))].any())
     return out
 
 
