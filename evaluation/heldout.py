@@ -109,6 +109,8 @@ def adapted_losses(model: ArcModel, prompts: QwenFeatures | None, dataset: Episo
     forward a view on the fitted canvases."""
     out, rest = {}, []
     for i in episodes:
+        if not dataset.episodes[i].query.answered:  # a task to predict: no output to measure
+            continue
         if fitted.extents[i] != dataset.extents[i]:
             rest.append(i)
             continue
@@ -160,7 +162,9 @@ def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str
         for name, dataset in sets.items():
             if dataset is None:
                 continue
-            mine = list(range(dist.rank, len(dataset), dist.world_size))
+            # the test inputs with a known output (a task to predict has none to measure)
+            answered = [i for i, ep in enumerate(dataset.episodes) if ep.query.answered]
+            mine = answered[dist.rank::dist.world_size]
             losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device,
                                  stop=stop)
             pairs[name] = {k: v for part in dist.gather(losses) for k, v in part.items()}

@@ -57,13 +57,17 @@ def _stack(images: list[np.ndarray], axis: int) -> np.ndarray:
     return out
 
 
-def task_image(demos: tuple[ArcPair, ...], query: Grid, target: Grid, attempts: tuple[Grid, Grid]) -> np.ndarray:
+def task_image(demos: tuple[ArcPair, ...], query: Grid, target: Grid | None, attempts: tuple[Grid, Grid]) -> np.ndarray:
     """One row per demo (input, output), then test input, target, attempt 1, attempt 2, each
-    captioned; an attempt says and shows (its frame) whether it is right. -> [H, W, 3] uint8 (HWC)."""
+    captioned; an attempt says and shows (its frame) whether it is right (target None: the output is
+    not known, no target and no verdict). -> [H, W, 3] uint8 (HWC)."""
     rows = [_stack([tile(d.input, f"demo {k} input"), tile(d.output, f"demo {k} output")], 1)
             for k, d in enumerate(demos, 1)]
-    last = [tile(query, "test input"), tile(target, "target")]
+    last = [tile(query, "test input")] + ([tile(target, "target")] if target is not None else [])
     for k, attempt in enumerate(attempts, 1):
+        if target is None:
+            last.append(tile(attempt, f"attempt {k}"))
+            continue
         right = attempt.shape == target.shape and bool((attempt == target).all())
         last.append(tile(attempt, f"attempt {k}: {'right' if right else 'wrong'}", RIGHT if right else WRONG))
     return _stack(rows + [_stack(last, 1)], 0)

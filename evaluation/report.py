@@ -45,11 +45,18 @@ def cells_wrong(attempt: Grid, target: Grid) -> int | None:
 def run_of_task(pairs: list[tuple[tuple[Grid, Grid], Grid, dict[str, float]]], seconds: float,
                 ttt_steps: int) -> dict:
     """One run's side of a task card from its test pairs ((attempt 1, attempt 2), target, pair
-    metrics): per pair each attempt's rightness and cells wrong, and for the task whether it is
+    metrics). A task with a test output unknown (target None; a challenges file without solutions)
+    gets its attempts and "unanswered": no verdict. Otherwise per pair each attempt's rightness and
+    cells wrong, and for the task whether it is
     solved (every pair by one of its attempts), solved by the oracle only (a candidate was right
     where both attempts were wrong), its cells wrong (per unsolved pair the closer attempt's, summed;
     None when some unsolved pair has no attempt of the target's shape) and a wrong shape (attempt 1
     of some pair)."""
+    if any(target is None for _, target, _ in pairs):  # a task to predict: its attempts, no verdict
+        return {"pairs": [{"attempts": [grid_rows(a) for a in attempts], "right": None, "cells_wrong": None,
+                           "oracle": False} for attempts, _, _ in pairs],
+                "unanswered": True, "solved": False, "oracle_only": False, "cells_wrong": None, "wrong_shape": False,
+                "seconds": round(seconds, 3), "ttt_steps": ttt_steps}
     out_pairs, solved, oracle_only, wrong, wrong_shape = [], True, True, 0, False
     for attempts, target, metrics in pairs:
         right = [a.shape == target.shape and bool((a == target).all()) for a in attempts]
@@ -81,13 +88,15 @@ def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[
     for task_id, episodes in by_task.items():
         task = dataset.episodes[episodes[0]].task
         queries = [dataset.episodes[i].query for i in episodes]
-        run = run_of_task([(attempts[i], q.output, records[i][1]) for i, q in zip(episodes, queries, strict=True)],
+        run = run_of_task([(attempts[i], q.output, records[i][1] if i in records else {})
+                           for i, q in zip(episodes, queries, strict=True)],
                           seconds.get(task_id, 0.0), ttt_steps.get(task_id, 0))
         for i, pair in zip(episodes, run["pairs"], strict=True):
             if losses and i in losses:
                 pair["nats_cell"] = round(losses[i][1], 5)
         cards.append({"id": task_id, "demos": [[grid_rows(d.input), grid_rows(d.output)] for d in task.train],
-                      "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output)} for q in queries],
+                      "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output) if q.answered else None}
+                                for q in queries],
                       "runs": [run]})
     return cards
 
@@ -135,7 +144,10 @@ def header(*, run: str, what: str, weights: str, step: int, data: str, settings:
         return f"{scores[name]:.3f} nats a cell{span(name, 1, '.3f')}" if name in scores else "-"
 
     rows = [("run", run), ("weights", f"{weights} (step {step})"), ("data", data), ("adaptation", settings),
-            ("tasks", f"{scores.get('tasks', 0):.0f}"), ("pass@2", pct("pass2")), ("exact", pct("exact")),
+            ("tasks", f"{scores.get('tasks', 0):.0f}"),
+            ("test inputs scored", f"{scores.get('pairs', 0):.0f} (without a known output, predicted only: "
+                                   f"{scores.get('unanswered', 0):.0f})"),
+            ("pass@2", pct("pass2")), ("exact", pct("exact")),
             ("oracle", pct("oracle")),
             ("task score", f"{scores['task_score']:.3f}{span('task_score', 1, '.3f')}" if "task_score" in scores
              else "-"),
