@@ -326,6 +326,9 @@ class EvalCfg:
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+    journal: bool = flag(True, "the final validation and --eval_only write each task's result to a journal in the "
+                               "run folder as it finishes; the same command run again after a stop continues "
+                               "from it (evaluation/journal.py)")
 
     @property
     def trains_shared_weights(self) -> bool:

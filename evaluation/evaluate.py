@@ -36,6 +36,7 @@ from evaluation.adaptation import AdaptedTasks, adapted
 from evaluation.choice import learned_attempts
 from evaluation.heldout import PairLoss, adapted_losses, loss_metrics, target_fitted
 from evaluation.intervals import interval
+from evaluation.journal import Journal, record, restore
 from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
@@ -175,7 +176,8 @@ def describe(cfg: Config) -> str:
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
                 desc: str | None = None, chooser: AttemptChooser | None = None,
-                on_candidates: Callable[[int, Candidates], None] | None = None) -> TaskScores:
+                on_candidates: Callable[[int, Candidates], None] | None = None,
+                journal: Journal | None = None) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
     are gathered, so every process returns them all).
 
@@ -184,7 +186,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     (main process) with tasks done, running pass@2, seconds and TTT steps a task. `chooser`: the
     checkpoint's attempt chooser (needed by `--attempt_ranking learned`, and `pass2_learned` is
     reported when there is one). `on_candidates(episode index, candidates)`: called for every test
-    input this process scores, after its attempts."""
+    input this process scores, after its attempts. `journal` (evaluation/journal.py): a group whose
+    tasks it holds is read from it, not scored again; each task scored is appended to it."""
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")
@@ -219,6 +222,14 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
             if slot >= len(mine):
                 continue
             group = mine[slot]
+            if journal is not None and all(t in journal.done for t in group):  # scored before a stop
+                for t in group:
+                    restore(journal.done[t], attempts=attempts, records=records, copy_records=copy_records,
+                            losses=losses, seconds=seconds, ttt_steps=ttt_steps, unanswered=unanswered)
+                    scored = [records[i][1]["pass2"] for i in by_task[t] if i in records]
+                    progress = [progress[0] + 1, progress[1] + len(scored), progress[2] + sum(scored),
+                                progress[3] + ttt_steps[t]]
+                continue
             start = time.perf_counter()
             tasks = [dataset.episodes[by_task[t][0]].task for t in group]
             episodes = [i for t in group for i in by_task[t]]
@@ -256,6 +267,10 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 progress[2] += metrics["pass2"]
             progress[0] += len(group)
             progress[3] += adaptation.steps * len(group)
+            if journal is not None:
+                for t in group:
+                    journal.append(record(t, by_task[t], attempts=attempts, records=records, copy_records=copy_records,
+                                          losses=losses, seconds=seconds[t], ttt_steps=ttt_steps[t]))
     finally:
         bar.close()
         model.train(was_training)

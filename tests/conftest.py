@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,3 +119,35 @@ def re_arc(arc_folder, tmp_path_factory) -> tuple[Path, Path]:
     """A small RE-ARC (folder, zip) whose tasks are the small folder's training tasks."""
     ids = sorted(f.stem for f in (arc_folder / "training").glob("*.json"))
     return write_re_arc(tmp_path_factory.mktemp("re-arc"), ids)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def descendants(pid: int) -> list[int]:
+    return [d for c in children(pid) for d in (c, *descendants(c))]
+
+
+@pytest.fixture
+def spawn():
+    """Start a command in the repository; whatever is left of it (torchrun's workers included, which
+    live in sessions of their own) is killed when the test ends, passed or failed."""
+    started = []
+
+    def start(*command: str) -> subprocess.Popen:
+        proc = subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        for pid in [*descendants(proc.pid), proc.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.communicate()

@@ -30,7 +30,8 @@ def check_submission(submission: dict, order: dict) -> None:
     for task_id, task in order.items():
         assert len(submission[task_id]) == len(task["test"])
         for entry in submission[task_id]:
-            assert set(entry) == {"attempt_1", "attempt_2"} and is_grid(entry["attempt_1"]) and is_grid(entry["attempt_2"])
+            assert set(entry) == {"attempt_1", "attempt_2"}
+            assert is_grid(entry["attempt_1"]) and is_grid(entry["attempt_2"])
 
 
 def test_a_test_challenges_file_alone_loads_as_tasks_to_predict(arc_folder, tmp_path):

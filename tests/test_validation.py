@@ -22,7 +22,7 @@ from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import StopRequest
-from tests.conftest import LAUNCHERS, ROOT
+from tests.conftest import LAUNCHERS, ROOT, children
 from tests.test_end_to_end import scalars
 from training.validation import ValidationSchedule, fits_in_training
 
@@ -166,38 +166,6 @@ def test_max_minutes_counts_training_only(small_cfg, tmp_path):
 # ----------------------------------------------------------------------------------------------
 # The real fixed.py, stopped while it validates
 # ----------------------------------------------------------------------------------------------
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except FileNotFoundError:
-        return []
-
-
-def descendants(pid: int) -> list[int]:
-    return [d for c in children(pid) for d in (c, *descendants(c))]
-
-
-@pytest.fixture
-def spawn():
-    """Start a command in the repository; whatever is left of it (torchrun's workers included, which
-    live in sessions of their own) is killed when the test ends, passed or failed."""
-    started = []
-
-    def start(*command: str) -> subprocess.Popen:
-        proc = subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        for pid in [*descendants(proc.pid), proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.communicate()
-
 
 def small(arc_folder, run_dir, *extra):
     return ["--data", str(arc_folder), "--batch_size", "4", "--agent_channels", "16", "--prompt_dim", "32",

@@ -164,7 +164,7 @@ class EpochLoop:
         self.checkpoint()
         try:
             return validate(self.state, self.data, self.cfg, self.device, self.dist, self.logger, self.stop,
-                            self.validation, final=final, train_seconds=self.seconds)
+                            self.validation, final=final, train_seconds=self.seconds, run_dir=self.run_dir)
         except Interrupted as err:
             raise TrainingStopped.by_signal(err.signum, f"during {'the final ' if final else ''}validation at step "
                                             f"{self.counters.optimizer_steps}; {self.resume_hint}") from None

@@ -34,6 +34,7 @@ from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, pre
 from engine.run_logger import RunLogger
 from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
 from evaluation.heldout import heldout_losses, pair_records
+from evaluation.journal import open_journal
 from evaluation.report import header as report_header
 from evaluation.report import write_report
 from model import ArcModel
@@ -106,11 +107,13 @@ def fits_in_training(seconds_so_far: float, tasks_so_far: int, tasks_left: int, 
 
 def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.device, dist: Dist,
              logger: RunLogger | None, stop: StopRequest, schedule: ValidationSchedule, *, final: bool,
-             train_seconds: float) -> dict[str, float]:
+             train_seconds: float, run_dir: Path | None = None) -> dict[str, float]:
     """Score the first `--val_tasks` evaluation tasks and log `val/*`; the final validation then
     scores the rest of `--eval_tasks` (see `_rest_of_final`) and logs `eval/*`, task images and the
-    submission. The training's random streams are left as they were, so how often a run validates
-    never changes what it learns. -> val/* (during training) or eval/* (final)."""
+    submission, journaling each task in `run_dir` (evaluation/journal.py: a run resumed from the
+    checkpoint written before it continues it). The training's random streams are left as they
+    were, so how often a run validates never changes what it learns. -> val/* (during training) or
+    eval/* (final)."""
     every = first_tasks(data.eval_set, 0)
     subset = first_tasks(data.eval_set, cfg.eval.val_tasks)
     chosen = first_tasks(data.eval_set, cfg.eval.eval_tasks) if final and cfg.eval.eval_tasks >= 0 else every
@@ -119,10 +122,12 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     started = time.perf_counter()
     noise = state.model.rl_noise_state()
     model, prompts = evaluation_view(state, cfg, device)
+    journal = open_journal(run_dir, f"final-step_{step:08d}", model, cfg, dist.rank, dist.world_size) \
+        if final and run_dir is not None else None
 
     def score(tasks: list[int], desc: str) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                           desc=desc)
+                           desc=desc, journal=journal)
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
@@ -237,9 +242,10 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     step = state.counters.optimizer_steps
     try:
         model, prompts = evaluation_view(state, cfg, device)
+        journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                             desc="evaluate", chooser=state.chooser)
+                             desc="evaluate", chooser=state.chooser, journal=journal)
         result = EvalResult.of(scores, data.eval_set, cfg)
         publish(result, step, cfg, dist, logger)
         write_run_report(logger, "evaluation", str(weights), step, cfg, {**result.metrics, **heldout}, "eval", scores,
@@ -247,8 +253,9 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **result.metrics, **heldout},
                           dist)
     except Interrupted as err:
-        raise TrainingStopped.by_signal(err.signum, f"during the evaluation of {weights}; nothing written as "
-                                                    f"finished, run the same command to evaluate again") from None
+        kept = f"its finished tasks are journaled in {run_dir}: run the same command to continue" \
+            if cfg.eval.journal else "nothing written as finished, run the same command to evaluate again"
+        raise TrainingStopped.by_signal(err.signum, f"during the evaluation of {weights}; {kept}") from None
     finally:
         if logger is not None:
             logger.close()

@@ -1,0 +1,150 @@
+"""The validation journal: each task's result written down as it finishes, so a stopped validation
+continues where it stopped.
+
+A long validation (400 tasks of per-task adaptation: 40 minutes on 2 cores, hours with hundreds of
+views) can be stopped by Ctrl-C, a scheduler's SIGTERM, a preempted machine or a notebook's limit.
+Each process appends one JSON line per finished task (its attempts, pair metrics where an output is
+known, held-out loss, seconds and adaptation steps) to its own file in the run folder, flushed and
+fsynced; the same command run again reads the file and scores only the tasks not in it. A task's
+result depends on its own adaptation alone (seeded by its group's task ids, data/demo_episodes.py),
+not on the tasks before it, so the summary, report and submission of a continued validation are
+those of an uninterrupted one (tested).
+
+The file starts with a header saying what produced it: the weights (a SHA-256 of the model's
+trainable state), the flags that change a task's result, and the number of processes (which
+decides which process takes which task). A journal whose header differs is refused in one line
+naming what differs. A torn last line (the process killed mid-write) is dropped; a damaged line
+before it is an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.config import SECTION_OF, Config
+from engine.errors import ConfigError
+
+# flags of the sections a task's result depends on that do not change it
+RESULT_FREE = {"submission", "journal", "val_every", "val_tasks", "val_share", "eval_tasks", "num_workers"}
+RESULT_SECTIONS = ("data", "qwen", "prompt", "agent", "eval")
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the model's trainable state, names and values in name order (hex, 16 digits)."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.trainable_state().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def identity(model: torch.nn.Module, cfg: Config, world_size: int) -> dict:
+    """What a journal's results depend on: weights, the flags that change a task's result, processes."""
+    flags = {k: v for k, v in cfg.flags().items()
+             if (SECTION_OF[k] in RESULT_SECTIONS or k == "amp") and k not in RESULT_FREE}
+    return {"weights": weights_digest(model), "flags": flags, "processes": world_size}
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """The parts of two identities that differ, named for a user: "weights", "--ttt_steps 60 -> 30", ..."""
+    out = ["weights"] if old.get("weights") != new["weights"] else []
+    if old.get("processes") != new["processes"]:
+        out.append(f"processes {old.get('processes')} -> {new['processes']}")
+    flags = old.get("flags", {})
+    out += [f"--{k} {flags.get(k)} -> {v}" for k, v in new["flags"].items() if flags.get(k) != v]
+    return out
+
+
+def open_journal(folder: Path, name: str, model: torch.nn.Module, cfg: Config, rank: int,
+                 world_size: int) -> Journal | None:
+    """This process's journal `<folder>/journal/<name>.rank<r>.jsonl` (None under --no-journal)."""
+    if not cfg.eval.journal:
+        return None
+    return Journal(folder / "journal" / f"{name}.rank{rank}.jsonl", identity(model, cfg, world_size))
+
+
+class Journal:
+    """One process's journal file: `done` maps each finished task id to its record (`record`)."""
+
+    def __init__(self, path: Path, ident: dict):
+        self.path = path
+        self.done: dict[str, dict] = {}
+        if path.exists():
+            self._read(ident)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(json.dumps({"journal": 1, **ident}) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _read(self, ident: dict) -> None:
+        data = self.path.read_bytes()
+        lines = data.split(b"\n")
+        kept = len(data)
+        if lines[-1]:  # no newline after the last line: torn mid-write
+            kept -= len(lines[-1])
+        lines = lines[:-1]
+        records = []
+        for n, line in enumerate(lines, 1):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                if n < len(lines):
+                    raise ConfigError(f"{self.path}: line {n} is damaged; delete the file to validate from the "
+                                      f"start") from None
+                kept -= len(line) + 1  # the last complete-looking line did not parse: torn too
+        if not records or records[0].get("journal") != 1:
+            raise ConfigError(f"{self.path}: not a validation journal (no header); delete it or choose another "
+                              f"--run_dir")
+        changed = differences(records[0], ident)
+        if changed:
+            raise ConfigError(f"{self.path}: written by other weights or flags ({'; '.join(changed)}): delete it or "
+                              f"choose another --run_dir")
+        if kept < len(data):
+            with open(self.path, "r+b") as fh:
+                fh.truncate(kept)
+        self.done = {r["task"]: r for r in records[1:]}
+
+    def append(self, record: dict) -> None:
+        """Write one finished task's record (`record`) as a line, on disk before returning."""
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.done[record["task"]] = record
+
+
+def record(task_id: str, episodes: list[int], *, attempts: dict, records: dict, copy_records: dict, losses: dict,
+           seconds: float, ttt_steps: int) -> dict:
+    """One task's line: per test input (episode index) its attempts (grids as lists), pair metrics and
+    the copy baseline's (None without a known output), held-out loss after adaptation (nats a cell,
+    bits a grid; None when not measured)."""
+    return {"task": task_id, "seconds": seconds, "ttt_steps": ttt_steps,
+            "pairs": {str(i): {"attempts": [a.tolist() for a in attempts[i]],
+                               "metrics": records[i][1] if i in records else None,
+                               "copy": copy_records[i][1] if i in copy_records else None,
+                               "loss": list(losses[i][1:]) if i in losses else None} for i in episodes}}
+
+
+def restore(rec: dict, *, attempts: dict, records: dict, copy_records: dict, losses: dict, seconds: dict,
+            ttt_steps: dict, unanswered: set) -> None:
+    """A journal line back into score_tasks's dicts (the inverse of `record`)."""
+    task_id = rec["task"]
+    seconds[task_id], ttt_steps[task_id] = rec["seconds"], rec["ttt_steps"]
+    for key, pair in rec["pairs"].items():
+        i = int(key)
+        attempts[i] = tuple(np.asarray(a, dtype=np.int64) for a in pair["attempts"])
+        if pair["metrics"] is None:
+            unanswered.add(i)
+        else:
+            records[i] = (task_id, pair["metrics"])
+            copy_records[i] = (task_id, pair["copy"])
+        if pair["loss"] is not None:
+            losses[i] = (task_id, *pair["loss"])
