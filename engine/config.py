@@ -326,6 +326,10 @@ class EvalCfg:
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched) by latent search and --ttt_params task")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+    eval_minutes: float = flag(0.0, "the final validation and --eval_only end within this many wall-clock minutes "
+                                    "(plus one task): adaptation steps and views are cut to fit the pace measured, "
+                                    "and tasks left at the deadline are predicted unadapted (0: no limit; "
+                                    "evaluation/deadline.py)")
     journal: bool = flag(True, "the final validation and --eval_only write each task's result to a journal in the "
                                "run folder as it finishes; the same command run again after a stop continues "
                                "from it (evaluation/journal.py)")

@@ -118,14 +118,15 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
          cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool],
-         observe: Callable[[int], None] = lambda steps: None) -> int:
+         observe: Callable[[int], None] = lambda steps: None, enough: Callable[[], bool] = lambda: False) -> int:
     """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
     group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
     random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
     row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
     clips the global norm), under `amp` (the adaptation's one mixed-precision routine: under fp16 its
     scaler skips a step with non-finite gradients). Stops early once every row's demos are solved
-    (checked before the first step and every `check_every`; 0: never) or when `stop()` says so.
+    (checked before the first step and every `check_every`; 0: never), when `enough()` says the time
+    for it is spent (--eval_minutes), or when `stop()` says so.
     `observe(steps)` is called before the first step and after each, `steps` counting the steps tried.
     -> the steps taken: those applied, a step the scaler skipped not counted."""
     chosen = {id(p) for group in groups for p in group["params"]}
@@ -136,7 +137,7 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     slots = max(rows) + 1
     tried = taken = 0
     observe(tried)
-    while tried < steps and not stop() and not (
+    while tried < steps and not stop() and not enough() and not (
             check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
                                                                         device, amp)):
         _set_step_lr(optimizer, base, tried, steps, schedule)
@@ -225,14 +226,16 @@ def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Confi
 @contextmanager
 def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset, *,
             cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False,
-            observe: Callable[[int, AdaptedTasks], None] | None = None) -> Iterator[AdaptedTasks]:
+            observe: Callable[[int, AdaptedTasks], None] | None = None,
+            enough: Callable[[], bool] = lambda: False) -> Iterator[AdaptedTasks]:
     """Adapt to `tasks` together: search the starts and keep each task's best, then test-time train
     what `--ttt_params` names from it (named groups of the shared weights: one task at a time).
     Yields what prediction needs; on exit the shared weights are as they were, bit for bit.
 
     `observe(steps, adapted)`, when given, is called before the first test-time-training step and
     after every step, with the model and the adapter as they are then (bench/ttt_curve.py measures
-    them). Training ends early when `stop()` says so (the caller then discards the result)."""
+    them). Training ends early when `stop()` says so (the caller then discards the result), and when
+    `enough()` says the time for it is spent (the tasks are then predicted as adapted so far)."""
     e = cfg.eval
     if e.trains_shared_weights and len(tasks) != 1:
         raise ValueError(f"--ttt_params {e.ttt_params} adapts shared weights: one task at a time, got {len(tasks)}")
@@ -256,7 +259,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
             demos.restart_draws()
             result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
                                 schedule=e.ttt_schedule, clip=clip, check_every=e.ttt_check_every, cfg=cfg,
-                                device=device, amp=amp, stop=stop,
+                                device=device, amp=amp, stop=stop, enough=enough,
                                 observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
             loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:

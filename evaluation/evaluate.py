@@ -34,12 +34,14 @@ from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
 from evaluation.choice import learned_attempts
+from evaluation.deadline import Deadline
 from evaluation.heldout import PairLoss, adapted_losses, loss_metrics, target_fitted
 from evaluation.intervals import interval
 from evaluation.journal import Journal, record, restore
 from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
+from evaluation.submission import SubmissionFile, submission_of
 from model import ArcModel
 from policy_refined import AttemptChooser
 from prompt import QwenFeatures
@@ -131,18 +133,12 @@ class TaskScores:
 @dataclass
 class EvalResult:
     metrics: dict[str, float]  # eval/* incl. eval/copy_* and eval/seconds_per_task
-    submission: dict[str, list[dict]]  # {task_id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, test inputs in order
+    submission: dict[str, list[dict]]  # ARC Prize's: every task, every test input (evaluation/submission.py)
     images: list[tuple[str, np.ndarray]]  # (task_id, [H, W, 3] uint8) for the first IMAGES tasks
 
     @classmethod
     def of(cls, scores: TaskScores, dataset: EpisodeDataset, cfg: Config) -> EvalResult:
-        attempts = scores.attempts
-        submission: dict[str, list[dict]] = {}
-        for i in sorted(attempts):  # the evaluation set's order: a challenges file's
-            a1, a2 = attempts[i]
-            submission.setdefault(dataset.episodes[i].task.task_id, []).append(
-                {"attempt_1": a1.tolist(), "attempt_2": a2.tolist()})
-        return cls(scores.metrics("eval", cfg), submission, scores.images(dataset))
+        return cls(scores.metrics("eval", cfg), submission_of(dataset, scores.attempts), scores.images(dataset))
 
 
 def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:
@@ -177,7 +173,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
                 desc: str | None = None, chooser: AttemptChooser | None = None,
                 on_candidates: Callable[[int, Candidates], None] | None = None,
-                journal: Journal | None = None) -> TaskScores:
+                journal: Journal | None = None, deadline: Deadline | None = None,
+                submission: SubmissionFile | None = None) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
     are gathered, so every process returns them all).
 
@@ -187,7 +184,9 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     checkpoint's attempt chooser (needed by `--attempt_ranking learned`, and `pass2_learned` is
     reported when there is one). `on_candidates(episode index, candidates)`: called for every test
     input this process scores, after its attempts. `journal` (evaluation/journal.py): a group whose
-    tasks it holds is read from it, not scored again; each task scored is appended to it."""
+    tasks it holds is read from it, not scored again; each task scored is appended to it. `deadline`
+    (evaluation/deadline.py, --eval_minutes): each group's adaptation steps and views planned to fit
+    the time left. `submission` (evaluation/submission.py): rewritten after each group."""
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")
@@ -233,13 +232,21 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
             start = time.perf_counter()
             tasks = [dataset.episodes[by_task[t][0]].task for t in group]
             episodes = [i for t in group for i in by_task[t]]
-            with adapted(model, prompts, tasks, dataset, cfg=cfg, device=device, stop=stop) as adaptation:
+            planned = cfg if deadline is None else cfg.replace(**deadline.plan(
+                cfg.eval.ttt_steps, cfg.eval.eval_augments, len(mine) - slot, len(episodes), len(group)))
+            enough = deadline.group_over if deadline is not None else (lambda: False)
+            with adapted(model, prompts, tasks, dataset, cfg=planned, device=device, stop=stop,
+                         enough=enough) as adaptation:
                 if stop():  # the adaptation was cut short: nothing of this group will be kept
                     continue
-                cands = candidates(model, prompts, dataset, episodes, cfg=cfg, device=device, adapted=adaptation)
+                adapted_at = time.perf_counter()
+                cands = candidates(model, prompts, dataset, episodes, cfg=planned, device=device, adapted=adaptation)
                 if cfg.eval.heldout_loss:
-                    losses.update(adapted_losses(model, prompts, dataset, fitted, cands, episodes, cfg=cfg,
+                    losses.update(adapted_losses(model, prompts, dataset, fitted, cands, episodes, cfg=planned,
                                                  device=device, adapted=adaptation))
+            if deadline is not None:
+                deadline.measured(adapted_at - start, adaptation.steps, time.perf_counter() - adapted_at,
+                                  planned.eval.eval_augments, len(episodes))
             for i in episodes:
                 if cfg.eval.enumerate:
                     cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
@@ -271,6 +278,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 for t in group:
                     journal.append(record(t, by_task[t], attempts=attempts, records=records, copy_records=copy_records,
                                           losses=losses, seconds=seconds[t], ttt_steps=ttt_steps[t]))
+            if submission is not None:
+                submission.update(attempts)
     finally:
         bar.close()
         model.train(was_training)

@@ -31,7 +31,8 @@ from engine.config import SECTION_OF, Config
 from engine.errors import ConfigError
 
 # flags of the sections a task's result depends on that do not change it
-RESULT_FREE = {"submission", "journal", "val_every", "val_tasks", "val_share", "eval_tasks", "num_workers"}
+RESULT_FREE = {"submission", "journal", "eval_minutes", "val_every", "val_tasks", "val_share", "eval_tasks",
+               "num_workers"}
 RESULT_SECTIONS = ("data", "qwen", "prompt", "agent", "eval")
 
 

@@ -32,11 +32,13 @@ from engine.distributed import Dist
 from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
+from evaluation.deadline import Deadline
 from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
 from evaluation.heldout import heldout_losses, pair_records
 from evaluation.journal import open_journal
 from evaluation.report import header as report_header
 from evaluation.report import write_report
+from evaluation.submission import SubmissionFile
 from model import ArcModel
 from prompt import QwenFeatures
 from training.build import TrainingData, evaluation_view, held_out_set, load_run, prompt_cache_dir
@@ -124,10 +126,11 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     model, prompts = evaluation_view(state, cfg, device)
     journal = open_journal(run_dir, f"final-step_{step:08d}", model, cfg, dist.rank, dist.world_size) \
         if final and run_dir is not None else None
+    deadline, submission = final_budget(cfg, data, dist, len(chosen)) if final else (None, None)
 
     def score(tasks: list[int], desc: str) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                           desc=desc, journal=journal)
+                           desc=desc, journal=journal, deadline=deadline, submission=submission)
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
@@ -144,6 +147,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
             if rest:
                 scores = scores.merged(score(rest, "final"))
             result = EvalResult.of(scores, data.eval_set, cfg)
+            result.metrics.update(deadline_metrics(deadline, dist))
             publish(result, step, cfg, dist, logger)
             metrics = result.metrics
         else:
@@ -192,12 +196,33 @@ def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seco
     return rest
 
 
+def final_budget(cfg: Config, data: TrainingData, dist: Dist, tasks: int) -> tuple[Deadline | None,
+                                                                                  SubmissionFile | None]:
+    """A final validation's deadline (--eval_minutes; its start-up line printed) and its submission
+    file (--submission, main process), written now with a fallback for every test input."""
+    deadline = Deadline(cfg.eval.eval_minutes) if cfg.eval.eval_minutes > 0 else None
+    if deadline is not None:
+        announce(dist, deadline.describe(tasks))
+    submission = SubmissionFile(Path(cfg.eval.submission), data.eval_set) \
+        if cfg.eval.submission and dist.is_main else None
+    return deadline, submission
+
+
+def deadline_metrics(deadline: Deadline | None, dist: Dist) -> dict[str, float]:
+    """`eval/deadline_{full,cut,late}`: tasks scored with the full settings, with fewer steps or views,
+    and unadapted after the deadline, over every process (none without --eval_minutes)."""
+    if deadline is None:
+        return {}
+    counts = dist.sum_floats([float(v) for v in deadline.tasks.values()])
+    return {f"eval/deadline_{k}": v for k, v in zip(deadline.tasks, counts, strict=True)}
+
+
 def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunLogger | None) -> None:
     """The final scores: eval/* scalars and task images at `step`, and the submission file."""
     if logger is not None:
         logger.write(step, result.metrics)
         log_images(logger, result.images, step)
-    if cfg.eval.submission and dist.is_main:
+    if cfg.eval.submission and dist.is_main:  # every process's attempts, gathered
         path = Path(cfg.eval.submission)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(result.submission))
@@ -243,10 +268,13 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     try:
         model, prompts = evaluation_view(state, cfg, device)
         journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
+        deadline, submission = final_budget(cfg, data, dist, len(tasks))
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                             desc="evaluate", chooser=state.chooser, journal=journal)
+                             desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
+                             submission=submission)
         result = EvalResult.of(scores, data.eval_set, cfg)
+        result.metrics.update(deadline_metrics(deadline, dist))
         publish(result, step, cfg, dist, logger)
         write_run_report(logger, "evaluation", str(weights), step, cfg, {**result.metrics, **heldout}, "eval", scores,
                          data.eval_set, heldout_pairs)

@@ -1,0 +1,71 @@
+"""--eval_minutes (evaluation/deadline.py) and the submission file that is complete at every moment
+(evaluation/submission.py)."""
+
+import json
+import time
+
+import training
+from evaluation.deadline import Deadline
+from evaluation.submission import SubmissionFile
+from tests.conftest import CPU
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_plan_fits_each_group_to_its_share_of_the_time_left():
+    clock = Clock()
+    deadline = Deadline(10.0, clock)  # 600 s
+    assert deadline.plan(60, 8, groups_left=100, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
+    deadline.measured(adapt_seconds=61.0, steps=60, predict_seconds=0.8, views=8, pairs=1)  # 1 s a step, 0.1 a view
+    clock.now = 61.8
+    # 538.2 s for 99 groups: 5.4 s a group, 0.8 of it predicting: 4 steps (the search counted as one)
+    assert deadline.plan(60, 8, groups_left=99, pairs=1) == {"ttt_steps": 3, "eval_augments": 8}
+    assert deadline.plan(60, 8, groups_left=1, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
+    # too little even to predict with every view: fewer views, no steps
+    assert deadline.plan(60, 8, groups_left=2000, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
+    clock.now = 601.0
+    late = deadline.plan(60, 8, groups_left=5, pairs=1, tasks=1)
+    assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
+    assert deadline.tasks == {"full": 2, "cut": 2, "late": 1}
+
+
+def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_path):
+    data = training.build_data(small_cfg(), CPU)
+    path = tmp_path / "submission.json"
+    file = SubmissionFile(path, data.eval_set)
+    start = json.loads(path.read_text())
+    episodes = data.eval_set.episodes
+    assert list(start) == list(dict.fromkeys(ep.task.task_id for ep in episodes))
+    assert [a for task in start.values() for a in task] == \
+        [{"attempt_1": ep.query.input.tolist(), "attempt_2": ep.query.input.tolist()} for ep in episodes]
+    first = episodes[0]
+    guess = (first.query.input * 0, first.query.input * 0 + 1)
+    file.update({0: guess})
+    now = json.loads(path.read_text())
+    assert now[first.task.task_id][0] == {"attempt_1": guess[0].tolist(), "attempt_2": guess[1].tolist()}
+    assert sum(map(len, now.values())) == len(episodes) and not list(tmp_path.glob("*.tmp"))
+
+
+def test_an_evaluation_under_a_deadline_ends_in_time_with_a_complete_submission(small_cfg, tmp_path):
+    """A budget far below what the settings need (1000 steps a task): the run ends within it plus a
+    task, says how the tasks were scored, and its submission holds every test input."""
+    cfg = small_cfg(eval_only=True, eval_tasks=0, ttt_steps=1000, ttt_check_every=0, eval_minutes=0.05,
+                    run_dir=str(tmp_path / "eval"), submission=str(tmp_path / "submission.json"))
+    started = time.perf_counter()
+    summary = training.train(cfg, CPU)
+    took = time.perf_counter() - started
+    tasks = summary["eval/tasks"]
+    assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks
+    assert summary["eval/deadline_full"] < tasks and summary["eval/ttt_steps_per_task"] < 1000
+    # the 3 s budget, plus start-up, the held-out loss and the last group's prediction on a loaded
+    # machine; unbudgeted, the first task alone takes about 50 s (1000 steps)
+    assert took < 3.0 + 15.0
+    submission = json.loads((tmp_path / "submission.json").read_text())
+    assert sum(map(len, submission.values())) == sum(len(t.test) for t in
+                                                      training.build_data(cfg, CPU).splits.evaluation)
