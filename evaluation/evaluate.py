@@ -74,13 +74,14 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
 class TaskScores:
     """What scoring some evaluation tasks gave, gathered from every process."""
 
-    records: dict[int, tuple[str, dict[str, float]]]  # episode index (a test input) -> (task id, pair metrics
-    #                                                    and pass2_<ranking>)
-    copy_records: dict[int, tuple[str, dict[str, float]]]  # the same for copying the input
-    attempts: dict[int, tuple[Grid, Grid]]  # episode index -> its two attempts
-    seconds: dict[str, float]  # task id -> seconds spent adapting to and predicting it
-    ttt_steps: dict[str, int]  # task id -> test-time-training steps taken
-    losses: dict[int, PairLoss]  # episode index -> its held-out loss after adaptation (evaluation/heldout.py)
+    # episode index (a test input) -> (task id, pair metrics and pass2_<ranking>)
+    records: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)
+    copy_records: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)  # copying the input
+    attempts: dict[int, tuple[Grid, Grid]] = field(default_factory=dict)  # episode index -> its two attempts
+    seconds: dict[str, float] = field(default_factory=dict)  # task id -> seconds adapting to and predicting it
+    ttt_steps: dict[str, int] = field(default_factory=dict)  # task id -> test-time-training steps taken
+    # episode index -> its held-out loss after adaptation (evaluation/heldout.py)
+    losses: dict[int, PairLoss] = field(default_factory=dict)
     unanswered: set[int] = field(default_factory=set)  # episodes predicted without a known output (no records)
 
     def merged(self, other: TaskScores) -> TaskScores:
@@ -88,6 +89,11 @@ class TaskScores:
                           {**self.attempts, **other.attempts}, {**self.seconds, **other.seconds},
                           {**self.ttt_steps, **other.ttt_steps}, {**self.losses, **other.losses},
                           self.unanswered | other.unanswered)
+
+    def solved(self, episodes: list[int]) -> tuple[int, float]:
+        """Of `episodes`: the test inputs scored (a known output) and how many pass@2 solves."""
+        scored = [self.records[i][1]["pass2"] for i in episodes if i in self.records]
+        return len(scored), float(sum(scored))
 
     def cards(self, dataset: EpisodeDataset) -> list[dict]:
         """The report's card of every scored task (evaluation/report.py), in the evaluation set's order."""
@@ -190,9 +196,6 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")
-    rankings = [r for r in RANKINGS if r != "learned" or chooser is not None]
-    was_training = model.training
-    model.train(False)
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(dataset.episodes):
         by_task[ep.task.task_id].append(i)
@@ -201,90 +204,130 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
-    fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None  # the held-out loss's canvases hold the output
-    records, copy_records, attempts, seconds, ttt_steps, losses, unanswered = {}, {}, {}, {}, {}, {}, set()
-    progress = [0.0] * 4  # this slot's tasks, test inputs, of them solved (pass@2), TTT steps
-    totals = [0.0] * 4
-    bar = tqdm(total=len(task_ids), desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
-               disable=desc is None or not dist.is_main)
-    started = time.perf_counter()
+    scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop, chooser=chooser,
+                          on_candidates=on_candidates)
+    scores = TaskScores()
+    progress = _Progress(len(task_ids), desc, dist, cfg.eval.ttt_steps > 0)
+    was_training = model.training
+    model.train(False)
     try:
         for slot in range(max(map(len, groups_of)) + 1):
-            stopping, *done = dist.sum_floats([float(stop()), *progress])
-            totals = [a + b for a, b in zip(totals, done, strict=True)]
-            if done[0]:
-                bar.update(int(done[0]))
-                bar.set_postfix(_postfix(totals, time.perf_counter() - started, cfg.eval.ttt_steps > 0), refresh=False)
-            if stopping:
+            if progress.agree(stop):
                 raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
-            progress = [0.0] * 4
             if slot >= len(mine):
                 continue
             group = mine[slot]
             if journal is not None and all(t in journal.done for t in group):  # scored before a stop
                 for t in group:
-                    restore(journal.done[t], attempts=attempts, records=records, copy_records=copy_records,
-                            losses=losses, seconds=seconds, ttt_steps=ttt_steps, unanswered=unanswered)
-                    scored = [records[i][1]["pass2"] for i in by_task[t] if i in records]
-                    progress = [progress[0] + 1, progress[1] + len(scored), progress[2] + sum(scored),
-                                progress[3] + ttt_steps[t]]
-                continue
-            start = time.perf_counter()
-            tasks = [dataset.episodes[by_task[t][0]].task for t in group]
-            episodes = [i for t in group for i in by_task[t]]
-            planned = cfg if deadline is None else cfg.replace(**deadline.plan(
-                cfg.eval.ttt_steps, cfg.eval.eval_augments, len(mine) - slot, len(episodes), len(group)))
-            enough = deadline.group_over if deadline is not None else (lambda: False)
-            with adapted(model, prompts, tasks, dataset, cfg=planned, device=device, stop=stop,
-                         enough=enough) as adaptation:
-                if stop():  # the adaptation was cut short: nothing of this group will be kept
+                    restore(journal.done[t], scores)
+            else:
+                done = scorer.score(group, deadline, groups_left=len(mine) - slot)
+                if done is None:  # stopped during its adaptation: nothing of it is kept
                     continue
-                adapted_at = time.perf_counter()
-                cands = candidates(model, prompts, dataset, episodes, cfg=planned, device=device, adapted=adaptation)
-                if cfg.eval.heldout_loss:
-                    losses.update(adapted_losses(model, prompts, dataset, fitted, cands, episodes, cfg=planned,
-                                                 device=device, adapted=adaptation))
-            if deadline is not None:
-                deadline.measured(adapted_at - start, adaptation.steps, time.perf_counter() - adapted_at,
-                                  planned.eval.eval_augments, len(episodes))
-            for i in episodes:
-                if cfg.eval.enumerate:
-                    cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
-                attempts[i] = ranked_attempts(cands[i], cfg.eval.attempt_ranking, chooser, dataset.episodes[i])
-            for t in group:  # a task's seconds: its adaptation, predictions and attempts, not the other rankings
-                seconds[t] = (time.perf_counter() - start) / len(group)
-                ttt_steps[t] = adaptation.steps
-            for i in episodes:
-                ep = dataset.episodes[i]  # the scorer is the only reader of ep.query.output
-                if on_candidates is not None:
-                    on_candidates(i, cands[i])
-                if not ep.query.answered:  # a task to predict: its attempts, nothing to score
-                    unanswered.add(i)
-                    continue
-                metrics = pair_metrics(attempts[i], ep.query.output, ep.query.input,
-                                       cands[i].contains(ep.query.output))
-                for ranking in rankings:  # the configured ranking's attempts are those already chosen
-                    ranked = attempts[i] if ranking == cfg.eval.attempt_ranking else \
-                        ranked_attempts(cands[i], ranking, chooser, ep)
-                    metrics[f"pass2_{ranking}"] = pair_metrics(ranked, ep.query.output, ep.query.input)["pass2"]
-                records[i] = (ep.task.task_id, metrics)
-                copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output,
-                                                                  ep.query.input))
-                progress[1] += 1
-                progress[2] += metrics["pass2"]
-            progress[0] += len(group)
-            progress[3] += adaptation.steps * len(group)
-            if journal is not None:
-                for t in group:
-                    journal.append(record(t, by_task[t], attempts=attempts, records=records, copy_records=copy_records,
-                                          losses=losses, seconds=seconds[t], ttt_steps=ttt_steps[t]))
-            if submission is not None:
-                submission.update(attempts)
+                scores = scores.merged(done)
+                for t in group if journal is not None else ():
+                    journal.append(record(t, by_task[t], scores))
+                if submission is not None:
+                    submission.update(scores.attempts)
+            progress.add(scores, group, by_task)
     finally:
-        bar.close()
+        progress.close()
         model.train(was_training)
-    gathered = dist.gather(TaskScores(records, copy_records, attempts, seconds, ttt_steps, losses, unanswered))
-    return reduce(TaskScores.merged, gathered)
+    return reduce(TaskScores.merged, dist.gather(scores))
+
+
+class _Progress:
+    """The progress bar (main process) and the counts every process agrees on between groups."""
+
+    def __init__(self, tasks: int, desc: str | None, dist: Dist, test_time_training: bool):
+        self.dist, self.test_time_training = dist, test_time_training
+        self.pending = [0.0] * 4  # since the last agreement: tasks, test inputs scored, of them solved, TTT steps
+        self.totals = [0.0] * 4
+        self.bar = tqdm(total=tasks, desc=desc, unit="task", dynamic_ncols=True, mininterval=1.0,
+                        disable=desc is None or not dist.is_main)
+        self.started = time.perf_counter()
+
+    def add(self, scores: TaskScores, group: list[str], by_task: dict[str, list[int]]) -> None:
+        scored, solved = scores.solved([i for t in group for i in by_task[t]])
+        steps = sum(scores.ttt_steps[t] for t in group)
+        self.pending = [a + b for a, b in zip(self.pending, (len(group), scored, solved, steps), strict=True)]
+
+    def agree(self, stop: Callable[[], bool]) -> bool:
+        """One collective: whether any process was asked to stop, and every process's counts for the bar."""
+        stopping, *done = self.dist.sum_floats([float(stop()), *self.pending])
+        self.totals = [a + b for a, b in zip(self.totals, done, strict=True)]
+        self.pending = [0.0] * 4
+        if done[0]:
+            self.bar.update(int(done[0]))
+            self.bar.set_postfix(_postfix(self.totals, time.perf_counter() - self.started, self.test_time_training),
+                                 refresh=False)
+        return bool(stopping)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _GroupScorer:
+    """One group of tasks: adapt (with the deadline's plan), predict, rank the attempts, score them."""
+
+    def __init__(self, model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset,
+                 by_task: dict[str, list[int]], *, cfg: Config, device: torch.device, stop: Callable[[], bool],
+                 chooser: AttemptChooser | None, on_candidates: Callable[[int, Candidates], None] | None):
+        self.model, self.prompts, self.dataset, self.by_task = model, prompts, dataset, by_task
+        self.cfg, self.device, self.stop, self.chooser, self.on_candidates = cfg, device, stop, chooser, on_candidates
+        self.rankings = [r for r in RANKINGS if r != "learned" or chooser is not None]
+        # the held-out loss's canvases hold the output
+        self.fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None
+
+    def score(self, group: list[str], deadline: Deadline | None, groups_left: int) -> TaskScores | None:
+        """The group's scores; None when `stop` cut its adaptation short."""
+        cfg, dataset = self.cfg, self.dataset
+        start = time.perf_counter()
+        tasks = [dataset.episodes[self.by_task[t][0]].task for t in group]
+        episodes = [i for t in group for i in self.by_task[t]]
+        planned = cfg if deadline is None else cfg.replace(**deadline.plan(
+            cfg.eval.ttt_steps, cfg.eval.eval_augments, groups_left, len(episodes), len(group)))
+        out = TaskScores()
+        with adapted(self.model, self.prompts, tasks, dataset, cfg=planned, device=self.device, stop=self.stop,
+                     enough=deadline.group_over if deadline is not None else lambda: False) as adaptation:
+            if self.stop():
+                return None
+            adapted_at = time.perf_counter()
+            cands = candidates(self.model, self.prompts, dataset, episodes, cfg=planned, device=self.device,
+                               adapted=adaptation)
+            if cfg.eval.heldout_loss:
+                out.losses = adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, episodes,
+                                            cfg=planned, device=self.device, adapted=adaptation)
+        if deadline is not None:
+            deadline.measured(adapted_at - start, adaptation.steps, time.perf_counter() - adapted_at,
+                              planned.eval.eval_augments, len(episodes))
+        for i in episodes:
+            if cfg.eval.enumerate:
+                cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
+            out.attempts[i] = ranked_attempts(cands[i], cfg.eval.attempt_ranking, self.chooser, dataset.episodes[i])
+        for t in group:  # a task's seconds: its adaptation, predictions and attempts, not the other rankings
+            out.seconds[t] = (time.perf_counter() - start) / len(group)
+            out.ttt_steps[t] = adaptation.steps
+        for i in episodes:
+            if self.on_candidates is not None:
+                self.on_candidates(i, cands[i])
+            self.pair_scores(i, out.attempts[i], cands[i], out)
+        return out
+
+    def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:
+        """Test input `i`'s metrics under every ranking, and the copy baseline's, into `out`; the scorer
+        is the only reader of a test output. One without a known output is only counted."""
+        ep = self.dataset.episodes[i]
+        if not ep.query.answered:  # a task to predict: its attempts, nothing to score
+            out.unanswered.add(i)
+            return
+        metrics = pair_metrics(attempts, ep.query.output, ep.query.input, cands.contains(ep.query.output))
+        for ranking in self.rankings:  # the configured ranking's attempts are those already chosen
+            ranked = attempts if ranking == self.cfg.eval.attempt_ranking else \
+                ranked_attempts(cands, ranking, self.chooser, ep)
+            metrics[f"pass2_{ranking}"] = pair_metrics(ranked, ep.query.output, ep.query.input)["pass2"]
+        out.records[i] = (ep.task.task_id, metrics)
+        out.copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output, ep.query.input))
 
 
 def ranked_attempts(cands: Candidates, ranking: str, chooser: AttemptChooser | None, ep: Episode) -> tuple[Grid, Grid]:

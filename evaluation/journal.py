@@ -23,12 +23,16 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from engine.config import SECTION_OF, Config
 from engine.errors import ConfigError
+
+if TYPE_CHECKING:  # evaluation.evaluate imports this module
+    from evaluation.evaluate import TaskScores
 
 # flags of the sections a task's result depends on that do not change it
 RESULT_FREE = {"submission", "journal", "eval_minutes", "val_every", "val_tasks", "val_share", "eval_tasks",
@@ -122,30 +126,29 @@ class Journal:
         self.done[record["task"]] = record
 
 
-def record(task_id: str, episodes: list[int], *, attempts: dict, records: dict, copy_records: dict, losses: dict,
-           seconds: float, ttt_steps: int) -> dict:
-    """One task's line: per test input (episode index) its attempts (grids as lists), pair metrics and
-    the copy baseline's (None without a known output), held-out loss after adaptation (nats a cell,
-    bits a grid; None when not measured)."""
-    return {"task": task_id, "seconds": seconds, "ttt_steps": ttt_steps,
-            "pairs": {str(i): {"attempts": [a.tolist() for a in attempts[i]],
-                               "metrics": records[i][1] if i in records else None,
-                               "copy": copy_records[i][1] if i in copy_records else None,
-                               "loss": list(losses[i][1:]) if i in losses else None} for i in episodes}}
+def record(task_id: str, episodes: list[int], scores: TaskScores) -> dict:
+    """One task's line from `scores` (evaluation.evaluate.TaskScores): per test input (episode index)
+    its attempts (grids as lists), pair metrics and the copy baseline's (None without a known
+    output), held-out loss after adaptation (nats a cell, bits a grid; None when not measured)."""
+    return {"task": task_id, "seconds": scores.seconds[task_id], "ttt_steps": scores.ttt_steps[task_id],
+            "pairs": {str(i): {"attempts": [a.tolist() for a in scores.attempts[i]],
+                               "metrics": scores.records[i][1] if i in scores.records else None,
+                               "copy": scores.copy_records[i][1] if i in scores.copy_records else None,
+                               "loss": list(scores.losses[i][1:]) if i in scores.losses else None}
+                      for i in episodes}}
 
 
-def restore(rec: dict, *, attempts: dict, records: dict, copy_records: dict, losses: dict, seconds: dict,
-            ttt_steps: dict, unanswered: set) -> None:
-    """A journal line back into score_tasks's dicts (the inverse of `record`)."""
+def restore(rec: dict, scores: TaskScores) -> None:
+    """A journal line back into `scores` (the inverse of `record`)."""
     task_id = rec["task"]
-    seconds[task_id], ttt_steps[task_id] = rec["seconds"], rec["ttt_steps"]
+    scores.seconds[task_id], scores.ttt_steps[task_id] = rec["seconds"], rec["ttt_steps"]
     for key, pair in rec["pairs"].items():
         i = int(key)
-        attempts[i] = tuple(np.asarray(a, dtype=np.int64) for a in pair["attempts"])
+        scores.attempts[i] = tuple(np.asarray(a, dtype=np.int64) for a in pair["attempts"])
         if pair["metrics"] is None:
-            unanswered.add(i)
+            scores.unanswered.add(i)
         else:
-            records[i] = (task_id, pair["metrics"])
-            copy_records[i] = (task_id, pair["copy"])
+            scores.records[i] = (task_id, pair["metrics"])
+            scores.copy_records[i] = (task_id, pair["copy"])
         if pair["loss"] is not None:
-            losses[i] = (task_id, *pair["loss"])
+            scores.losses[i] = (task_id, *pair["loss"])
