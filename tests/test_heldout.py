@@ -126,6 +126,12 @@ def test_a_run_logs_it_at_every_validation_and_saves_it(small_cfg, tmp_path):
     rows = dict(report["header"]["rows"])
     assert "95%" in rows["pass@2"] and "nats a cell" in rows["held-out loss before adaptation: eval"]
     assert all("nats_cell" in p for c in report["cards"] for p in c["runs"][0]["pairs"])
+    # resumed, the run's training minutes go on from where they were (Counters.train_seconds)
+    training.train(small_cfg(run_dir=str(tmp_path / "run"), resume=str(tmp_path / "run"), epochs=2, max_batches=4,
+                             val_every="2", val_share=1e9, val_tasks=1, eval_tasks=1, ttt_steps=1, hold_out_tests=3),
+                   CPU)
+    later = [m for s, m in scalars(summary["run_dir"])["heldout/train_minutes"] if s > 4]
+    assert minutes[1] < later[0] < later[1]
 
 
 def test_a_stop_ends_it_within_a_batch(small_cfg, tmp_path):

@@ -76,6 +76,7 @@ class EpochLoop:
             self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
         self.started = time.time()
         self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
+        self.seconds_before = self.counters.train_seconds  # the earlier invocations' (Counters.train_seconds)
         self.qwen_norm = 0.0  # the trainable Qwen's gradient norm at its last refresh step
 
     def run(self) -> dict:
@@ -107,6 +108,7 @@ class EpochLoop:
         for window in windows:
             self.step(window, epoch, bar)
             self.seconds = self.dist.from_main(time.time() - self.started) - self.validation.val_seconds
+            counters.train_seconds = self.seconds_before + self.seconds
             if cfg.run.max_minutes and self.seconds > 60 * cfg.run.max_minutes:
                 in_time = False
                 break

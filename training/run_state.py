@@ -58,6 +58,9 @@ class Counters:
     epoch: int = 0
     micro_batches_in_epoch: int = 0
     consecutive_skips: int = 0  # optimizer steps in a row skipped for non-finite loss or gradients
+    # training time over every invocation of the run (validation not counted): what the held-out
+    # loss's curve is drawn against (heldout/train_minutes); a checkpoint written before it holds 0
+    train_seconds: float = 0.0
 
 
 @dataclass(kw_only=True)

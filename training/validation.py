@@ -134,7 +134,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 train_seconds)
+                                                 state.counters.train_seconds)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         scores = score(first, "validate")
@@ -168,7 +168,7 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
     """The held-out loss before adaptation (evaluation/heldout.py) on every evaluation task ("eval": on
     synthetic data the held-out families) and on the test pairs training held out ("train_tests"),
     logged as `heldout/*` at `step` with its seconds (and, in a training run, the training minutes so
-    far in this invocation: `heldout/train_minutes`). -> (metrics, report.json's per-pair records)."""
+    far over every invocation: `heldout/train_minutes`). -> (metrics, report.json's per-pair records)."""
     if not cfg.eval.heldout_loss:
         return {}, {}
     started = time.perf_counter()
