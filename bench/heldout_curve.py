@@ -137,15 +137,16 @@ def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path,
         for r in rs:
             (x, y0), (_, y1) = xy(r[x_key], r["eval_lo"]), xy(r[x_key], r["eval_hi"])
             parts.append(f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="{colour}"/>')
-        parts.append(f'<text x="{width - pad - 250}" y="{pad + 16 * i}" fill="{colour}">{name}</text>')
+        parts.append(f'<text x="{width - pad}" y="{pad + 16 * i}" fill="{colour}" text-anchor="end">{name}</text>')
     for name, f in fits.items():
         if f is not None:
             grid = np.geomspace(xmin, xmax, 60) if log_x else np.linspace(max(1, xmax / 200), xmax, 60)
             points = " ".join(point(x, min(ymax, f["a"] * x ** -f["b"])) for x in grid)
             parts.append(f'<polyline points="{points}" fill="none" stroke="{colours.get(name, "black")}" '
                          'stroke-width="0.8"/>')
-    parts.append(f'<text x="{pad}" y="{pad - 20}">solid: evaluation tasks (bars: 95% over tasks); dashed: held-out '
-                 'training pairs; dotted: training loss; thin: power law</text>')
+    parts += [f'<text x="{pad}" y="{pad - 36}">solid: evaluation tasks (bars: 95% over tasks); dashed: held-out '
+              'training pairs;</text>',
+              f'<text x="{pad}" y="{pad - 20}">dotted: training loss; thin: power law</text>']
     path.write_text("\n".join(parts + ["</svg>"]) + "\n")
 
 
