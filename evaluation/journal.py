@@ -68,10 +68,11 @@ def differences(old: dict, new: dict) -> list[str]:
 
 def open_journal(folder: Path, name: str, model: torch.nn.Module, cfg: Config, rank: int,
                  world_size: int) -> Journal | None:
-    """This process's journal `<folder>/journal/<name>.rank<r>.jsonl` (None under --no-journal)."""
+    """This process's journal `<folder>/journal/<name>.rank<r>of<w>.jsonl` (None under --no-journal):
+    a run with another number of processes shares its tasks out otherwise, and starts its own."""
     if not cfg.eval.journal:
         return None
-    return Journal(folder / "journal" / f"{name}.rank{rank}.jsonl", identity(model, cfg, world_size))
+    return Journal(folder / "journal" / f"{name}.rank{rank}of{world_size}.jsonl", identity(model, cfg, world_size))
 
 
 class Journal:

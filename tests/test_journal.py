@@ -92,7 +92,7 @@ def test_an_evaluation_killed_halfway_and_run_again_gives_the_uninterrupted_subm
     run = tmp_path / "run"
     command = (*FIXED, *small(arc_folder, run, *flags, "--submission", str(run / "sub.json")))
     proc = spawn(*command)
-    journal = run / "journal" / "evaluate.rank0.jsonl"
+    journal = run / "journal" / "evaluate.rank0of1.jsonl"
     deadline = time.time() + 300
     while not (journal.exists() and len(journal.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-1500:]

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 import training
 import training.validation
+from data.sources import load_source
 from engine.checkpoint import MODEL_FILE, find_checkpoint
 from engine.config import Config, EvalCfg
 from engine.distributed import Dist
@@ -219,6 +220,8 @@ def test_a_signal_during_validation_stops_within_seconds_and_the_run_resumes(sig
 
 @pytest.mark.slow
 def test_evaluation_only_stopped_writes_nothing_that_looks_finished(arc_folder, tmp_path, spawn):
+    """No summary; the submission is there from the start, complete, with the input as both
+    attempts of every test input not yet predicted (evaluation/submission.py)."""
     trained = tmp_path / "trained"
     first = spawn(*FIXED, *small(arc_folder, trained, "--max_batches", "1", "--ttt_steps", "1"))
     assert first.communicate(timeout=300) and first.returncode == 0
@@ -233,7 +236,11 @@ def test_evaluation_only_stopped_writes_nothing_that_looks_finished(arc_folder, 
     seconds, err = stop_and_time(proc, signal.SIGTERM)
     assert proc.returncode == 128 + signal.SIGTERM and seconds < GRACE / 2, err[-1500:]
     assert "stopped by SIGTERM during the evaluation of" in err and "Traceback" not in err
-    assert not (run / "summary.json").exists() and not (tmp_path / "sub.json").exists()
+    assert not (run / "summary.json").exists()
+    submission = json.loads((tmp_path / "sub.json").read_text())
+    tasks = load_source(str(arc_folder)).evaluation
+    assert [len(submission[t.task_id]) for t in tasks] == [len(t.test) for t in tasks]
+    assert submission[tasks[0].task_id][0]["attempt_1"] == tasks[0].test[0].input.tolist()  # not predicted yet
 
 
 @pytest.mark.slow
