@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders whose validations logged heldout/* (with a "
                                                        "checkpoint: its flags give the FLOPs)")
-    ap.add_argument("--untrained", type=Path, help="an --eval_only run folder of the weights as built (shown, not "
-                                                           "fitted)")
+    ap.add_argument("--untrained", type=Path, help="an --eval_only run folder of the weights as built (a row of its "
+                                                           "own, not fitted)")
     ap.add_argument("--windows", type=int, default=16, help="optimizer steps whose FLOPs are averaged a run")
     ap.add_argument("--svg", type=Path, help="draw loss against compute here")
     ap.add_argument("--predict", help="a recipe (.toml) whose GPU-hours the fitted law is read at")
@@ -98,16 +98,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu_hours", type=float, default=10.0)
     ap.add_argument("--seconds_per_step", type=float, help="--predict's measured seconds an optimizer step")
     args = ap.parse_args(argv)
-    start = curve(args.untrained)[:1] if args.untrained else []
-    curves, points = {}, []
     print("| run | agent channels | agent params | GFLOP a step | step | PFLOP | evaluation tasks' loss | "
           "held-out training pairs' loss | frontier |\n|---|---|---|---|---|---|---|---|---|")
+    if args.untrained:  # its own row: its weights are one width's, and no compute went into them
+        (r,) = curve(args.untrained)[:1]
+        print(f"| {args.untrained.name} (as built) | - | - | - | 0 | 0 | {r['eval']:.3f} ({r['eval_lo']:.3f}-"
+              f"{r['eval_hi']:.3f}) | {r['train_tests']:.3f} | |")
+    curves, points = {}, []
     for run in args.runs:
         cfg = run_config(run)
         per_step = step_flops(cfg, args.windows)
         params = sum(p.numel() for p in build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim).parameters())
         name = f"{run.name} (width {cfg.agent.agent_channels})"
-        rows = [{**r, "step": 0} for r in start] + curve(run)
+        rows = curve(run)
         for r in rows:
             r.update(run=name, channels=cfg.agent.agent_channels, params=params, gflop_step=per_step / 1e9,
                      pflop=r["step"] * per_step / 1e15)
