@@ -16,10 +16,11 @@ The fit is the compute frontier's, as scaling laws are fitted: over every run's 
 step 0, the points whose loss is below every point of less compute (a wider run that is worse for
 its compute does not pull the law down); L = a * C^-b by least squares in log-log, b with its 95%
 interval (bench/heldout_curve.power_fit). `--predict` measures a recipe's FLOPs a step the same way
-(its `--predict_set` flags override: a data path found here, the built-in Qwen for one that needs
-the hub; Qwen does not change the agent's FLOPs) and prints the law's loss at `--gpu_hours` of its
-steps, with the 95% prediction interval. A law fitted on CPU minutes of a small agent says nothing
-certain about another agent, canvas and data; the interval says how little it says even for this one.
+(`--predict_set` overrides its flags for this machine: a data path found here, device=cpu amp=off,
+the built-in Qwen frozen for one that needs the hub; neither changes the agent's FLOPs) and prints
+the law's loss at `--gpu_hours` of its steps, with the 95% prediction interval. A law fitted on CPU
+minutes of a small agent says nothing certain about another agent, canvas and data; the interval
+says how little it says even for this one.
 """
 
 from __future__ import annotations
