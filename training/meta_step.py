@@ -78,7 +78,8 @@ def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, weight: float)
         q = {**episode_rows(batch, i, 1), "input": batch["input"][i:i + 1], "target": batch["target"][i:i + 1]}
         outer = _loss(model, fast, q, cfg, amp)
         grads = torch.autograd.grad(outer, list(fast.values()), allow_unused=True)
-        if not all(g is None or bool(torch.isfinite(g).all()) for g in grads):
+        present = [g for g in grads if g is not None]
+        if present and not bool(torch.stack([torch.isfinite(g).all() for g in present]).all()):  # one sync
             nonfinite += 1
             continue
         query.append(outer.detach())
