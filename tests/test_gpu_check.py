@@ -51,6 +51,7 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert all(r["agent GFLOP"] > 0 and r["bare agent ms"] > 0 and r["step warm ms"] > 0 for r in agents)
     (arc,) = sections["arc"]["rows"]
     assert arc["eval tasks"] == 1 and arc["steps"] > 0 and 0 <= arc["pass@2"] <= arc["oracle"] <= 1
+    assert sum(int(n) for n in arc["full / cut / late"].split(" / ")) == 1  # validated under --eval_minutes
     assert [r["step"] for r in sections["ttt-curve"]["rows"]] == [0, 1]
     text = (tmp_path / "gpu_check.md").read_text()
     assert all(f"## {title} (" in text for title in gpu_check.SECTIONS.values())

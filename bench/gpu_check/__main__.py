@@ -15,7 +15,8 @@ ends; a section that fails records a one-line error and the next one runs:
 
 The whole check keeps to `--minutes` (8): seeds, qwen and agents start cases within 1/8, 3/16 and
 1/4 of it (the cases left are named in the report), and the ARC run trains for what is left after
-them, at most `--arc_minutes`, less a reserve for its validation. Exit codes: 0 every section
+them, at most `--arc_minutes`, less its start-up and its validation's `--eval_minutes` (2 minutes, or
+what is left after a half-minute of training; the rest of the check is the ttt-curve's). Exit codes: 0 every section
 passed, 1 one failed (the report says which), 2 no CUDA device (one line).
 """
 
@@ -35,7 +36,8 @@ from bench.gpu_check.report import Report, Section, one_line
 
 SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its real shapes",
             "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step"}
-ARC_VALIDATION_RESERVE_S = 100  # start-up, the final checkpoint and validation on 100 tasks
+ARC_STARTUP_S = 45  # the ARC run's start: its data (RE-ARC's examples), the recipe's model, the first batches
+ARC_VALIDATION_S = 120  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
 MIN_ARC_MINUTES = 0.5
 # shares of --minutes in which a section may start its cases (8 minutes: 60, 90 and 120 s), so the
 # ARC run keeps at least half of the check
@@ -99,11 +101,14 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "agents":
                 agents.run(check, section, tuple(args.agent_variants.split(",")), args.peak_tflops)
             elif name == "arc":
-                minutes = min(args.arc_minutes, (check.seconds_left() - ARC_VALIDATION_RESERVE_S) / 60)
+                usable = check.seconds_left() - ARC_STARTUP_S - arc.GRACE_SECONDS
+                minutes = min(args.arc_minutes, (usable - ARC_VALIDATION_S) / 60)
                 if minutes < MIN_ARC_MINUTES and not check.tiny:
                     section.error = f"out of time: {check.seconds_left():.0f} s left of --minutes {args.minutes:g}"
                 else:
-                    arc_run = arc.run(check, section, max(minutes, 0.05), args.arc_tasks, args.re_arc)
+                    minutes = max(minutes, 0.05)
+                    eval_minutes = max(min(ARC_VALIDATION_S, usable - 60 * minutes), 1.0) / 60
+                    arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc)
             elif arc_run is None:
                 section.error = "no ARC run to read (the arc section did not run or saved nothing)"
             else:

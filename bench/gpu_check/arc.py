@@ -3,7 +3,9 @@ looped ViT at VARC's size on a 64 x 64 canvas of placed grids, 256 views voted; 
 shape with random weights: no real weights can be fetched there), trains on ARC-AGI-1, with RE-ARC
 when `--re_arc` names its zip or folder (the machine has no network to fetch it), for
 `--arc_minutes`, then its final validation scores the first `--arc_tasks` evaluation tasks with the
-recipe's per-task adaptation. Then, while time is left, `bench.ttt_curve` on the run's checkpoint:
+recipe's per-task adaptation under `--eval_minutes` (evaluation/deadline.py: steps and views cut to
+fit, the tasks left at the deadline predicted unadapted), so the section ends with scores however
+slow a task is on the machine. Then, while time is left, `bench.ttt_curve` on the run's checkpoint:
 what test-time training fits and what it generalizes after this much training.
 
 Both run as child processes with the check's deadline as their limit: at the deadline the run gets
@@ -72,13 +74,16 @@ def training_data(re_arc: str | None) -> str:
     return ",".join(sources + ([f"re-arc:{Path(re_arc).resolve()}"] if re_arc else []))
 
 
-def run(check: Check, section: Section, minutes: float, tasks: int, re_arc: str | None = None) -> Path | None:
-    """Train and validate; -> the run folder when it saved a checkpoint, else None."""
+def run(check: Check, section: Section, minutes: float, eval_minutes: float, tasks: int,
+        re_arc: str | None = None) -> Path | None:
+    """Train for `minutes`, then validate within `eval_minutes`; -> the run folder when it saved a
+    checkpoint, else None."""
     run_dir = check.out / "arc_run"
     argv = [sys.executable, "fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
             "--data", training_data(re_arc),
             *(TINY_SIZES if check.tiny else ()), "--epochs", "1000", "--max_minutes", f"{minutes:g}",
-            "--val_every", "end", "--eval_tasks", str(tasks), "--run_dir", str(run_dir),
+            "--val_every", "end", "--eval_tasks", str(tasks), "--eval_minutes", f"{eval_minutes:g}",
+            "--run_dir", str(run_dir),
             "--prompt_cache_dir", str(check.out / "arc_prompt_cache")]
     section.notes += [f"`{' '.join(argv[1:])}`", CPU_REFERENCE]
     log = check.out / "arc_run.log"
@@ -94,7 +99,8 @@ def run(check: Check, section: Section, minutes: float, tasks: int, re_arc: str 
         "eval tasks": int(s["eval/tasks"]), "pass@2": s["eval/pass2"], "oracle": s["eval/oracle"],
         "exact": s["eval/exact"], "cell acc": s["eval/cell_acc"], "copy cell acc": s["eval/copy_cell_acc"],
         "s/task": s["eval/seconds_per_task"], "TTT steps/task": s["eval/ttt_steps_per_task"],
-        "validation s": s["validation_seconds"]})
+        "validation s": s["validation_seconds"], "full / cut / late": "{:.0f} / {:.0f} / {:.0f}".format(
+            *(s.get(f"eval/deadline_{k}", 0) for k in ("full", "cut", "late")))})
     return run_dir
 
 
