@@ -3,14 +3,17 @@ tasks not yet done.
 
 An ARC Prize notebook has a hard time limit; a validation planned for the defaults (60 test-time
 training steps, 8 views a task) can need hours on the machine it meets. The suite measures its own
-pace as it goes, from the groups it has scored: seconds an adaptation step (the search included,
-counted as one step, so a group with few steps is not planned too cheap) and seconds a view of a
-test input. Before each group the time left is shared evenly over the groups left, and the group
-gets the most steps (at most --ttt_steps) and views (at most --eval_augments) that fit its share;
-its test-time training also ends when its share is spent (the first group is planned blind).
-Once the deadline has passed, the tasks left get no adaptation and one view: two attempts from the
-unadapted weights, a fraction of a second a task. The validation so ends within the budget plus the
-group in progress when it ran out (one task with weight TTT), plus those quick predictions.
+pace as it goes, from the groups it has scored, in four parts: a group's search over starts, an
+adaptation step, a view of a test input, and the rest of a group (its final demo loss, ranking the
+attempts, scoring). Before each group the time left is shared evenly over the groups left, and the
+group gets the most views (at most --eval_augments) and then steps (at most --ttt_steps) that fit its
+share after the rest and the search; when even one view does not fit beside the search, the search
+is left out too. Its test-time training also ends when its share is spent (the first group is
+planned blind). Once the deadline has passed, the tasks left get no adaptation and one view: two
+attempts from the unadapted weights, a fraction of a second a task. The validation so ends within
+the budget plus the group in progress when it ran out (one task with weight TTT), plus those quick
+predictions. On a GPU the clock synchronizes the device first (`Deadline.synchronized`): work is
+queued, and a clock read without it charges a step's time to whatever waits on it later.
 """
 
 from __future__ import annotations
@@ -18,52 +21,87 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+
+
+PARTS = ("search", "step", "view", "rest")  # what a group's time is made of (see the docstring)
+
 
 class Deadline:
     def __init__(self, minutes: float, clock: Callable[[], float] = time.perf_counter):
         self.clock = clock
         self.end = clock() + 60.0 * minutes
-        self.adapt_seconds, self.adapt_steps = 0.0, 0  # adaptation: seconds, steps (each group's + 1: its search)
-        self.predict_seconds, self.views = 0.0, 0  # prediction: seconds, views x test inputs
+        self.pace = {part: [0.0, 0] for part in PARTS}  # seconds, times measured
         self.tasks = {"full": 0, "cut": 0, "late": 0}  # planned with the full settings, cut, after the deadline
         self.group_end = self.end  # when the group being scored has spent its share
+        self.searching = True  # the plan of the group being scored kept its search
+
+    @classmethod
+    def synchronized(cls, minutes: float, device: torch.device) -> Deadline:
+        """A deadline whose clock waits for `device`'s queued work first (CUDA runs asynchronously)."""
+        if device.type != "cuda":
+            return cls(minutes)
+
+        def clock() -> float:
+            torch.cuda.synchronize(device)
+            return time.perf_counter()
+        return cls(minutes, clock)
 
     def left(self) -> float:
         return self.end - self.clock()
 
+    def cost(self, part: str) -> float:
+        """Seconds one `part` has taken on average (0 before it was measured)."""
+        seconds, n = self.pace[part]
+        return seconds / n if n else 0.0
+
     def plan(self, ttt_steps: int, views: int, groups_left: int, pairs: int, tasks: int = 1) -> dict:
-        """The next group's settings, overrides of the EvalCfg flags: adaptation steps and views at
-        most `ttt_steps` and `views`, fitted to its share of the time left for its `pairs` test inputs
-        and the `groups_left` groups (this one included) still to score; after the deadline no
-        adaptation at all (no search either) and one view. `tasks`: the group's, counted in `tasks`."""
+        """The next group's settings, overrides of the EvalCfg flags: views and adaptation steps at
+        most `views` and `ttt_steps`, fitted to its share of the time left for its `pairs` test inputs
+        and the `groups_left` groups (this one included) still to score; no search when one view does
+        not fit beside it; after the deadline no adaptation at all (no search either) and one view.
+        `tasks`: the group's, counted in `tasks`."""
         left = self.left()
         if left <= 0:
             self.tasks["late"] += tasks
+            self.searching = False
             return {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
         share = left / max(groups_left, 1)
         self.group_end = self.clock() + share
-        view_cost = self.predict_seconds / self.views if self.views else 0.0
-        planned_views, planned_steps = views, ttt_steps
-        if view_cost:
-            planned_views = max(1, min(views, int(share / (view_cost * pairs))))
-        if self.adapt_steps:
-            spare = share - view_cost * planned_views * pairs
-            planned_steps = max(0, min(ttt_steps, int(spare / (self.adapt_seconds / self.adapt_steps)) - 1))
-        self.tasks["full" if (planned_steps, planned_views) == (ttt_steps, views) else "cut"] += tasks
-        return {"ttt_steps": planned_steps, "eval_augments": planned_views}
+        plan: dict = {"ttt_steps": ttt_steps, "eval_augments": views}
+        if self.pace["rest"][1]:  # a group was measured: fit this one to its share
+            room = share - self.cost("rest") - self.cost("search")
+            view = self.cost("view") * pairs
+            if room < view:  # not even one view beside the search: leave it out
+                room += self.cost("search")
+                plan.update(view_starts=False, latent_steps=0)
+            plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
+            spare = room - view * plan["eval_augments"]
+            step = self.cost("step")
+            plan["ttt_steps"] = max(0, min(ttt_steps, int(spare / step))) if step else ttt_steps * (spare > 0)
+        self.searching = "view_starts" not in plan
+        full = plan == {"ttt_steps": ttt_steps, "eval_augments": views}
+        self.tasks["full" if full else "cut"] += tasks
+        return plan
 
     def group_over(self) -> bool:
         """The group being scored has spent its share: its test-time training ends there (a first
         group, planned before any pace was measured, cannot run past its share either)."""
         return self.clock() > self.group_end
 
-    def measured(self, adapt_seconds: float, steps: int, predict_seconds: float, views: int, pairs: int) -> None:
-        """What a group took: its adaptation (`steps` steps after its search) and its prediction
-        (`views` views of each of its `pairs` test inputs)."""
-        self.adapt_seconds += adapt_seconds
-        self.adapt_steps += steps + 1
-        self.predict_seconds += predict_seconds
-        self.views += views * pairs
+    def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float) -> None:
+        """What a group took, in seconds: its `search` over starts (counted only when its plan kept
+        it), its adaptation `steps` (seconds, steps), its `views` (seconds, views x test inputs) and
+        the `rest`."""
+        if self.searching:
+            self._add("search", search, 1)
+        self._add("step", *steps)
+        self._add("view", *views)
+        self._add("rest", rest, 1)
+
+    def _add(self, part: str, seconds: float, n: int) -> None:
+        self.pace[part][0] += seconds
+        self.pace[part][1] += n
 
     def describe(self, tasks: int) -> str:
         """The start-up line: what the budget allows."""

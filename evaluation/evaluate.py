@@ -287,20 +287,22 @@ class _GroupScorer:
         episodes = [i for t in group for i in self.by_task[t]]
         planned = cfg if deadline is None else cfg.replace(**deadline.plan(
             cfg.eval.ttt_steps, cfg.eval.eval_augments, groups_left, len(episodes), len(group)))
+        clock = deadline.clock if deadline is not None else time.perf_counter
+        began = clock()
+        marks: list[float] = []  # the deadline's clock as the first adaptation step starts and after each
         out = TaskScores()
         with adapted(self.model, self.prompts, tasks, dataset, cfg=planned, device=self.device, stop=self.stop,
+                     observe=(lambda steps, _: marks.append(clock())) if deadline is not None else None,
                      enough=deadline.group_over if deadline is not None else lambda: False) as adaptation:
             if self.stop():
                 return None
-            adapted_at = time.perf_counter()
+            adapted_at = clock()
             cands = candidates(self.model, self.prompts, dataset, episodes, cfg=planned, device=self.device,
                                adapted=adaptation)
+            predicted_at = clock()
             if cfg.eval.heldout_loss:
                 out.losses = adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, episodes,
                                             cfg=planned, device=self.device, adapted=adaptation)
-        if deadline is not None:
-            deadline.measured(adapted_at - start, adaptation.steps, time.perf_counter() - adapted_at,
-                              planned.eval.eval_augments, len(episodes))
         for i in episodes:
             if cfg.eval.enumerate:
                 cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
@@ -312,6 +314,12 @@ class _GroupScorer:
             if self.on_candidates is not None:
                 self.on_candidates(i, cands[i])
             self.pair_scores(i, out.attempts[i], cands[i], out)
+        if deadline is not None:
+            searched_until = marks[0] if marks else adapted_at
+            deadline.measured(search=searched_until - began, steps=(marks[-1] - marks[0] if marks else 0.0,
+                                                                     max(len(marks) - 1, 0)),
+                              views=(predicted_at - adapted_at, planned.eval.eval_augments * len(episodes)),
+                              rest=(adapted_at - (marks[-1] if marks else adapted_at)) + clock() - predicted_at)
         return out
 
     def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:

@@ -22,17 +22,23 @@ def test_the_plan_fits_each_group_to_its_share_of_the_time_left():
     clock = Clock()
     deadline = Deadline(10.0, clock)  # 600 s
     assert deadline.plan(60, 8, groups_left=100, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
-    deadline.measured(adapt_seconds=61.0, steps=60, predict_seconds=0.8, views=8, pairs=1)  # 1 s a step, 0.1 a view
-    clock.now = 61.8
-    # 538.2 s for 99 groups: 5.4 s a group, 0.8 of it predicting: 4 steps (the search counted as one)
-    assert deadline.plan(60, 8, groups_left=99, pairs=1) == {"ttt_steps": 3, "eval_augments": 8}
+    # the first group: a 2 s search, 60 steps of 1 s, 8 views of 0.1 s, 0.6 s of the rest
+    deadline.measured(search=2.0, steps=(60.0, 60), views=(0.8, 8), rest=0.6)
+    clock.now = 63.4
+    # 536.6 s for 99 groups: 5.42 s a group, 2.6 of it the search and the rest, 0.8 the views: 2 steps
+    assert deadline.plan(60, 8, groups_left=99, pairs=1) == {"ttt_steps": 2, "eval_augments": 8}
     assert deadline.plan(60, 8, groups_left=1, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
-    # too little even to predict with every view: fewer views, no steps
-    assert deadline.plan(60, 8, groups_left=2000, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
+    # 2.82 s a group: after the search and the rest, room for 0.22 s: two views, no steps
+    assert deadline.plan(60, 8, groups_left=190, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
+    # 1.34 s a group: not even one view beside the search: it is left out, and 7 views fit
+    assert deadline.plan(60, 8, groups_left=400, pairs=1) == {"ttt_steps": 0, "eval_augments": 7,
+                                                              "view_starts": False, "latent_steps": 0}
+    deadline.measured(search=0.0, steps=(0.0, 0), views=(0.7, 7), rest=0.6)  # a group without its search
+    assert deadline.cost("search") == 2.0 and deadline.cost("rest") == 0.6 and deadline.cost("view") == 0.1
     clock.now = 601.0
     late = deadline.plan(60, 8, groups_left=5, pairs=1, tasks=1)
     assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
-    assert deadline.tasks == {"full": 2, "cut": 2, "late": 1}
+    assert deadline.tasks == {"full": 2, "cut": 3, "late": 1}
 
 
 def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_path):
