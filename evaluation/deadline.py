@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 import torch
 
-
 PARTS = ("search", "step", "view", "rest")  # what a group's time is made of (see the docstring)
 
 
