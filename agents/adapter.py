@@ -8,8 +8,10 @@ task's slice (evaluation/adaptation.py trains them on a task's demos; the shared
     down, up    [T, L, C, r], [T, L, r, C]   a low-rank update of the cell states after each of the
                                     agent's L blocks: x + (x @ down) @ up
 
-`T` counts slots: a task may have several (the starts of a latent search). Everything starts at
-zero but `down` (small random, so `up` gets a gradient), so an untrained adapter changes nothing.
+`T` counts slots: a task may have several (the starts of a latent search), or one per view it is
+seen under (`per_view`: VARC's auxiliary tasks, each augmentation of a task a task of its own with
+its own row). Everything starts at zero but `down` (small random, so `up` gets a gradient), so an
+untrained adapter changes nothing.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class TaskAdapters(nn.Module):
     def __init__(self, *, slots: int, prompt_dim: int, channels: int, blocks: int, views: int, rank: int = 8,
                  seed: int = 0):
         super().__init__()
+        self.view_ids: tuple[int, ...] = ()  # augmentation ids with a row of their own per slot (per_view)
         self.latent = nn.Parameter(torch.zeros(slots, prompt_dim))
         self.gate_bias = nn.Parameter(torch.zeros(slots, views))
         self.class_bias = nn.Parameter(torch.zeros(slots, NUM_CLASSES, NUM_CLASSES))
@@ -97,6 +100,27 @@ class TaskAdapters(nn.Module):
         return [{"params": [self.gate_bias, self.class_bias], "lr": bias_lr},
                 {"params": [self.latent], "lr": latent_lr}, {"params": [self.down, self.up], "lr": lr}]
 
-    def forward(self, slot: torch.Tensor) -> AdapterSlice:
+    def per_view(self, view_ids: list[int]) -> TaskAdapters:
+        """A copy with a row per view of every slot: slot t's row for the k-th of `view_ids` (augmentation
+        ids) is row t * len(view_ids) + k, each starting as slot t's row here. `forward` then reads a
+        sample's row by its slot and its augmentation."""
+        k = len(view_ids)
+        out = TaskAdapters(slots=1, prompt_dim=self.latent.shape[1], channels=self.down.shape[2],
+                           blocks=self.down.shape[1], views=self.gate_bias.shape[1], rank=self.down.shape[3])
+        for name, value in self.named_parameters():
+            setattr(out, name, nn.Parameter(value.detach().repeat_interleave(k, 0)))
+        out.view_ids = tuple(view_ids)
+        return out.to(self.latent.device)
+
+    def forward(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> AdapterSlice:
+        """The rows of samples of these slots (slot [B] int64); with rows per view, each sample's row of
+        its augmentation (`aug_ids`, B augmentation ids; a view without a row of its own reads the
+        first view's, the identity's)."""
+        if self.view_ids:
+            if aug_ids is None:
+                raise ValueError("an adapter with a row per view needs each sample's augmentation id")
+            index = {a: k for k, a in enumerate(self.view_ids)}
+            view = torch.tensor([index.get(a, 0) for a in aug_ids], dtype=slot.dtype, device=slot.device)
+            slot = slot * len(self.view_ids) + view
         return AdapterSlice(self.latent[slot], self.gate_bias[slot], self.class_bias[slot], self.down[slot],
                             self.up[slot])

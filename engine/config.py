@@ -312,6 +312,11 @@ class EvalCfg:
                                "low-rank update)")
     ttt_schedule: str = flag("constant", "test-time training learning rate over the steps: constant, or cosine "
                                          "(from --ttt_lr down to 0 at --ttt_steps)", LR_SCHEDULES)
+    ttt_warmup: float = flag(0.0, "test-time training: the first fraction of --ttt_steps raises the learning rate "
+                                  "linearly to --ttt_lr, then --ttt_schedule runs over the rest (VARC: a tenth)")
+    ttt_view_rows: bool = flag(False, "test-time training of shared weights: each view of the task is an "
+                                      "auxiliary task with its own adapter row, trained with the weights (its latent "
+                                      "at --ttt_lr) and read by that view's predictions (VARC's auxiliary tasks)")
     ttt_bias_lr: float = flag(0.1, "task adapter: learning rate of its view-gate and class-map biases (logits)")
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
                                   "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
@@ -356,6 +361,11 @@ class EvalCfg:
             raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
                               f"only at the end")
         self.validation_interval()
+        if not 0 <= self.ttt_warmup < 1:
+            raise ConfigError(f"--ttt_warmup is a fraction of --ttt_steps in [0, 1), got {self.ttt_warmup}")
+        if self.ttt_view_rows and self.ttt_params == "task":
+            raise ConfigError("--ttt_view_rows adds a row per view to test-time training of shared weights; "
+                              "--ttt_params task trains the task's one row alone: drop one of them")
         if not 1 <= self.ttt_stop_views <= self.ttt_views:
             raise ConfigError(f"--ttt_stop_views must be in 1..--ttt_views ({self.ttt_views}, the views adaptation "
                               f"trains on), got {self.ttt_stop_views}")

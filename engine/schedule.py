@@ -29,6 +29,16 @@ def lr_factor(schedule: str, progress: float, floor: float = 0.0) -> float:
     raise ValueError(f"schedule {schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
 
 
+def warmed_factor(schedule: str, step: int, steps: int, warmup: float) -> float:
+    """Test-time training's factor at step `step` (0-based) of `steps`: a linear rise over the first
+    `warmup` fraction of the steps (step k of W at (k + 1) / W, so no step is wasted at lr 0), then
+    `schedule` over the steps after it (VARC's 10 warm-up epochs of 100, then a cosine)."""
+    warm = round(warmup * steps)
+    if step < warm:
+        return (step + 1) / warm
+    return lr_factor(schedule, (step - warm) / max(steps - warm, 1))
+
+
 def set_lrs(optimizer: torch.optim.Optimizer, base: list[float], factor: float) -> None:
     """Every group's lr: its base lr (`base`, in group order) times `factor`."""
     for group, lr in zip(optimizer.param_groups, base, strict=True):

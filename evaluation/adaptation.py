@@ -32,12 +32,13 @@ import torch
 from torch import nn
 
 from data.arc import ArcTask
+from data.augment import view_ids
 from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset
 from engine.config import Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
-from engine.schedule import lr_factor, set_lrs
+from engine.schedule import set_lrs, warmed_factor
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
 from prompt import QwenFeatures
@@ -58,16 +59,23 @@ class AdaptedTasks:
     demo_loss: dict[str, float]  # task id -> the demos' loss as adapted (nan when not adapted)
     steps: int = 0  # test-time-training steps applied (every task of the group took them)
 
-    def rows_of(self, task_ids: list[str], device: torch.device) -> AdapterSlice | None:
-        """The adapter rows of samples of these tasks (one per id, in order); None without an adapter."""
+    def rows_of(self, batch: dict, device: torch.device) -> AdapterSlice | None:
+        """The adapter rows of a collated batch's samples (each its task's row, and with rows per view
+        its augmentation's); None without an adapter."""
         if self.adapters is None:
             return None
-        return self.adapters(torch.tensor([self.row[t] for t in task_ids], device=device))
+        return self.adapters(torch.tensor([self.row[t] for t in batch["task_id"]], device=device), aug_ids(batch))
 
 
-def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int, steps: int, schedule: str) -> None:
-    """Every group's lr for this step: its base lr (`base`, in group order) under the schedule."""
-    set_lrs(optimizer, base, lr_factor(schedule, step / steps))
+def aug_ids(batch: dict) -> list[int]:
+    """The augmentation id of each sample of a collated batch."""
+    return [a.aug_id for a in batch["augmentation"]]
+
+
+def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int, steps: int, schedule: str,
+                 warmup: float) -> None:
+    """Every group's lr for this step: its base lr (`base`, in group order) under the warm-up and schedule."""
+    set_lrs(optimizer, base, warmed_factor(schedule, step, steps, warmup))
 
 
 def _predict(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
@@ -77,7 +85,7 @@ def _predict(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapte
     --amp's autocast. -> (the batch with its prompt features, the prediction)."""
     batch = model.encode_prompts(batch, prompts, 0, training=False)
     with amp.autocast():
-        return batch, model(batch, "mean", None if adapters is None else adapters(of))
+        return batch, model(batch, "mean", None if adapters is None else adapters(of, aug_ids(batch)))
 
 
 def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
@@ -117,14 +125,15 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
-         cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool],
+         cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool], warmup: float = 0.0,
          observe: Callable[[int], None] = lambda steps: None, enough: Callable[[], bool] = lambda: False) -> int:
     """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
     group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
     random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
     row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
-    clips the global norm), under `amp` (the adaptation's one mixed-precision routine: under fp16 its
-    scaler skips a step with non-finite gradients). Stops early once every row's demos are solved
+    clips the global norm), the lr warmed up over the first `warmup` fraction of `steps`, under `amp`
+    (the adaptation's one mixed-precision routine: under fp16 its scaler skips a step with
+    non-finite gradients). Stops early once every row's demos are solved
     (checked before the first step and every `check_every`; 0: never), when `enough()` says the time
     for it is spent (--eval_minutes), or when `stop()` says so.
     `observe(steps)` is called before the first step and after each, `steps` counting the steps tried.
@@ -140,7 +149,7 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     while tried < steps and not stop() and not enough() and not (
             check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
                                                                         device, amp)):
-        _set_step_lr(optimizer, base, tried, steps, schedule)
+        _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
         tried += 1
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
         loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).sum()
@@ -215,12 +224,22 @@ def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
 
 def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Config) -> tuple[list[dict], float]:
     """What test-time training moves -> (Adam groups, gradient clip). Named groups of the shared
-    weights clip like training; a per-task adapter's rows do not (one global norm would tie the
-    tasks of a group together)."""
+    weights clip like training (with `--ttt_view_rows`, each view's latent beside them, at the same
+    lr, as VARC trains its task tokens with the network); a per-task adapter's rows do not clip (one
+    global norm would tie the tasks of a group together)."""
     e = cfg.eval
     if e.trains_task_adapter:
         return adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr, latent_lr=e.latent_lr), 0.0
-    return [{"params": model.ttt_parameters(e.ttt_params), "lr": e.ttt_lr}], cfg.optim.clip
+    view_latents = [adapters.latent] if e.ttt_view_rows else []
+    return [{"params": [*model.ttt_parameters(e.ttt_params), *view_latents], "lr": e.ttt_lr}], cfg.optim.clip
+
+
+def _per_view(model: ArcModel, kept: TaskAdapters | None, tasks: int, cfg: Config) -> TaskAdapters:
+    """`--ttt_view_rows`: every task's kept start (a fresh row without a search) copied to a row per
+    view that test-time training draws from; each view is then an auxiliary task of its own."""
+    if kept is None:
+        kept = model.task_adapters(tasks, rank=cfg.eval.ttt_rank, seed=cfg.run.seed)
+    return kept.per_view(view_ids(cfg.eval.ttt_views))
 
 
 @contextmanager
@@ -255,11 +274,14 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
                                         stop=stop)
         rows = {task: task for task in usable}
         if e.ttt_steps:
+            if e.ttt_view_rows:
+                result.adapters = _per_view(model, result.adapters, len(tasks), cfg)
             groups, clip = _test_time_groups(model, result.adapters, cfg)
             demos.restart_draws()
             result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
-                                schedule=e.ttt_schedule, clip=clip, check_every=e.ttt_check_every, cfg=cfg,
-                                device=device, amp=amp, stop=stop, enough=enough,
+                                schedule=e.ttt_schedule, warmup=e.ttt_warmup, clip=clip,
+                                check_every=e.ttt_check_every, cfg=cfg, device=device, amp=amp, stop=stop,
+                                enough=enough,
                                 observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
             loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:

@@ -61,7 +61,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
     with autocast(cfg.optim.amp, device.type):
         for batch in loader:
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-            adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
+            adapter = adapted.rows_of(batch, device) if adapted is not None else None
             logits = model(batch, cfg.eval.eval_refinement, adapter).logits[0].float()
             logp = F.log_softmax(logits, -1).cpu().numpy()  # one transfer per batch, then decoding on the CPU
             for b, aug in enumerate(batch["augmentation"]):

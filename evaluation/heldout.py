@@ -81,7 +81,7 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
             if stop is not None and stop():
                 break
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-            adapter = adapted.rows_of(batch["task_id"], device) if adapted is not None else None
+            adapter = adapted.rows_of(batch, device) if adapted is not None else None
             logits = model(batch, "mean", adapter).logits[0]
             target = batch["target"]  # [B, S, S] int64: read by this loss only, never by the model
             logp = F.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, S, S]

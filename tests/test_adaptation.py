@@ -380,15 +380,64 @@ def test_cosine_schedule_takes_every_group_from_its_lr_towards_zero():
     base = [1e-2, 0.1]
     seen = []
     for step in range(10):
-        _set_step_lr(optimizer, base, step, 10, "cosine")
+        _set_step_lr(optimizer, base, step, 10, "cosine", 0.0)
         seen.append([g["lr"] for g in optimizer.param_groups])
     seen = np.array(seen)
     np.testing.assert_allclose(seen[0], base)
     np.testing.assert_allclose(seen[5], np.array(base) / 2)
     assert (np.diff(seen, axis=0) < 0).all() and (0 < seen[-1]).all() and (seen[-1] < 0.03 * np.array(base)).all()
     np.testing.assert_allclose(seen[:, 1] / seen[:, 0], 10.0)
-    _set_step_lr(optimizer, base, 7, 10, "constant")
+    _set_step_lr(optimizer, base, 7, 10, "constant", 0.0)
     assert [g["lr"] for g in optimizer.param_groups] == base
+
+
+def test_warmup_rises_linearly_then_the_schedule_runs_over_the_steps_after_it():
+    """--ttt_warmup 0.2 of 10 steps: steps 0 and 1 at a half and all of the lr, then the cosine from
+    the full lr (step 2) to near 0 over the remaining 8 steps."""
+    from engine.schedule import warmed_factor
+    factors = [warmed_factor("cosine", step, 10, 0.2) for step in range(10)]
+    np.testing.assert_allclose(factors[:3], [0.5, 1.0, 1.0])
+    assert (np.diff(factors[2:]) < 0).all() and 0 < factors[-1] < 0.05
+    assert [warmed_factor("constant", step, 10, 0.2) for step in range(10)] == [0.5] + [1.0] * 9
+    from engine.schedule import lr_factor
+    assert [warmed_factor("cosine", step, 10, 0.0) for step in range(10)] == \
+        [lr_factor("cosine", step / 10) for step in range(10)], "no warm-up: the schedule as before"
+
+
+def test_warmup_changes_what_test_time_training_ends_with(small_cfg):
+    """--ttt_warmup reaches the loop: the same steps end with other weights, restored after."""
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
+                                        view_starts=False)
+    task = next(t for t in tasks if len(t.train) > 1)
+    weight = state.model.agent.head.out.weight
+    trained, ends = weight.detach().clone(), []
+    for warmup in (0.0, 0.5):
+        with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(ttt_warmup=warmup), device=CPU):
+            ends.append(weight.detach().clone())
+    assert not torch.equal(ends[0], ends[1]) and torch.equal(weight, trained)
+
+
+def test_view_rows_give_each_view_its_own_latent_trained_with_the_weights(small_cfg):
+    """--ttt_view_rows: the task's adapter holds a row per training view, all starting as the kept
+    start; test-time training moves every view's latent apart (each view an auxiliary task) along
+    with the weights; a sample reads its augmentation's row (a view without one: the identity's);
+    the shared weights end as they started."""
+    from data.augment import view_ids
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
+                                        ttt_views=4, ttt_stop_views=4, ttt_batch_size=8,
+                                        ttt_view_rows=True)
+    task = next(t for t in tasks if len(t.train) > 1)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
+        rows = result.adapters
+        assert rows.view_ids == tuple(view_ids(4)) and rows.latent.shape[0] == 4
+        latents = rows.latent.detach()
+        assert all(not torch.equal(latents[i], latents[j]) for i in range(4) for j in range(i))
+        batch = {"task_id": [task.task_id] * 3,
+                 "augmentation": [Augmentation.from_id(a, 1) for a in (view_ids(4)[2], 0, view_ids(9)[-1])]}
+        read = result.rows_of(batch, CPU).latent
+        torch.testing.assert_close(read, latents[[2, 0, 0]])
+    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
 
 
 @pytest.mark.parametrize("agent", ["conv", "transformer"])

@@ -1,0 +1,234 @@
+"""The adaptation frontier: pass@2 against seconds a task, for a list of adaptation settings, from
+the untrained weights and from a trained checkpoint, every setting paired with the default.
+
+    python -m bench.frontier [--settings default,search,steps-30,...] [--tasks 100] [--minutes 15]
+                             [--out runs/frontier] [--svg docs/frontier.svg] [--set NAME=VALUE ...]
+
+A setting is a name and the adaptation flags it changes from today's default validation
+(`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
+folder of tasks). The starts: `untrained` (the weights as built, nothing trained) and the defaults
+trained `--minutes` minutes (`--minutes 0`: the untrained start alone), trained once into `--out`
+and found there again by a later run. Every row scores the first `--tasks` ARC-AGI-1 evaluation
+tasks with its setting and prints, as it finishes: test-time-training steps and samples a task (the
+steps applied times `--ttt_batch_size`: what was trained on, not the budget), seconds a task on
+this machine (adaptation, prediction and the attempts), pass@2 with its 95% interval over tasks,
+the oracle, the held-out loss after adaptation (nats a cell of the test outputs over the voted
+views, with its interval), and its paired difference from the default setting of the same start on
+the same test pairs (pass@2 in points with its interval and McNemar's exact p, the loss with its
+interval; `*` beyond noise, a tie otherwise).
+
+Rows are kept in `--out`/frontier.json as they finish: a rerun prints what is there and scores only
+the rows it lacks (a row is its start, its setting's flags and the tasks), so a long table survives
+a stop. `--svg` draws pass@2 (bars: the 95% interval) against seconds a task on a log axis, each
+start's points joined along its frontier (the best pass@2 at that cost or less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+import training
+from bench.adaptation import EVAL_DEFAULTS
+from bench.heldout_curve import COLOURS
+from bench.learnability import parse_settings
+from bench.recipe import train_until, with_interval
+from engine.checkpoint import find_checkpoint
+from engine.config import Config
+from evaluation.evaluate import first_tasks, score_tasks
+from evaluation.heldout import by_pair
+from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
+
+CPU = torch.device("cpu")
+UNTRAINED = "untrained"
+DEFAULT = "default"
+# name (no commas: --settings lists them) -> the adaptation flags it changes from the default validation
+SETTINGS: dict[str, dict] = {
+    DEFAULT: {},  # view starts, then at most 60 steps of all weights at 1e-3 on 8 views, 8 voted views
+    "search": {"ttt_steps": 0},  # the view starts alone, no test-time training
+    "steps-30": {"ttt_steps": 30},
+    "lr-3e-3": {"ttt_lr": 3e-3},
+    "votes-32": {"eval_augments": 32},
+    "steps-120-cosine": {"ttt_steps": 120, "ttt_schedule": "cosine", "ttt_views": 32},
+    "steps-120-warmup-cosine": {"ttt_steps": 120, "ttt_schedule": "cosine", "ttt_warmup": 0.1, "ttt_views": 32},
+    "steps-240-warmup-cosine-views-64": {"ttt_steps": 240, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
+                                         "ttt_views": 64, "eval_augments": 32},
+    "issue-240": {"ttt_steps": 240, "ttt_views": 32, "eval_augments": 32, "ttt_lr": 3e-3},
+    "view-rows": {"ttt_view_rows": True},
+    "view-rows-120-warmup-cosine": {"ttt_view_rows": True, "ttt_steps": 120, "ttt_schedule": "cosine",
+                                    "ttt_warmup": 0.1, "ttt_views": 32, "eval_augments": 32},
+}
+LEDGER = "frontier.json"
+
+Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
+
+
+def score(start: Path | None, flags: dict, tasks: int, cache: Path) -> dict:
+    """The checkpoint in `start` (None: the weights as built) validated with `flags` on the first
+    `tasks` evaluation tasks. -> {"metrics": eval/* figures, "pass2": per test pair, "loss": the
+    held-out loss after adaptation per test pair}, the pairs as [task id, where, value] lists."""
+    cfg = Config.from_flags(run_dir=str(start or cache), eval_only=True,
+                            **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks})
+    checkpoint = find_checkpoint(str(start)) if start is not None else None
+    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
+    scores = score_tasks(state.model, state.prompts, data.eval_set, first_tasks(data.eval_set, tasks), cfg=cfg,
+                         device=CPU, desc="frontier")
+    pass2 = {key: m["pass2"] for key, m in by_pair(scores.records, data.eval_set).items()}
+    loss = by_pair(scores.losses, data.eval_set)
+    return {"metrics": scores.metrics("eval", cfg),
+            "pass2": [[t, w, v] for (t, w), v in pass2.items()], "loss": [[t, w, v] for (t, w), v in loss.items()]}
+
+
+def pairs_of(row: dict, what: str) -> Pairs:
+    return {(t, w): v for t, w, v in row[what]}
+
+
+def samples(row: dict) -> float:
+    """Test-time-training samples a task: the steps applied times the episodes a step."""
+    return row["metrics"].get("eval/ttt_steps_per_task", 0.0) * row["flags"]["ttt_batch_size"]
+
+
+def versus(base: dict, row: dict) -> list[str]:
+    """The row's paired difference from `base` (the default of its start): pass@2 and the held-out
+    loss after adaptation, each with its 95% interval, `*` when beyond noise."""
+    cells = []
+    for what, scale, unit in (("pass2", 100, " pt"), ("loss", 1, "")):
+        a, b = pairs_of(base, what), pairs_of(row, what)
+        if not a or not b:
+            cells.append("-")
+            continue
+        d = paired(a, b)
+        text = f"{scale * d['diff']:+.3g}{unit} ({scale * d['lo']:+.3g} to {scale * d['hi']:+.3g})"
+        if what == "pass2":
+            text += f", p = {mcnemar(a, b)['p']:.2g}"
+        cells.append(text + (" *" if beyond_noise(d["lo"], d["hi"]) else ""))
+    return cells
+
+
+def table_line(row: dict, base: dict | None) -> str:
+    m = row["metrics"]
+    loss = "-" if "eval/adapted_nats_cell" not in m else \
+        f"{m['eval/adapted_nats_cell']:.3f} ({m['eval/adapted_nats_cell_lo']:.3f}-{m['eval/adapted_nats_cell_hi']:.3f})"
+    gains = versus(base, row) if base is not None and row is not base else ["(the base)", "(the base)"]
+    steps = m.get("eval/ttt_steps_per_task", 0.0)
+    return (f"| {row['start']} | {row['setting']} | {steps:.1f} | {samples(row):,.0f} | "
+            f"{m['eval/seconds_per_task']:.2f} | {with_interval(m, 'eval/pass2')} | {100 * m['eval/oracle']:.1f}% | "
+            f"{loss} | " + " | ".join(gains) + " |")
+
+
+HEADER = ("| start | setting | TTT steps a task | samples a task | s/task | pass@2 (95%) | oracle | adapted loss, "
+          "nats a cell (95%) | pass@2 - default (95%, McNemar p) | loss - default (95%) |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
+
+
+def frontier(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no cheaper point beats: sorted by cost, each better than every cheaper one."""
+    out: list[tuple[float, float]] = []
+    for x, y in sorted(points):
+        if not out or y > out[-1][1]:
+            out.append((x, y))
+    return out
+
+
+def svg(rows: list[dict], path: Path, title: str) -> None:
+    """pass@2 (with its interval as a bar) against seconds a task (log axis), one colour per start,
+    each start's frontier drawn as a line through its points; every point labelled with its setting."""
+    width, height, pad = 760, 460, 64
+    xs = [r["metrics"]["eval/seconds_per_task"] for r in rows]
+    lo_x, hi_x = math.log10(min(xs) / 1.3), math.log10(max(xs) * 1.3)
+    top = max(r["metrics"]["eval/pass2_hi"] for r in rows) * 100 * 1.1 or 1.0
+
+    def xy(seconds: float, pass2: float) -> tuple[float, float]:
+        return (pad + (width - 2 * pad) * (math.log10(seconds) - lo_x) / (hi_x - lo_x),
+                height - pad - (height - 2 * pad) * 100 * pass2 / top)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+             'font-size="12">', '<rect width="100%" height="100%" fill="white"/>',
+             f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>',
+             f'<text x="{width / 2}" y="{height - 20}" text-anchor="middle">seconds a task (log scale)</text>',
+             f'<text x="16" y="{height / 2}" transform="rotate(-90 16 {height / 2})" text-anchor="middle">'
+             'pass@2, %</text>', f'<text x="{pad}" y="{pad - 30}">{title}</text>']
+    for k in range(math.floor(lo_x), math.ceil(hi_x) + 1):
+        for m in (1, 2, 5):
+            tick = m * 10 ** k
+            if lo_x <= math.log10(tick) <= hi_x:
+                x, _ = xy(tick, 0)
+                parts.append(f'<text x="{x:.1f}" y="{height - pad + 16}" text-anchor="middle">{tick:g}</text>')
+    for k in range(5):
+        _, y = xy(10 ** lo_x, top * k / 4 / 100)
+        parts.append(f'<text x="{pad - 6}" y="{y + 4:.1f}" text-anchor="end">{top * k / 4:.0f}</text>')
+    starts = list(dict.fromkeys(r["start"] for r in rows))
+    for i, start in enumerate(starts):
+        colour = COLOURS[i % len(COLOURS)]
+        mine = [r for r in rows if r["start"] == start]
+        line = frontier([(r["metrics"]["eval/seconds_per_task"], r["metrics"]["eval/pass2"]) for r in mine])
+        points = " ".join("{:.1f},{:.1f}".format(*xy(x, y)) for x, y in line)
+        parts.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
+        for r in mine:
+            m = r["metrics"]
+            (x, y), (_, y0), (_, y1) = (xy(m["eval/seconds_per_task"], m[k])
+                                        for k in ("eval/pass2", "eval/pass2_lo", "eval/pass2_hi"))
+            parts += [f'<line x1="{x:.1f}" y1="{y0:.1f}" x2="{x:.1f}" y2="{y1:.1f}" stroke="{colour}" '
+                      'stroke-opacity="0.4"/>', f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{colour}"/>',
+                      f'<text x="{x + 5:.1f}" y="{y - 5:.1f}" font-size="10" fill="{colour}">{r["setting"]}</text>']
+        parts.append(f'<text x="{width - pad}" y="{pad + 16 * i}" fill="{colour}" text-anchor="end">{start}</text>')
+    path.write_text("\n".join(parts + ["</svg>"]) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated names of {list(SETTINGS)} "
+                                                                   "(the default is always scored: the pairing base)")
+    ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
+    ap.add_argument("--minutes", type=float, default=15.0, help="training minutes of the trained start (0: none)")
+    ap.add_argument("--out", type=Path, default=Path("runs/frontier"), help="the trained start and frontier.json")
+    ap.add_argument("--svg", type=Path, help="draw the frontier here")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a fixed.py flag for every row (training the start too)")
+    args = ap.parse_args(argv)
+    names = [n for n in args.settings.split(",") if n]
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        raise SystemExit(f"--settings: unknown setting(s) {unknown}; choose from {list(SETTINGS)}")
+    if args.tasks < 1:
+        raise SystemExit(f"--tasks {args.tasks}: at least 1")
+    names = [DEFAULT, *[n for n in names if n != DEFAULT]]
+    common = parse_settings(args.set)
+    args.out.mkdir(parents=True, exist_ok=True)
+    ledger = args.out / LEDGER
+    rows: list[dict] = json.loads(ledger.read_text()) if ledger.exists() else []
+    starts: dict[str, Path | None] = {UNTRAINED: None}
+    if args.minutes > 0:
+        trained = args.out / f"defaults-{args.minutes:g}min"
+        so_far = train_until(args.minutes, trained, common)
+        starts[f"defaults {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)"] = trained
+    print(f"the first {args.tasks} evaluation tasks; intervals: {METHOD}; s/task on this machine "
+          f"({torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)
+    shown = []
+    for start, folder in starts.items():
+        base = None
+        for name in names:
+            flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
+            key = {"start": start, "flags": flags, "tasks": args.tasks}
+            row = next((r for r in rows if all(r[k] == v for k, v in key.items())), None)
+            if row is None:
+                row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out / "cache")}
+                rows.append(row)
+                partial = ledger.with_suffix(".partial")
+                partial.write_text(json.dumps(rows))
+                partial.replace(ledger)  # whole or not at all
+            base = base or row
+            shown.append(row)
+            print(table_line(row, base), flush=True)
+    if args.svg:
+        svg(shown, args.svg, f"the adaptation frontier: the first {args.tasks} ARC-AGI-1 evaluation tasks")
+        print(f"\npicture: {args.svg}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""bench/frontier.py on the small ARC folder: each setting is scored from the untrained start and a
+trained one, paired with the default of its start; the rows are kept as they finish, so a rerun
+scores only the rows it lacks; the picture draws each start's frontier."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.frontier import frontier
+from tests.conftest import ROOT
+
+SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_check_every=0")
+
+
+def rows(stdout: str) -> list[list[str]]:
+    """The table's rows, each a list of its cells."""
+    return [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| start ")]
+
+
+def bench(arc_folder, out, *args) -> str:
+    sets = [a for s in (f"data={arc_folder}", *SMALL) for a in ("--set", s)]
+    proc = subprocess.run([sys.executable, "-m", "bench.frontier", "--tasks", "2", "--out", str(out), *sets, *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_frontier_keeps_the_points_no_cheaper_point_beats():
+    assert frontier([(3.0, 0.1), (1.0, 0.05), (2.0, 0.04), (5.0, 0.2), (4.0, 0.2)]) == [(1.0, 0.05), (3.0, 0.1),
+                                                                                      (4.0, 0.2)]
+
+
+@pytest.mark.slow
+def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_rerun_scores_only_what_is_new(
+        arc_folder, tmp_path):
+    out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.05", "--svg", str(tmp_path / "f.svg"))
+    table = rows(out)
+    assert [(r[0].split()[0], r[1]) for r in table] == [("untrained", "default"), ("untrained", "search"),
+                                                         ("defaults", "default"), ("defaults", "search")]
+    default, search = table[0], table[1]
+    assert float(default[2]) == 3.0 and default[3] == "24", "3 steps of 8 episodes a task"
+    assert float(search[2]) == 0.0 and search[3] == "0", "the search alone trains nothing"
+    assert "(" in default[5] and default[8] == "(the base)"
+    assert "p =" in search[8] and "(" in search[9], "paired with the default: pass@2 with McNemar's p, the loss"
+    assert table[0][7] != table[2][7], "the trained start's adapted loss is its own"
+    svg = (tmp_path / "f.svg").read_text()
+    assert svg.count("<polyline") == 2 and svg.count("<circle") == 4
+    kept = json.loads((tmp_path / "frontier.json").read_text())
+    assert len(kept) == 4
+    again = bench(arc_folder, tmp_path, "--settings", "search,steps-30", "--minutes", "0.05")
+    assert [r[1] for r in rows(again)] == ["default", "search", "steps-30"] * 2
+    assert rows(again)[:2] == table[:2], "rows found in frontier.json are printed, not scored again"
+    assert len(json.loads((tmp_path / "frontier.json").read_text())) == 6
