@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -92,6 +92,17 @@ bench-learn: $(STAMP)
 
 bench-adapt: $(STAMP)
 	$(PY) -m bench.adaptation --sections unseen,arc,arc-transductive
+
+# the adaptation frontier: pass@2 against seconds a task for each adaptation setting (bench/frontier.py's
+# SETTINGS), from the untrained weights and from MINUTES of the defaults (trained once into OUT):
+# make bench-frontier [SETTINGS=default,search,steps-30] [TASKS=100] [MINUTES=15] [OUT=runs/frontier]
+TASKS ?= 100
+MINUTES ?= 15
+# OUT when given on the command line (its default is the GPU check's), else runs/frontier
+FRONTIER_OUT = $(if $(filter command line,$(origin OUT)),$(OUT),runs/frontier)
+bench-frontier: $(STAMP)
+	$(PY) -m bench.frontier --tasks $(TASKS) --minutes $(MINUTES) --out $(FRONTIER_OUT) \
+		--svg $(FRONTIER_OUT)/frontier.svg $(if $(SETTINGS),--settings $(SETTINGS))
 
 # a finished run's folder: make bench-ttt-curve RUN=runs/<name>
 bench-ttt-curve: $(STAMP)

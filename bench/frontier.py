@@ -6,16 +6,17 @@ the untrained weights and from a trained checkpoint, every setting paired with t
 
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
-folder of tasks). The starts: `untrained` (the weights as built, nothing trained) and the defaults
-trained `--minutes` minutes (`--minutes 0`: the untrained start alone), trained once into `--out`
-and found there again by a later run. Every row scores the first `--tasks` ARC-AGI-1 evaluation
-tasks with its setting and prints, as it finishes: test-time-training steps and samples a task (the
-steps applied times `--ttt_batch_size`: what was trained on, not the budget), seconds a task on
-this machine (adaptation, prediction and the attempts), pass@2 with its 95% interval over tasks,
-the oracle, the held-out loss after adaptation (nats a cell of the test outputs over the voted
-views, with its interval), and its paired difference from the default setting of the same start on
-the same test pairs (pass@2 in points with its interval and McNemar's exact p, the loss with its
-interval; `*` beyond noise, a tie otherwise).
+folder of tasks); a setting that builds another model (`MODEL_SETTINGS`: the looped ViT, other
+widths) is scored from the untrained start only. The starts: `untrained` (the weights as built,
+nothing trained) and the defaults trained `--minutes` minutes (`--minutes 0`: the untrained start
+alone), trained once into `--out` and found there again by a later run. Every row scores the first
+`--tasks` ARC-AGI-1 evaluation tasks with its setting and prints, as it finishes: test-time-
+training steps and samples a task (the steps applied times `--ttt_batch_size`: what was trained on,
+not the budget), seconds a task on this machine (adaptation, prediction and the attempts), pass@2
+with its 95% interval over tasks, the oracle, the held-out loss after adaptation (nats a cell of
+the test outputs over the voted views, with its interval), and its paired difference from the
+default setting of the same start on the same test pairs (pass@2 in points with its interval and
+McNemar's exact p, the loss with its interval; `*` beyond noise, a tie otherwise).
 
 Rows are kept in `--out`/frontier.json as they finish: a rerun prints what is there and scores only
 the rows it lacks (a row is its start, its setting's flags and the tasks), so a long table survives
@@ -61,7 +62,14 @@ SETTINGS: dict[str, dict] = {
     "view-rows": {"ttt_view_rows": True},
     "view-rows-120-warmup-cosine": {"ttt_view_rows": True, "ttt_steps": 120, "ttt_schedule": "cosine",
                                     "ttt_warmup": 0.1, "ttt_views": 32, "eval_augments": 32},
+    "views-32": {"ttt_views": 32},
+    "placed-shift-2": {"place_shift": 2},  # test-time training and the votes on views translated up to 2 cells
+    # another model: from the untrained start only (the trained start's checkpoint is the default agent)
+    "loop-vit": {"agent": "loop_vit"},
+    "width-32": {"agent_channels": 32},
+    "width-128": {"agent_channels": 128},
 }
+MODEL_SETTINGS = {"loop-vit", "width-32", "width-128"}
 LEDGER = "frontier.json"
 
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
@@ -213,6 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     for start, folder in starts.items():
         base = None
         for name in names:
+            if folder is not None and name in MODEL_SETTINGS:
+                continue
             flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
             key = {"start": start, "flags": flags, "tasks": args.tasks}
             row = next((r for r in rows if all(r[k] == v for k, v in key.items())), None)
