@@ -40,6 +40,10 @@ class Agent(Protocol):
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer (`--ttt_params late`)."""
 
+    def residual_blocks(self) -> list[nn.Module]:
+        """The `num_blocks` residual blocks in order, each mapping its first input x to x plus a change
+        of x's shape (`--ttt_dropout` drops elements of that change)."""
+
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks (`--ttt_params adapter`)."""
 

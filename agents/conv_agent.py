@@ -70,6 +70,9 @@ class FiLMConvAgent(nn.Module):
             x = residual_update(block(x, prompt), adapter, i, channels_first=True)
         return self.head(x.permute(0, 2, 3, 1), prompt, viewed, adapter)  # cells [B, S, S, channels]
 
+    def residual_blocks(self) -> list[nn.Module]:
+        return list(self.blocks)
+
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer: training only these, the backward
         pass stops halfway (about 1.5x cheaper a step)."""

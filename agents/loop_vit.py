@@ -97,6 +97,9 @@ class LoopViTAgent(nn.Module):
         h = unpacked.permute(0, 1, 3, 2, 4, 5).reshape(batch, n * p, n * p, c)[:, :side, :side]
         return self.head(h + cells, prompt, viewed, adapter)
 
+    def residual_blocks(self) -> list[nn.Module]:
+        return list(self.blocks)
+
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks, the unpacking and the output layer (with one loop, the
         backward pass stops halfway)."""

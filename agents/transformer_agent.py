@@ -61,6 +61,9 @@ class TransformerAgent(nn.Module):
         h = x[:, self.prefix:].reshape(input_canvas.shape + (-1,))
         return self.head(h, prompt, viewed, adapter)
 
+    def residual_blocks(self) -> list[nn.Module]:
+        return list(self.blocks.layers)
+
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the layers and the output layer (with one cycle, the backward pass
         stops halfway)."""

@@ -63,6 +63,12 @@ SETTINGS: dict[str, dict] = {
     "view-rows-120-warmup-cosine": {"ttt_view_rows": True, "ttt_steps": 120, "ttt_schedule": "cosine",
                                     "ttt_warmup": 0.1, "ttt_views": 32, "eval_augments": 32},
     "views-32": {"ttt_views": 32},
+    "dropout-0.1": {"ttt_dropout": 0.1},
+    # VARC's recipe at a CPU budget: auxiliary view rows, warm-up and cosine, dropout, many views and votes
+    "varc-240": {"ttt_view_rows": True, "ttt_steps": 240, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
+                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32},
+    "varc-600": {"ttt_view_rows": True, "ttt_steps": 600, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
+                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32},
     "placed-shift-2": {"place_shift": 2},  # test-time training and the votes on views translated up to 2 cells
     # another model: from the untrained start only (the trained start's checkpoint is the default agent)
     "loop-vit": {"agent": "loop_vit"},
@@ -89,6 +95,14 @@ def score(start: Path | None, flags: dict, tasks: int, cache: Path) -> dict:
     loss = by_pair(scores.losses, data.eval_set)
     return {"metrics": scores.metrics("eval", cfg),
             "pass2": [[t, w, v] for (t, w), v in pass2.items()], "loss": [[t, w, v] for (t, w), v in loss.items()]}
+
+
+def same_row(row: dict, key: dict) -> bool:
+    """Whether a kept row is the one `key` asks for: its start, its tasks and the flags it sets away
+    from their defaults (a flag added to the suite since, at its default, changes nothing)."""
+    defaults = Config().flags()
+    changed = [{k: v for k, v in r["flags"].items() if v != defaults.get(k)} for r in (row, key)]
+    return row["start"] == key["start"] and row["tasks"] == key["tasks"] and changed[0] == changed[1]
 
 
 def pairs_of(row: dict, what: str) -> Pairs:
@@ -194,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                    "(the default is always scored: the pairing base)")
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
     ap.add_argument("--minutes", type=float, default=15.0, help="training minutes of the trained start (0: none)")
+    ap.add_argument("--starts", default="untrained,trained", help="which starts: untrained, trained or both")
     ap.add_argument("--out", type=Path, default=Path("runs/frontier"), help="the trained start and frontier.json")
     ap.add_argument("--svg", type=Path, help="draw the frontier here")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -210,8 +225,11 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     ledger = args.out / LEDGER
     rows: list[dict] = json.loads(ledger.read_text()) if ledger.exists() else []
-    starts: dict[str, Path | None] = {UNTRAINED: None}
-    if args.minutes > 0:
+    wanted = set(args.starts.split(","))
+    if not wanted or wanted - {UNTRAINED, "trained"}:
+        raise SystemExit(f"--starts {args.starts}: untrained, trained or both (comma-separated)")
+    starts: dict[str, Path | None] = {UNTRAINED: None} if UNTRAINED in wanted else {}
+    if args.minutes > 0 and "trained" in wanted:
         trained = args.out / f"defaults-{args.minutes:g}min"
         so_far = train_until(args.minutes, trained, common)
         starts[f"defaults {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)"] = trained
@@ -225,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
             key = {"start": start, "flags": flags, "tasks": args.tasks}
-            row = next((r for r in rows if all(r[k] == v for k, v in key.items())), None)
+            row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
                 row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out / "cache")}
                 rows.append(row)

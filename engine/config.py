@@ -314,6 +314,8 @@ class EvalCfg:
                                          "(from --ttt_lr down to 0 at --ttt_steps)", LR_SCHEDULES)
     ttt_warmup: float = flag(0.0, "test-time training: the first fraction of --ttt_steps raises the learning rate "
                                   "linearly to --ttt_lr, then --ttt_schedule runs over the rest (VARC: a tenth)")
+    ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
+                                   "(VARC trains with 0.1; never in the demo checks or the predictions)")
     ttt_view_rows: bool = flag(False, "test-time training of shared weights: each view of the task is an "
                                       "auxiliary task with its own adapter row, trained with the weights (its latent "
                                       "at --ttt_lr) and read by that view's predictions (VARC's auxiliary tasks)")
@@ -361,6 +363,8 @@ class EvalCfg:
             raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
                               f"only at the end")
         self.validation_interval()
+        if not 0 <= self.ttt_dropout < 1:
+            raise ConfigError(f"--ttt_dropout is a share in [0, 1), got {self.ttt_dropout}")
         if not 0 <= self.ttt_warmup < 1:
             raise ConfigError(f"--ttt_warmup is a fraction of --ttt_steps in [0, 1), got {self.ttt_warmup}")
         if self.ttt_view_rows and self.ttt_params == "task":

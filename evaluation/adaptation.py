@@ -25,9 +25,10 @@ read. The shared weights end exactly as they started.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -126,12 +127,14 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
          cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool], warmup: float = 0.0,
+         dropout: float = 0.0,
          observe: Callable[[int], None] = lambda steps: None, enough: Callable[[], bool] = lambda: False) -> int:
     """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
     group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
     random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
     row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
-    clips the global norm), the lr warmed up over the first `warmup` fraction of `steps`, under `amp`
+    clips the global norm), the lr warmed up over the first `warmup` fraction of `steps`, each step's
+    residual blocks dropping `dropout` of their change (`_dropped_changes`), under `amp`
     (the adaptation's one mixed-precision routine: under fp16 its scaler skips a step with
     non-finite gradients). Stops early once every row's demos are solved
     (checked before the first step and every `check_every`; 0: never), when `enough()` says the time
@@ -146,18 +149,51 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     slots = max(rows) + 1
     tried = taken = 0
     observe(tried)
-    while tried < steps and not stop() and not enough() and not (
-            check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
-                                                                        device, amp)):
-        _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
-        tried += 1
-        batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
-        loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).sum()
-        amp.backward(loss)
-        result = amp.step(optimizer, clip)
-        taken += result is not None and result.stepped
-        observe(tried)
+    with _seeded(device, demos.seed) if dropout else nullcontext():
+        while tried < steps and not stop() and not enough() and not (
+                check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
+                                                                            device, amp)):
+            _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
+            tried += 1
+            batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
+            with _dropped_changes(model, dropout):
+                loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg,
+                                   amp).sum()
+            amp.backward(loss)
+            result = amp.step(optimizer, clip)
+            taken += result is not None and result.stepped
+            observe(tried)
     return taken
+
+
+@contextmanager
+def _seeded(device: torch.device, seed: list[int]) -> Iterator[None]:
+    """Inside, torch's global random streams (the CPU's and `device`'s) start from `seed`; on exit
+    they are as they were."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+        torch.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
+        yield
+
+
+@contextmanager
+def _dropped_changes(model: ArcModel, p: float) -> Iterator[None]:
+    """Inside, each of the agent's residual blocks returns x + dropout(its change, p) (`--ttt_dropout`:
+    the agents run in eval mode during adaptation and have no dropout of their own). The masks come
+    from torch's global stream: `_fit` seeds it by the group's tasks, so a task adapts the same way
+    whatever ran before it (a validation continued from its journal included)."""
+    if not p:
+        yield
+        return
+
+    def drop(_module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        return inputs[0] + nn.functional.dropout(output - inputs[0], p, training=True)
+
+    hooks = [block.register_forward_hook(drop) for block in model.agent.residual_blocks()]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
 
 
 @contextmanager
@@ -279,7 +315,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
             groups, clip = _test_time_groups(model, result.adapters, cfg)
             demos.restart_draws()
             result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
-                                schedule=e.ttt_schedule, warmup=e.ttt_warmup, clip=clip,
+                                schedule=e.ttt_schedule, warmup=e.ttt_warmup, dropout=e.ttt_dropout, clip=clip,
                                 check_every=e.ttt_check_every, cfg=cfg, device=device, amp=amp, stop=stop,
                                 enough=enough,
                                 observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)

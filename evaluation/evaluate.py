@@ -169,8 +169,12 @@ def describe(cfg: Config) -> str:
     if e.latent_steps:
         parts.append(f"{e.latent_steps} latent steps")
     if e.ttt_steps:
+        extras = [f"--ttt_params {e.ttt_params}", f"{e.ttt_views} views",
+                  *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
+                  *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
+                  *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
         parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
-                     f"test-time-training steps (--ttt_params {e.ttt_params})")
+                     f"test-time-training steps ({', '.join(extras)})")
     proposed = f", the {e.enumerate} likeliest grids of a shape proposed" if e.enumerate else ""
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted{proposed}"
 

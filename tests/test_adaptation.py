@@ -457,3 +457,22 @@ def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp
         moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert result.steps == 3 and moved and moved <= names
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_ttt_dropout_drops_block_changes_in_training_steps_only_seeded_by_the_task(small_cfg):
+    """--ttt_dropout: the same steps end with other weights than without it, twice the same (its masks
+    seeded by the task, not by what ran before: the global stream is drawn from in between), the
+    global stream left as it was, and no hook left on the model (its output as before)."""
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
+                                        view_starts=False)
+    task = next(t for t in tasks if len(t.train) > 1)
+    weight = state.model.agent.head.out.weight
+    ends = []
+    for dropout in (0.0, 0.3, 0.3):
+        torch.rand(5)  # the global stream moves between tasks
+        before = torch.random.get_rng_state()
+        with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(ttt_dropout=dropout), device=CPU):
+            ends.append(weight.detach().clone())
+        assert torch.equal(torch.random.get_rng_state(), before)
+    assert not torch.equal(ends[0], ends[1]) and torch.equal(ends[1], ends[2])
+    assert all(not block._forward_hooks for block in state.model.agent.residual_blocks())

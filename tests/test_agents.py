@@ -212,6 +212,8 @@ def test_every_registered_agent_keeps_the_contract(name):
     own = {id(p) for p in agent.parameters()}
     for group in (agent.late_parameters(), agent.adapter_parameters()):
         assert group and {id(p) for p in group} <= own
+    blocks = agent.residual_blocks()
+    assert len(blocks) == agent.num_blocks and {id(b) for b in blocks} <= {id(m) for m in agent.modules()}
     canvas = torch.randint(0, 10, (2, 5, 5))
     adapters = TaskAdapters(slots=1, prompt_dim=32, channels=agent.channels, blocks=agent.num_blocks,
                             views=agent.num_views, rank=4, seed=0)

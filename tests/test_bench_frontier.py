@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from bench.frontier import frontier
+from bench.frontier import frontier, same_row
 from tests.conftest import ROOT
 
 SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_check_every=0")
@@ -31,6 +31,16 @@ def bench(arc_folder, out, *args) -> str:
 def test_the_frontier_keeps_the_points_no_cheaper_point_beats():
     assert frontier([(3.0, 0.1), (1.0, 0.05), (2.0, 0.04), (5.0, 0.2), (4.0, 0.2)]) == [(1.0, 0.05), (3.0, 0.1),
                                                                                       (4.0, 0.2)]
+
+
+def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
+    """A row kept before a flag joined the suite (the flag absent, or at its default) is the same row;
+    another value of any flag, another start or other tasks is not."""
+    kept = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3}}
+    asked = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0}}
+    assert same_row(kept, asked)
+    assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_dropout": 0.1}})
+    assert not same_row(kept, {**asked, "tasks": 100}) and not same_row(kept, {**asked, "start": "trained"})
 
 
 @pytest.mark.slow
