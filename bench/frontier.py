@@ -65,6 +65,8 @@ SETTINGS: dict[str, dict] = {
     "views-32": {"ttt_views": 32},
     "dropout-0.1": {"ttt_dropout": 0.1},
     # VARC's recipe at a CPU budget: auxiliary view rows, warm-up and cosine, dropout, many views and votes
+    "varc-60": {"ttt_view_rows": True, "ttt_steps": 60, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
+                "ttt_dropout": 0.1, "ttt_views": 64},  # the same at the default's steps and votes
     "varc-240": {"ttt_view_rows": True, "ttt_steps": 240, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32},
     "varc-600": {"ttt_view_rows": True, "ttt_steps": 600, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
