@@ -2,7 +2,8 @@
 the untrained weights and from a trained checkpoint, every setting paired with the default.
 
     python -m bench.frontier [--settings default,search,steps-30,...] [--tasks 100] [--minutes 15]
-                             [--out runs/frontier] [--svg docs/frontier.svg] [--set NAME=VALUE ...]
+                             [--starts untrained,trained] [--out runs/frontier] [--svg docs/frontier.svg]
+                             [--set NAME=VALUE ...]
 
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
