@@ -37,7 +37,7 @@ from data.augment import view_ids
 from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset
 from engine.config import Config
-from engine.loop import to_device
+from engine.loop import preserved_rng, to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
 from loss_function import adaptation_loss
@@ -149,7 +149,7 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     slots = max(rows) + 1
     tried = taken = 0
     observe(tried)
-    with _seeded(device, demos.seed) if dropout else nullcontext():
+    with _seeded(demos.seed) if dropout else nullcontext():
         while tried < steps and not stop() and not enough() and not (
                 check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
                                                                             device, amp)):
@@ -167,10 +167,10 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
 
 
 @contextmanager
-def _seeded(device: torch.device, seed: list[int]) -> Iterator[None]:
-    """Inside, torch's global random streams (the CPU's and `device`'s) start from `seed`; on exit
-    they are as they were."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type=device.type):
+def _seeded(seed: list[int]) -> Iterator[None]:
+    """Inside, torch's global random streams start from `seed`; on exit every stream is as it was
+    (engine.loop.preserved_rng, validation's own guard)."""
+    with preserved_rng():
         torch.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
         yield
 
