@@ -121,11 +121,25 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
         data.sampler.set_epoch(0)
         windows = list(epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum,
                                      device))
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
             for window in windows[warmup:]:
                 training.train_step(state, window, cfg)
-        by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in prof.key_averages() if e.key in PHASES}
+        events = prof.key_averages()
+        by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in events if e.key in PHASES}
+        by_name.update(device_activity(events, steps))
     return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
+
+
+def device_activity(events, steps: int) -> dict[str, float]:
+    """What a profiled step asked of the device, per step: "kernels" (launches), "gpu busy" (seconds
+    of kernel time) and "syncs" (calls that block the host until the device is done: stream, event
+    and device synchronizations; a device-to-host copy synchronizes inside cudaMemcpy*). None of
+    them exist on a CPU (zeros): there the step is host time only."""
+    launches = sum(e.count for e in events if "LaunchKernel" in e.key)
+    syncs = sum(e.count for e in events if "Synchronize" in e.key or e.key.startswith("cudaMemcpy"))
+    busy = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return {"kernels": launches / steps, "gpu busy": busy / 1e6 / steps, "syncs": syncs / steps}
 
 
 def main() -> None:

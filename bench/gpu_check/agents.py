@@ -1,7 +1,9 @@
 """The agents on the device: conv, transformer and the looped ViT at S = 30 (29x29 grids plus the end-of-grid row),
 fp32 / bf16 autocast / `--compile`, timed as `make bench-step` times them (bench/step_profile.py:
 the loop's whole step with the prompt cache cold and warm, and the bare agent's forward and
-backward on the step's own batch; loop overhead = 1 - bare agent / warm step).
+backward on the step's own batch; loop overhead = 1 - bare agent / warm step), and a profiled
+pass that splits the warm step into its phases' host time and counts what it asks of the device:
+kernel launches, the share of the step the GPU is busy, and host synchronizations a step.
 
 Achieved TFLOP/s counts the bare agent's FLOPs (torch's FlopCounterMode over one more forward and
 backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU
@@ -18,7 +20,7 @@ import torch
 
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section
-from bench.step_profile import bare_agent_flops, case_config, timed_steps
+from bench.step_profile import PHASES, bare_agent_flops, case_config, timed_steps
 
 AGENTS = ("conv", "transformer", "loop_vit")
 VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}}
@@ -44,7 +46,7 @@ def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: 
         for agent, variant in check.budgeted(section, [(a, v) for a in AGENTS for v in variants]):
             torch._dynamo.reset()  # each case compiles afresh
             cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
-            r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device, phases=False)
+            r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device)
             flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
             cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
             bare = r["warm"]["bare"]
@@ -53,4 +55,8 @@ def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: 
                 "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
                 "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
                 "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
-                "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a"})
+                "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a",
+                **{f"{phase.removeprefix('step/')} host ms": round(1e3 * r["phases"].get(phase, 0.0), 1)
+                   for phase in PHASES},
+                "kernels/step": round(r["phases"]["kernels"]), "GPU busy": f"{r['phases']['gpu busy'] / warm:.0%}",
+                "syncs/step": round(r["phases"]["syncs"], 1)})
