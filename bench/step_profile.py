@@ -126,7 +126,9 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
             for window in windows[warmup:]:
                 training.train_step(state, window, cfg)
         events = prof.key_averages()
-        by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in events if e.key in PHASES}
+        # on CUDA each phase is also a GPU-side annotation of the same name: the host's is the CPU one
+        by_name = {e.key: e.cpu_time_total / 1e6 / steps for e in events
+                   if e.key in PHASES and e.device_type == torch.autograd.DeviceType.CPU}
         by_name.update(device_activity(events, steps))
     return {"cold": cold, "warm": warm, "phases": by_name, "side": warm["batch"]["input"].shape[-1], "state": state}
 
@@ -138,7 +140,8 @@ def device_activity(events, steps: int) -> dict[str, float]:
     them exist on a CPU (zeros): there the step is host time only."""
     launches = sum(e.count for e in events if "LaunchKernel" in e.key)
     syncs = sum(e.count for e in events if "Synchronize" in e.key or e.key.startswith("cudaMemcpy"))
-    busy = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy = sum(e.self_device_time_total for e in events  # kernels and copies, not the phases' annotated spans
+               if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation)
     return {"kernels": launches / steps, "gpu busy": busy / 1e6 / steps, "syncs": syncs / steps}
 
 
