@@ -89,9 +89,15 @@ def fallen(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor, dim: int, tow
     return (order, cols) if dim == 1 else (rows, order)
 
 
-@torch.compiler.disable  # a loop as long as the longest path to the edge: eager under --compile
+# A custom op, not a plain function: its flood fill loops until a fixed point, control flow that
+# depends on the data, which neither torch.compile (a graph break) nor vmap (no batching rule for
+# the loop's test; tasks adapted together, evaluation/task_batch.py) can trace. As an op it is
+# opaque to both: compile sees its output's shape (register_fake), vmap folds the task axis into
+# the op's own batch (register_vmap), and it runs eagerly on whole tensors.
+@torch.library.custom_op("arc::enclosed_background", mutates_args=())
 def enclosed_background(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """[B, S, S] bool: the background cells of each grid that no 4-connected path of background
+    """canvas [B, S, S] int64, its grids' far edges h, w [B] int64 (data.canvas.grid_extent) ->
+    [B, S, S] bool: the background cells of each grid that no 4-connected path of background
     cells joins to its edge (the holes a fill rule fills: data.synthetic._fill_enclosed)."""
     side = canvas.shape[-1]
     idx = torch.arange(side, device=canvas.device)
@@ -114,6 +120,22 @@ def enclosed_background(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) 
             outside = grown & background
         if torch.equal(before, outside):
             return background & ~outside
+
+
+@enclosed_background.register_fake
+def _enclosed_background_shape(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(canvas, dtype=torch.bool)
+
+
+@enclosed_background.register_vmap
+def _enclosed_background_batched(info, in_dims: tuple, canvas: torch.Tensor, h: torch.Tensor,
+                                 w: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Under vmap: the mapped axis (first on output) folded into the batch, one flood fill for all."""
+    def leading(x: torch.Tensor, dim: int | None) -> torch.Tensor:
+        return x.movedim(dim, 0) if dim is not None else x.expand(info.batch_size, *x.shape)
+    canvas, h, w = (leading(x, d) for x, d in zip((canvas, h, w), in_dims, strict=True))
+    out = enclosed_background(canvas.flatten(0, 1), h.flatten(0, 1), w.flatten(0, 1))
+    return out.unflatten(0, (info.batch_size, -1)), 0
 
 
 def view_canvases(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,10 @@ from data.episodes import EpisodeDataset, collate, training_episodes
 
 class DemoEpisodes:
     """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
-    pool is finite: episodes x `views`)."""
+    pool is finite: episodes x `views`). A batch is cut to the largest side of its tasks' pools
+    (`sides`), whichever episodes it draws: a task's batches all have one shape, so its adaptation
+    is the same alone or beside others of its side (evaluation/task_batch.py), and a compiled agent
+    sees one shape a task."""
 
     def __init__(self, tasks: list[ArcTask], eval_set: EpisodeDataset, seed: int, views: int):
         self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
@@ -26,6 +29,8 @@ class DemoEpisodes:
                                       context_demos=eval_set.context_demos, placing=eval_set.placing)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
+        self.sides = [max((self.dataset.side_of(int(self.first[t]) + j, v) for j in range(len(eps)) for v in self.views),
+                          default=0) for t, eps in enumerate(self.episodes)]
         self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
         self.restart_draws()
         self.samples: dict[tuple[int, int], dict] = {}
@@ -49,7 +54,7 @@ class DemoEpisodes:
                 i = self.first[task] + int(self.rng.integers(len(self.episodes[task])))
                 samples.append(self.sample(int(i), self.views[int(self.rng.integers(len(self.views)))]))
                 of.append(row)
-        return collate(samples), torch.tensor(of)
+        return collate(samples, self.side(rows)), torch.tensor(of)
 
     def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
         """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
@@ -60,4 +65,8 @@ class DemoEpisodes:
                 for aug in self.views[:views]:
                     samples.append(self.sample(int(self.first[task] + j), aug))
                     of.append(row)
-        return collate(samples), torch.tensor(of)
+        return collate(samples, self.side(rows)), torch.tensor(of)
+
+    def side(self, rows: dict[int, int]) -> int:
+        """The side a batch of these rows' tasks is cut to: the largest of their pools'."""
+        return max(self.sides[task] for task in rows.values())

@@ -108,6 +108,14 @@ class EpisodeDataset(Dataset):
     def __len__(self) -> int:
         return len(self.episodes)
 
+    def side_of(self, index: int, aug_id: int) -> int:
+        """The canvas side sample (index, aug_id) needs: its episode's, or its placement's."""
+        extent = int(self.extents[index])
+        placement = self.placing.draw(aug_id, extent)
+        if placement.is_identity:
+            return int(self.sides[index])
+        return min(self.placing.side, placement.side_for(extent)) if self.canvas == "fit" else self.placing.side
+
     def __getitem__(self, item: tuple[int, int]) -> dict:
         index, aug_id = item
         ep = self.episodes[index]
@@ -116,9 +124,7 @@ class EpisodeDataset(Dataset):
         aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background).placed(placement)
         context = aug.pairs(ep.context)
         query_in = aug.grid(ep.query.input)
-        side = int(self.sides[index])
-        if not placement.is_identity:
-            side = min(self.placing.side, placement.side_for(extent)) if self.canvas == "fit" else self.placing.side
+        side = self.side_of(index, aug_id)
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
         sample = {
@@ -165,8 +171,9 @@ class EpisodeDataset(Dataset):
         return torch.from_numpy(canvases)
 
 
-def collate(samples: list[dict]) -> dict:
-    """Stack a list of samples into a batch, its canvases cut to the largest side S among them.
+def collate(samples: list[dict], side: int | None = None) -> dict:
+    """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
+    side S among them (a larger one: the samples' canvases hold it).
 
     Returns: input, target [B, S, S] int64 (S <= the placing's canvas side, 30 by default);
     numeric [B, 15], relation [B, 129], ctrl [B, 3]
@@ -176,7 +183,7 @@ def collate(samples: list[dict]) -> dict:
     (the sample each of the N demos belongs to, in sample order).
     An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.
     """
-    side = max(s["side"] for s in samples)
+    side = side or max(s["side"] for s in samples)
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
     batch["task_row"] = torch.tensor([s["task_row"] for s in samples], dtype=torch.int64)
     batch["dihedral"] = torch.tensor([s["augmentation"].dihedral for s in samples], dtype=torch.int64)
