@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from data.canvas import PAD
+from data.canvas import PAD, one_hot
 from engine.config import LossCfg
 
 
@@ -73,9 +73,7 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
     # float32 on purpose: log-softmax and KL of bf16/fp16 logits under autocast lose the small terms.
     log_q = F.log_softmax(logits.float(), dim=-1)
     q = log_q.exp()
-    # a comparison, not F.one_hot: one_hot checks the targets' range on the host (a synchronization
-    # on a GPU) and so cannot run under vmap (tasks adapted together, evaluation/adaptation.py)
-    onehot = (target.unsqueeze(-1) == torch.arange(num_classes, device=target.device)).float()
+    onehot = one_hot(target, num_classes)
 
     pref = (1 - cfg.label_smoothing) * onehot + cfg.label_smoothing / num_classes
     risk = -(pref * log_q).sum(-1)

@@ -112,6 +112,16 @@ class TaskAdapters(nn.Module):
         out.view_ids = tuple(view_ids)
         return out.to(self.latent.device)
 
+    @classmethod
+    def concat(cls, adapters: list[TaskAdapters]) -> TaskAdapters:
+        """One adapter holding the rows of `adapters` in their order (each without rows per view)."""
+        first = adapters[0]
+        out = cls(slots=1, prompt_dim=first.latent.shape[1], channels=first.down.shape[2],
+                  blocks=first.down.shape[1], views=first.gate_bias.shape[1], rank=first.down.shape[3])
+        for name, _ in first.named_parameters():
+            setattr(out, name, nn.Parameter(torch.cat([getattr(a, name).detach() for a in adapters])))
+        return out.to(first.latent.device)
+
     def forward(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> AdapterSlice:
         """The rows of samples of these slots (slot [B] int64); with rows per view, each sample's row of
         its augmentation (`aug_ids`, B augmentation ids; a view without a row of its own reads the

@@ -16,7 +16,7 @@ from torch import nn
 from agents.adapter import AdapterSlice
 from agents.views import PromptedViews, enclosed_background
 from data.arc import MAX_SIDE
-from data.canvas import NUM_CLASSES, grid_extent
+from data.canvas import NUM_CLASSES, grid_extent, one_hot
 
 
 class CellPosition(nn.Module):
@@ -69,7 +69,7 @@ class CellEmbedding(nn.Module):
         h, w = grid_extent(input_canvas)
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
-            return x, nn.functional.one_hot(input_canvas, NUM_CLASSES).float()
+            return x, one_hot(input_canvas)
         viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
         enclosed = enclosed_background(input_canvas, h, w)[..., None].to(x.dtype) * self.enclosed_embed
         return x + self.view_embed(viewed) + enclosed, viewed

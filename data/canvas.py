@@ -189,3 +189,10 @@ def decode_logp(logp: np.ndarray, placement: Placement = Placement()) -> tuple[G
 def decode_logits(logits: torch.Tensor) -> Grid:
     """Logits [S, S, C] (any float dtype) -> predicted grid [h, w] int64 of an unplaced view (see decode_logp)."""
     return decode_logp(torch.log_softmax(logits.float(), -1).cpu().numpy())[0]
+
+
+def one_hot(classes: torch.Tensor, num_classes: int = NUM_CLASSES) -> torch.Tensor:
+    """classes [...] int64 in [0, num_classes) -> [..., num_classes] float32. A comparison, not
+    F.one_hot: that checks the range on the host (a synchronization on a GPU) and so cannot run
+    under vmap (tasks adapted together, evaluation/task_batch.py)."""
+    return (classes.unsqueeze(-1) == torch.arange(num_classes, device=classes.device)).float()

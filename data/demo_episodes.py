@@ -29,8 +29,7 @@ class DemoEpisodes:
                                       context_demos=eval_set.context_demos, placing=eval_set.placing)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
-        self.sides = [max((self.dataset.side_of(int(self.first[t]) + j, v) for j in range(len(eps)) for v in self.views),
-                          default=0) for t, eps in enumerate(self.episodes)]
+        self.sides = _pool_sides(self.dataset, [len(e) for e in self.episodes], self.views)
         self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
         self.restart_draws()
         self.samples: dict[tuple[int, int], dict] = {}
@@ -70,3 +69,20 @@ class DemoEpisodes:
     def side(self, rows: dict[int, int]) -> int:
         """The side a batch of these rows' tasks is cut to: the largest of their pools'."""
         return max(self.sides[task] for task in rows.values())
+
+
+def pool_side(task: ArcTask, eval_set: EpisodeDataset, views: int) -> int:
+    """The side DemoEpisodes cuts `task`'s batches to (0 for a task of one demo), without computing
+    its samples: what tasks adapted together are grouped by."""
+    episodes = training_episodes((ArcTask(task.task_id, task.train, ()),))
+    dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas, placing=eval_set.placing,
+                             scores=np.zeros(len(episodes)))  # no difficulty scores: only the sides are read
+    return _pool_sides(dataset, [len(episodes)], view_ids(views))[0]
+
+
+def _pool_sides(dataset: EpisodeDataset, counts: list[int], views: list[int]) -> list[int]:
+    """The largest sample side of each task's pool: its `counts[t]` episodes (consecutive in
+    `dataset`, task by task) under each of `views`."""
+    firsts = np.cumsum([0, *counts])[:-1]
+    return [max((dataset.side_of(int(first) + j, v) for j in range(n) for v in views), default=0)
+            for first, n in zip(firsts, counts, strict=True)]

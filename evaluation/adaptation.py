@@ -40,6 +40,7 @@ from engine.config import Config
 from engine.loop import preserved_rng, to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
+from evaluation.task_batch import TaskWeights, batches_shared_weights, fit_together
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
 from prompt import QwenFeatures
@@ -56,9 +57,17 @@ class AdaptedTasks:
     row of it; and what adapting found and took."""
 
     adapters: TaskAdapters | None
-    row: dict[str, int]  # task id -> its row of `adapters`
+    row: dict[str, int]  # task id -> its row of `adapters` (and of `weights`)
     demo_loss: dict[str, float]  # task id -> the demos' loss as adapted (nan when not adapted)
-    steps: int = 0  # test-time-training steps applied (every task of the group took them)
+    steps: dict[str, int]  # task id -> the test-time-training steps applied to it
+    # tasks whose shared weights were adapted together: each one's copy (None: the model holds the
+    # adapted weights of the group's one task, or none were adapted)
+    weights: TaskWeights | None = None
+
+    def load(self, task_id: str) -> None:
+        """Before predicting a task adapted together with others: its copy of the weights into the model."""
+        if self.weights is not None:
+            self.weights.load(self.row[task_id])
 
     def rows_of(self, batch: dict, device: torch.device) -> AdapterSlice | None:
         """The adapter rows of a collated batch's samples (each its task's row, and with rows per view
@@ -292,9 +301,21 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     them). Training ends early when `stop()` says so (the caller then discards the result), and when
     `enough()` says the time for it is spent (the tasks are then predicted as adapted so far)."""
     e = cfg.eval
-    if e.trains_shared_weights and len(tasks) != 1:
-        raise ValueError(f"--ttt_params {e.ttt_params} adapts shared weights: one task at a time, got {len(tasks)}")
-    result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks})
+    together = e.trains_shared_weights and len(tasks) > 1
+    if together and not batches_shared_weights(cfg):
+        raise ValueError(f"--ttt_params {e.ttt_params} with --ttt_dropout, --ttt_view_rows or --amp fp16 adapts "
+                         f"the shared weights one task at a time, got {len(tasks)} tasks")
+    result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
+                          {t.task_id: 0 for t in tasks})
+    if together:
+        amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
+        with _shared_weights_kept(model, model.ttt_parameters(e.ttt_params)):
+            model.requires_grad_(False)
+            _adapt_together(model, prompts, tasks, eval_set, result, cfg=cfg, device=device, amp=amp, stop=stop,
+                            enough=enough,
+                            observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+            yield result
+        return
     searches = e.latent_starts + (model.num_views if e.view_starts else 0) > 1 or e.latent_steps
     demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, e.ttt_views) if searches or e.ttt_steps else None
     usable = [i for i, eps in enumerate(demos.episodes) if eps] if demos else []  # one demo: no episode
@@ -314,12 +335,48 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
                 result.adapters = _per_view(model, result.adapters, len(tasks), cfg)
             groups, clip = _test_time_groups(model, result.adapters, cfg)
             demos.restart_draws()
-            result.steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
+            steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
                                 schedule=e.ttt_schedule, warmup=e.ttt_warmup, dropout=e.ttt_dropout, clip=clip,
                                 check_every=e.ttt_check_every, cfg=cfg, device=device, amp=amp, stop=stop,
                                 enough=enough,
                                 observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+            result.steps.update({t.task_id: steps for t in tasks})
             loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:
             result.demo_loss.update({tasks[i].task_id: float(loss[i]) for i in usable})
         yield result
+
+
+def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset,
+                    result: AdaptedTasks, *, cfg: Config, device: torch.device, amp: MixedPrecision,
+                    stop: Callable[[], bool], enough: Callable[[], bool], observe: Callable[[int], None]) -> None:
+    """Shared-weight test-time training of several tasks in one step (evaluation/task_batch.py), each
+    as it would be alone: its own demo episodes and search, then its own copy of the weights; fills
+    `result` (the copies in `result.weights`; the model's own weights are left as they were)."""
+    e = cfg.eval
+    demos = [DemoEpisodes([task], eval_set, cfg.run.seed, e.ttt_views) for task in tasks]
+    kept: list[TaskAdapters | None] = []
+    for task, d in zip(tasks, demos, strict=True):
+        usable = [0] if d.episodes[0] else []
+        kept.append(_search(model, prompts, [task], d, usable, cfg=cfg, device=device, amp=amp, stop=stop)[0]
+                    if usable else None)
+        d.restart_draws()
+    groups, clip = _test_time_groups(model, None, cfg)
+
+    def solves(k: int, weights: TaskWeights) -> bool:
+        weights.load(k)
+        return _solves_demos(model, prompts, kept[k], demos[k], {0: 0}, cfg, device, amp)
+
+    weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, steps=e.ttt_steps, clip=clip,
+                                  cfg=cfg, device=device, amp=amp, stop=stop, enough=enough, observe=observe,
+                                  solves=solves)
+    result.weights = weights
+    if any(a is not None for a in kept):  # a task of one demo was not searched: a fresh row, which changes nothing
+        fresh = model.task_adapters(1, rank=e.ttt_rank, seed=cfg.run.seed)
+        result.adapters = TaskAdapters.concat([a if a is not None else fresh for a in kept])
+    for k, (task, d) in enumerate(zip(tasks, demos, strict=True)):
+        result.steps[task.task_id] = taken[k]
+        if d.episodes[0]:
+            weights.load(k)
+            result.demo_loss[task.task_id] = float(_demo_losses(model, prompts, kept[k], d, {0: 0}, 1, cfg, device,
+                                                                amp)[0])

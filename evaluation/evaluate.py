@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
+from itertools import groupby
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from tqdm import tqdm
 from data.arc import Grid
 from data.augment import view_ids
 from data.canvas import decode_logp
+from data.demo_episodes import pool_side
 from data.episodes import Episode, EpisodeDataset, collate
 from engine.config import Config
 from engine.distributed import Dist
@@ -42,6 +44,7 @@ from evaluation.render import task_image
 from evaluation.report import task_cards
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics, summarise
 from evaluation.submission import SubmissionFile, submission_of
+from evaluation.task_batch import batches_shared_weights
 from model import ArcModel
 from policy_refined import AttemptChooser
 from prompt import QwenFeatures
@@ -153,11 +156,12 @@ def first_tasks(dataset: EpisodeDataset, n: int) -> list[str]:
     return ids[:n] if n > 0 else ids
 
 
-def task_groups(task_ids: list[str], by_task: dict[str, list[int]], dataset: EpisodeDataset,
-                size: int) -> list[list[str]]:
-    """Tasks adapted together: `size` at a time, alike in canvas side (a batch is cut to its largest)."""
-    ordered = sorted(task_ids, key=lambda t: (max(dataset.sides[i] for i in by_task[t]), t))
-    return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+def task_groups(task_ids: list[str], side_of: Callable[[str], int], size: int, one_side: bool) -> list[list[str]]:
+    """Tasks adapted together: `size` at a time, alike in canvas side (`side_of`; a batch is cut to
+    its largest); with `one_side`, a group never mixes sides (evaluation/task_batch.py needs one)."""
+    ordered = sorted(task_ids, key=lambda t: (side_of(t), t))
+    runs = [list(run) for _, run in groupby(ordered, key=side_of)] if one_side else [ordered]
+    return [run[i:i + size] for run in runs for i in range(0, len(run), size)]
 
 
 def describe(cfg: Config) -> str:
@@ -203,9 +207,16 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     by_task: dict[str, list[int]] = defaultdict(list)
     for i, ep in enumerate(dataset.episodes):
         by_task[ep.task.task_id].append(i)
-    size = 1 if cfg.eval.trains_shared_weights else cfg.eval.adapt_tasks  # shared weights: one task at a time
+    together = batches_shared_weights(cfg)
+    size = 1 if cfg.eval.trains_shared_weights and not together else cfg.eval.adapt_tasks
+    if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
+        sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset, cfg.eval.ttt_views) for t in task_ids}
+        side_of = sides.__getitem__
+    else:
+        def side_of(t: str) -> int:
+            return max(dataset.sides[i] for i in by_task[t])
     # every process knows every process's groups, so all make the same number of agreement calls
-    groups_of = [task_groups(task_ids[r::dist.world_size], by_task, dataset, size) for r in range(dist.world_size)]
+    groups_of = [task_groups(task_ids[r::dist.world_size], side_of, size, together) for r in range(dist.world_size)]
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
     scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop, chooser=chooser,
@@ -301,19 +312,25 @@ class _GroupScorer:
             if self.stop():
                 return None
             adapted_at = clock()
-            cands = candidates(self.model, self.prompts, dataset, episodes, cfg=planned, device=self.device,
-                               adapted=adaptation)
+            # tasks adapted together: each predicted with its own copy of the weights loaded
+            parts = [group] if adaptation.weights is None else [[t] for t in group]
+            cands: dict[int, Candidates] = {}
+            for part in parts:
+                adaptation.load(part[0])
+                mine = [i for t in part for i in self.by_task[t]]
+                cands.update(candidates(self.model, self.prompts, dataset, mine, cfg=planned, device=self.device,
+                                        adapted=adaptation))
+                if cfg.eval.heldout_loss:
+                    out.losses.update(adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, mine,
+                                                     cfg=planned, device=self.device, adapted=adaptation))
             predicted_at = clock()
-            if cfg.eval.heldout_loss:
-                out.losses = adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, episodes,
-                                            cfg=planned, device=self.device, adapted=adaptation)
         for i in episodes:
             if cfg.eval.enumerate:
                 cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
             out.attempts[i] = ranked_attempts(cands[i], cfg.eval.attempt_ranking, self.chooser, dataset.episodes[i])
         for t in group:  # a task's seconds: its adaptation, predictions and attempts, not the other rankings
             out.seconds[t] = (time.perf_counter() - start) / len(group)
-            out.ttt_steps[t] = adaptation.steps
+            out.ttt_steps[t] = adaptation.steps[t]
         for i in episodes:
             if self.on_candidates is not None:
                 self.on_candidates(i, cands[i])

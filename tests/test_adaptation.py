@@ -144,7 +144,7 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     trained = []
     for start in (cfg.replace(view_starts=False), cfg):
         with adapted(model, state.prompts, [task], eval_set, cfg=start, device=CPU) as result:
-            assert result.steps == 2
+            assert result.steps == {task.task_id: 2}
             trained.append({k: v.clone() for k, v in model.state_dict().items()})
         assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
     changed = [k for k in before if not torch.equal(trained[0][k], trained[1][k])]
@@ -165,7 +165,7 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
         with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(fp16_init_scale=scale),
                      device=CPU) as result:
             moved = [k for k, v in state.model.state_dict().items() if not torch.equal(v, before[k])]
-            losses[scale] = (result.steps, result.demo_loss[task.task_id], moved)
+            losses[scale] = (result.steps[task.task_id], result.demo_loss[task.task_id], moved)
     assert losses[2.0**100][0] == 0 and losses[2.0**8][0] == 4
     if params == "all":  # the shared weights moved under 2^8 only (restored after each)
         assert not losses[2.0**100][2] and losses[2.0**8][2]
@@ -187,18 +187,20 @@ def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
                                    MixedPrecision("off", CPU))
     with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
         assert solved()
-    assert 0 < result.steps < 200 and result.steps % 5 == 0
+    steps = result.steps["copy"]
+    assert 0 < steps < 200 and steps % 5 == 0
     assert not solved()  # restored
     with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(ttt_steps=7, ttt_check_every=0),
                  device=CPU) as result:
-        assert result.steps == 7
+        assert result.steps == {"copy": 7}
 
 
 @pytest.mark.parametrize("params", ["task", "all"])
 def test_a_group_whose_demos_are_solved_takes_no_step_whatever_trains(small_cfg, params):
     """One early stop for both kinds of test-time training: with an agent that copies its input, a
     group of copy tasks is solved before the first step (no step taken); one task of another rule in
-    the group keeps it training to the end."""
+    the group keeps it training to the end (a task adapter's rows step together; shared weights
+    adapted together stop each task on its own)."""
     from tests.test_evaluation import CopyAgent
     cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params=params, view_starts=False)
     state.model.agent = CopyAgent()
@@ -206,9 +208,12 @@ def test_a_group_whose_demos_are_solved_takes_no_step_whatever_trains(small_cfg,
     copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
             for i in range(2)]
     flip = ArcTask("flip", tuple(ArcPair(g, g[::-1].copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
-    for group, steps in (([copy[0]], 0), ([flip], 6)) + ((((*copy, flip), 6), (copy, 0)) if params == "task" else ()):
+    # a task adapter's group steps together; shared weights adapted together stop each task alone
+    together = ({"copy0": 6, "copy1": 6, "flip": 6} if params == "task" else {"copy0": 0, "copy1": 0, "flip": 6})
+    for group, steps in (([copy[0]], {"copy0": 0}), ([flip], {"flip": 6}), ((*copy, flip), together),
+                         (copy, {"copy0": 0, "copy1": 0})):
         with adapted(state.model, state.prompts, list(group), eval_set, cfg=cfg, device=CPU) as result:
-            assert result.steps == steps, [t.task_id for t in group]
+            assert result.steps == steps
 
 
 @pytest.mark.parametrize("params", ["task", "all"])
@@ -455,7 +460,7 @@ def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with adapted(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
         moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    assert result.steps == 3 and moved and moved <= names
+    assert result.steps == {task.task_id: 3} and moved and moved <= names
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
 
 

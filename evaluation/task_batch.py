@@ -1,0 +1,167 @@
+"""Test-time training of the shared weights for several tasks in one step.
+
+Each task gets its own copy of the weights `--ttt_params` names, stacked along a leading task axis
+([K, ...] for K tasks); one forward and backward serves all K (torch.func: `grad` of the model run
+by `functional_call` on one task's copy, mapped over the task axis by `vmap`), and one Adam steps
+the stacks. Adam works per element and each task's loss reads only its own copy, so every task
+moves exactly as it would alone (evaluation/adaptation._fit, one task at a time: tests/
+test_task_batch.py holds the two together): the same episodes (each task draws from its own
+stream), the same learning rates, its own gradient clip (the norm over its own slice), its own
+early stop (its weights kept from the step its demos were solved). A task with no demo episode
+(one demo) is never trained. The model's own weights are never written here; `TaskWeights.load`
+puts a task's copy into them for its predictions (evaluation/adaptation.adapted restores them).
+
+vmap needs every task of a step to have one canvas side: a task's demo batches all have its pool's
+side (data/demo_episodes.py), and tasks are grouped by it (evaluation/evaluate.task_groups).
+Not batched (one task at a time instead): `--ttt_dropout` (its masks are drawn per group),
+`--ttt_view_rows` (the rows train beside the weights) and `--amp fp16` (its scaler skips a step
+for every task at once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from data.demo_episodes import DemoEpisodes
+from engine.config import Config
+from engine.loop import to_device
+from engine.precision import MixedPrecision
+from engine.schedule import set_lrs, warmed_factor
+from loss_function import adaptation_loss
+from model import AdapterSlice, ArcModel, TaskAdapters
+from prompt import QwenFeatures
+
+
+def batches_shared_weights(cfg: Config) -> bool:
+    """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together
+    (else one task at a time): it trains them, and nothing it trains ties the tasks of a step."""
+    e = cfg.eval
+    return e.trains_shared_weights and not e.ttt_dropout and not e.ttt_view_rows and cfg.optim.amp != "fp16"
+
+
+@dataclass
+class TaskWeights:
+    """Each task's adapted copy of the shared weights `params` (the model's own parameters), stacked:
+    stacks[i] [K, *params[i].shape], task k's copy at index k."""
+
+    params: list[nn.Parameter]
+    stacks: list[torch.Tensor]
+
+    @torch.no_grad()
+    def load(self, k: int) -> None:
+        """Task k's copy into the model's own parameters."""
+        for p, stack in zip(self.params, self.stacks, strict=True):
+            p.copy_(stack[k])
+
+
+def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.Parameter],
+                 demos: list[DemoEpisodes], adapters: list[TaskAdapters | None], *, steps: int, clip: float,
+                 cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool],
+                 enough: Callable[[], bool], observe: Callable[[int], None],
+                 solves: Callable[[int, TaskWeights], bool]) -> tuple[TaskWeights, list[int]]:
+    """Test-time training of `params` for K tasks together, task k on its demos `demos[k]` (one task
+    each, every pool of one side) read with its kept adapter `adapters[k]` (one row, fixed; None
+    without one). Adam at `--ttt_lr` under `--ttt_schedule` and `--ttt_warmup`, `clip` > 0 clipping
+    each task's own gradient norm, `--ttt_batch_size` episodes a task a step. `solves(k, weights)`
+    says whether task k's demos are exact under its copy (checked before the first step and every
+    `--ttt_check_every`); a solved task keeps that copy. A task whose gradient is not finite keeps
+    its copy from before that step and stops (alone, that step would be skipped and training go on).
+    `stop`, `enough` and `observe` as adaptation._fit's. -> (each task's adapted copy, the steps
+    each took)."""
+    e = cfg.eval
+    k_tasks = len(demos)
+    names = {id(p): name for name, p in model.named_parameters()}
+    keys = [names[id(p)] for p in params]
+    stacks = [p.detach().unsqueeze(0).repeat(k_tasks, *([1] * p.dim())).requires_grad_() for p in params]
+    weights = TaskWeights(params, stacks)
+    optimizer = torch.optim.Adam(stacks, lr=e.ttt_lr, fused=True)
+    active = [bool(d.episodes[0]) for d in demos]  # a task of one demo has no episode to train on
+    kept: dict[int, list[torch.Tensor]] = {}  # a task stopped: its copy as it stopped
+    taken = [0] * k_tasks
+    task_grad = grad(_task_loss(model, cfg))
+
+    def stopped(k: int) -> None:
+        active[k] = False
+        kept[k] = [s[k].detach().clone() for s in stacks]
+
+    tried = 0
+    observe(tried)
+    while tried < steps and any(active) and not stop() and not enough():
+        if e.ttt_check_every and tried % e.ttt_check_every == 0:
+            for k in [k for k in range(k_tasks) if active[k]]:
+                if solves(k, weights):
+                    stopped(k)
+            if not any(active):
+                break
+        set_lrs(optimizer, [e.ttt_lr], warmed_factor(e.ttt_schedule, tried, steps, e.ttt_warmup))
+        tried += 1
+        ks = [k for k in range(k_tasks) if active[k]]
+        batch, slices = _stacked_draws(model, prompts, [demos[k] for k in ks],
+                                       [adapters[k] for k in ks],
+                                       cfg.eval.ttt_batch_size, device)
+        everyone = len(ks) == k_tasks
+        copies = {key: s if everyone else s[ks] for key, s in zip(keys, stacks, strict=True)}
+        with amp.autocast():
+            grads = vmap(task_grad, in_dims=(0, 0, 0 if slices is not None else None), randomness="error")(
+                {key: c.detach() for key, c in copies.items()}, batch, slices)
+        # each active task's own gradient norm [len(ks)], as clip_grad_norm_ takes it over one task's weights
+        norms = torch.stack([g.reshape(len(ks), -1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+        finite = torch.isfinite(norms).tolist()  # one host sync a step, as amp.step's norm
+        scale = (clip / (norms + 1e-6)).clamp(max=1.0) if clip > 0 else torch.ones_like(norms)
+        for key, s in zip(keys, stacks, strict=True):
+            # contiguous, as the stack is: vmap returns gradients in whatever strides its rules chose,
+            # and fused Adam reads a gradient's memory in its parameter's layout (measured: a [K, 30, C]
+            # embedding gradient moved task 0's rows by the other tasks' gradients)
+            g = (grads[key] * scale.view(-1, *([1] * (grads[key].dim() - 1))).to(grads[key].dtype)).contiguous()
+            s.grad = g if everyone else torch.zeros_like(s).index_copy_(0, torch.tensor(ks, device=s.device), g)
+        for k, ok in zip(ks, finite, strict=True):
+            if ok:
+                taken[k] += 1
+            else:  # a non-finite gradient: the task keeps its copy from before this step
+                stopped(k)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        observe(tried)
+    with torch.no_grad():
+        for k, copy in kept.items():
+            for s, c in zip(stacks, copy, strict=True):
+                s[k] = c
+    weights.stacks = [s.detach() for s in stacks]
+    return weights, taken
+
+
+def _task_loss(model: ArcModel, cfg: Config) -> Callable:
+    """The mean adaptation loss of one task's batch under its copy of the weights: a function of
+    (copy {name: tensor}, batch of tensors, adapter slice tensors or None) -> [] float32, for
+    vmap(grad(.)) over the task axis."""
+    def loss(copy: dict[str, torch.Tensor], batch: dict[str, torch.Tensor],
+             adapter: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+        slice_ = AdapterSlice(*adapter) if adapter is not None else None
+        pred = functional_call(model, copy, (batch, "mean", slice_), strict=False)
+        per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
+                                     cfg=cfg.loss)
+        return per_sample.float().mean()
+    return loss
+
+
+def _stacked_draws(model: ArcModel, prompts: QwenFeatures | None, demos: list[DemoEpisodes],
+                   adapters: list[TaskAdapters | None], per_task: int,
+                   device: torch.device) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+    """One step's episodes: `per_task` drawn from each task's own stream, each task's batch with its
+    prompt features, stacked along a leading task axis -> (batch {name: [K, B, ...]}, the kept
+    adapter rows of each sample as AdapterSlice's tensors [K, B, ...], or None without adapters:
+    the tasks have one each or none)."""
+    batches, slices = [], []
+    for k, d in enumerate(demos):
+        batch, of = d.draw({0: 0}, per_task)
+        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+        batches.append({name: v for name, v in batch.items() if torch.is_tensor(v)})
+        if adapters[k] is not None:
+            slices.append(tuple(vars(adapters[k](of.to(device))).values()))
+    stacked = {name: torch.stack([b[name] for b in batches]) for name in batches[0]}
+    return stacked, (tuple(torch.stack(parts) for parts in zip(*slices, strict=True)) if slices else None)

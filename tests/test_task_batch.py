@@ -1,0 +1,132 @@
+"""Tasks adapted together (evaluation/task_batch.py): K tasks' shared-weight test-time training in
+one vmapped step gives each task what adapting it alone gives, the model's weights end as they
+started, and a validation with tasks adapted together scores as one task at a time."""
+
+import numpy as np
+import pytest
+import torch
+
+import training
+from data.arc import ArcPair, ArcTask
+from data.demo_episodes import DemoEpisodes, pool_side
+from data.episodes import EpisodeDataset, evaluation_episodes
+from evaluation.adaptation import adapted
+from evaluation.evaluate import candidates, score_tasks, task_groups
+from evaluation.task_batch import batches_shared_weights
+
+CPU = torch.device("cpu")
+
+
+def setup(small_cfg, **flags):
+    cfg = small_cfg(**flags)
+    training.seed_everything(cfg.run.seed)
+    state = training.build_train_state(cfg, CPU)
+    eval_set = training.build_data(cfg, CPU).eval_set
+    return cfg, state, eval_set
+
+
+def made_tasks(rules: dict[str, callable], side: int = 4, demos: int = 3) -> list[ArcTask]:
+    """Tasks of `demos` demos and one test pair, every grid side x side (so every pool has one side)."""
+    rng = np.random.default_rng(1)
+    tasks = []
+    for name, rule in rules.items():
+        grids = [rng.integers(0, 4, (side, side)) for _ in range(demos + 1)]
+        pairs = tuple(ArcPair(g, rule(g)) for g in grids)
+        tasks.append(ArcTask(name, pairs[:demos], pairs[demos:]))
+    return tasks
+
+
+RULES = {"flip": np.fliplr, "recolour": lambda g: np.where(g == 1, 2, g), "turn": np.rot90,
+         "copy": lambda g: g.copy()}
+
+
+def adapt_alone_and_together(cfg, state, eval_set, tasks):
+    """Each task's (steps, demo loss, candidates' mean log-probabilities) adapted alone and together."""
+    model, prompts = state.model, state.prompts
+    episodes = {t.task_id: i for i, t in enumerate(tasks)}  # one test pair a task
+    test_set = EpisodeDataset(evaluation_episodes(tuple(tasks)), eval_set.scale, fit_target=False)
+
+    def outcome(result, task):
+        result.load(task.task_id)
+        cands = candidates(model, prompts, test_set, [episodes[task.task_id]], cfg=cfg, device=CPU, adapted=result)
+        logps = np.stack([logp for _, logp in cands[episodes[task.task_id]].views])  # every view's [S, S, 12]
+        return result.steps[task.task_id], result.demo_loss[task.task_id], logps
+
+    alone = {}
+    for task in tasks:
+        with adapted(model, prompts, [task], test_set, cfg=cfg, device=CPU) as result:
+            alone[task.task_id] = outcome(result, task)
+    with adapted(model, prompts, tasks, test_set, cfg=cfg, device=CPU) as result:
+        assert result.weights is not None
+        together = {t.task_id: outcome(result, t) for t in tasks}
+    return alone, together
+
+
+@pytest.mark.parametrize("flags", [
+    dict(),  # the default: view-start search, then all weights with the clip
+    dict(ttt_params="late", view_starts=False, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
+])
+def test_tasks_adapted_together_end_as_each_alone(small_cfg, flags):
+    """Steps, demo losses after adaptation and every view's prediction equal adapting each task alone
+    (float tolerance: a vmapped convolution sums in another order), under the search's kept starts
+    (the default) and under a schedule, warm-up and a clip tight enough to bind every step; the
+    model's weights end bit for bit as they started."""
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=6, ttt_lr=3e-3, ttt_check_every=0, **flags)
+    assert batches_shared_weights(cfg)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    alone, together = adapt_alone_and_together(cfg, state, eval_set, made_tasks(RULES))
+    for task_id, (steps, loss, logps) in alone.items():
+        got_steps, got_loss, got_logps = together[task_id]
+        assert got_steps == steps == 6
+        assert got_loss == pytest.approx(loss, rel=1e-4, abs=1e-5)
+        np.testing.assert_allclose(got_logps, logps, rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
+    moved = [alone[t][1] for t in alone]
+    assert len(set(np.round(moved, 4))) == len(moved)  # the tasks went separate ways
+
+
+def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg):
+    """--ttt_check_every: a copy task the weights learn early stops at the same multiple of 5 steps
+    together as alone, keeping its copy from then while the others train on."""
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=40, ttt_lr=1e-2, view_starts=False)
+    tasks = made_tasks({"copy": RULES["copy"], "flip": RULES["flip"]}, side=3)
+    alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks)
+    assert alone["copy"][0] < 40 and alone["copy"][0] % 5 == 0
+    for task_id in alone:
+        assert together[task_id][0] == alone[task_id][0]
+        assert together[task_id][1] == pytest.approx(alone[task_id][1], rel=1e-4, abs=1e-5)
+
+
+def test_groups_of_tasks_adapted_together_never_mix_canvas_sides(small_cfg):
+    cfg, _, eval_set = setup(small_cfg)
+    tasks = made_tasks(RULES, side=4) + made_tasks({"big": RULES["flip"]}, side=7)
+    sides = {t.task_id: pool_side(t, eval_set, cfg.eval.ttt_views) for t in tasks}
+    assert sides["big"] == 8 and {sides[t] for t in RULES} == {5}
+    assert DemoEpisodes(tasks[:1], eval_set, 0, 8).sides == [sides["flip"]]
+    groups = task_groups(list(sides), sides.__getitem__, 3, one_side=True)
+    assert groups == [["copy", "flip", "recolour"], ["turn"], ["big"]]
+    assert task_groups(list(sides), sides.__getitem__, 3, one_side=False) == [["copy", "flip", "recolour"],
+                                                                               ["turn", "big"]]
+
+
+def test_a_validation_adapting_tasks_together_scores_as_one_at_a_time(small_cfg):
+    """score_tasks with --adapt_tasks 4 (shared weights: grouped by side, adapted together) gives the
+    attempts and TTT steps of --adapt_tasks 1."""
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=3, ttt_check_every=0, eval_augments=2)
+    task_ids = list(dict.fromkeys(ep.task.task_id for ep in eval_set.episodes))[:6]
+    scores = {}
+    for k in (1, 4):
+        run = cfg.replace(adapt_tasks=k)
+        scores[k] = score_tasks(state.model, state.prompts, eval_set, task_ids, cfg=run, device=CPU)
+    assert scores[1].ttt_steps == scores[4].ttt_steps
+    same = [all(np.array_equal(a, b) for a, b in zip(scores[1].attempts[i], scores[4].attempts[i], strict=True))
+            for i in scores[1].attempts]
+    assert sum(same) == len(same)
+
+
+def test_what_ties_the_tasks_of_a_step_adapts_one_task_at_a_time(small_cfg):
+    cfg, _, _ = setup(small_cfg)
+    assert batches_shared_weights(cfg)
+    for flags in (dict(ttt_dropout=0.1), dict(ttt_view_rows=True), dict(amp="fp16"), dict(ttt_params="task")):
+        assert not batches_shared_weights(cfg.replace(**flags))
+
