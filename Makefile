@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
 
 setup: $(STAMP)
 
@@ -92,6 +92,11 @@ bench-learn: $(STAMP)
 
 bench-adapt: $(STAMP)
 	$(PY) -m bench.adaptation --sections unseen,arc,arc-transductive
+
+# seconds a task with K tasks adapted together (bench/adapt_together.py): make bench-adapt-together [KS=1,4,16]
+KS ?= 1,4,16
+bench-adapt-together: $(STAMP)
+	$(PY) -m bench.adapt_together --ks $(KS)
 
 # the adaptation frontier: pass@2 against seconds a task for each adaptation setting (bench/frontier.py's
 # SETTINGS), from the untrained weights and from MINUTES of the defaults (trained once into OUT):
