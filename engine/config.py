@@ -342,6 +342,8 @@ class EvalCfg:
     journal: bool = flag(True, "the final validation and --eval_only write each task's result to a journal in the "
                                "run folder as it finishes; the same command run again after a stop continues "
                                "from it (evaluation/journal.py)")
+    new_deadline: bool = flag(False, "a validation continued from its journal gets the whole --eval_minutes again "
+                                     "(by default it gets what the first start left)")
 
     @property
     def trains_shared_weights(self) -> bool:

@@ -12,8 +12,12 @@ is left out too. Its test-time training also ends when its share is spent (the f
 planned blind). Once the deadline has passed, the tasks left get no adaptation and one view: two
 attempts from the unadapted weights, a fraction of a second a task. The validation so ends within
 the budget plus the group in progress when it ran out (one task with weight TTT), plus those quick
-predictions. On a GPU the clock synchronizes the device first (`Deadline.synchronized`): work is
-queued, and a clock read without it charges a step's time to whatever waits on it later.
+predictions. A validation continued after a stop (its journal, evaluation/journal.py) gets what
+the first start left of the budget: the journal records the seconds spent as each task finishes
+and when a stop is asked for, so only a kill's last unfinished group goes uncounted
+(`--new_deadline` gives the whole budget again). On a GPU the clock synchronizes the device first
+(`Deadline.synchronized`): work is queued, and a clock read without it charges a step's time to
+whatever waits on it later.
 """
 
 from __future__ import annotations
@@ -27,24 +31,26 @@ PARTS = ("search", "step", "view", "rest")  # what a group's time is made of (se
 
 
 class Deadline:
-    def __init__(self, minutes: float, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, minutes: float, clock: Callable[[], float] = time.perf_counter, spent: float = 0.0):
+        """`spent`: seconds of the budget used before a stop (the journal's), taken off it."""
         self.clock = clock
-        self.end = clock() + 60.0 * minutes
+        self.spent = spent
+        self.end = clock() + 60.0 * minutes - spent
         self.pace = {part: [0.0, 0] for part in PARTS}  # seconds, times measured
         self.tasks = {"full": 0, "cut": 0, "late": 0}  # planned with the full settings, cut, after the deadline
         self.group_end = self.end  # when the group being scored has spent its share
         self.searching = True  # the plan of the group being scored kept its search
 
     @classmethod
-    def synchronized(cls, minutes: float, device: torch.device) -> Deadline:
+    def synchronized(cls, minutes: float, device: torch.device, spent: float = 0.0) -> Deadline:
         """A deadline whose clock waits for `device`'s queued work first (CUDA runs asynchronously)."""
         if device.type != "cuda":
-            return cls(minutes)
+            return cls(minutes, spent=spent)
 
         def clock() -> float:
             torch.cuda.synchronize(device)
             return time.perf_counter()
-        return cls(minutes, clock)
+        return cls(minutes, clock, spent)
 
     def left(self) -> float:
         return self.end - self.clock()
@@ -105,6 +111,8 @@ class Deadline:
     def describe(self, tasks: int) -> str:
         """The start-up line: what the budget allows."""
         left = self.left()
-        return (f"--eval_minutes: {left / 60:.1f} minutes for {tasks} tasks, {left / max(tasks, 1):.1f} s a task on "
-                f"average; adaptation steps and views are cut to fit as the pace is measured, and the tasks left "
-                f"at the deadline are predicted unadapted (one view)")
+        before = (f"{self.spent / 60:.1f} minutes were spent before the stop (the journal's; --new_deadline for the "
+                  f"whole budget again), so ") if self.spent else ""
+        return (f"--eval_minutes: {before}{max(left, 0) / 60:.1f} minutes for {tasks} tasks, "
+                f"{max(left, 0) / max(tasks, 1):.1f} s a task on average; adaptation steps and views are cut to "
+                f"fit as the pace is measured, and the tasks left at the deadline are predicted unadapted (one view)")

@@ -228,6 +228,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     try:
         for slot in range(max(map(len, groups_of)) + 1):
             if progress.agree(stop):
+                if journal is not None:  # the time since its last task counts against a deadline too
+                    journal.note_time()
                 raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
             if slot >= len(mine):
                 continue

@@ -11,10 +11,10 @@ not on the tasks before it, so the summary, report and submission of a continued
 those of an uninterrupted one (tested).
 
 The file starts with a header saying what produced it: the weights (a SHA-256 of the model's
-trainable state), the flags that change a task's result, and the number of processes (which
-decides which process takes which task). A journal whose header differs is refused in one line
-naming what differs. A torn last line (the process killed mid-write) is dropped; a damaged line
-before it is an error.
+trainable state), every flag but those that cannot change a task's result (`RESULT_FREE`), and the
+number of processes (which decides which process takes which task). A journal whose header differs
+is refused in one line naming each flag that differs with both values. A torn last line (the
+process killed mid-write) is dropped; a damaged line before it is an error.
 """
 
 from __future__ import annotations
@@ -22,22 +22,42 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from engine.config import SECTION_OF, Config
+from engine.config import Config
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:  # evaluation.evaluate imports this module
     from evaluation.evaluate import TaskScores
 
-# flags of the sections a task's result depends on that do not change it
-RESULT_FREE = {"submission", "journal", "eval_minutes", "val_every", "val_tasks", "val_share", "eval_tasks",
-               "num_workers"}
-RESULT_SECTIONS = ("data", "qwen", "prompt", "agent", "eval")
+# The flags that cannot change a validated task's result once the weights are given (their digest is
+# in the identity): training's own (its data order, steps, optimizer, the training loss's weights,
+# the chooser's training, logging and checkpoints) and where validation writes and when it runs.
+# Every other flag is in a journal's identity; tests/test_journal.py walks them all: a flag outside
+# this list changes the identity, and one inside leaves a small validation's attempts as they were.
+RESULT_FREE = frozenset({
+    # data: what training draws and how fast
+    "batch_size", "easy_warmup", "easy_later", "num_workers", "size_buckets", "augment", "augment_pool",
+    "permute_background", "re_arc_sets", "re_arc_demos",
+    # qwen: the training-time prompt cache
+    "prompt_refresh", "prompt_cache_dir",
+    # loss: the training loss's mix and the RL reward (adaptation reads the EFE terms only)
+    "efe_weight", "mean_weight", "reward_scale",
+    # optim: training's optimizer, schedule, reduction and meta steps (adaptation reads clip, amp, fp16_init_scale)
+    "agent_lr", "qwen_lr", "rl_lr", "task_embedding_lr", "lr_schedule", "weight_decay", "grad_accum",
+    "grad_bucket_mb", "fsdp", "meta_steps", "meta_tasks", "meta_demos", "meta_lr", "meta_params", "meta_weight",
+    # eval: when validation runs, which tasks, where it writes, its budget; the chooser's training
+    "val_every", "val_tasks", "val_share", "eval_tasks", "submission", "journal", "eval_minutes", "new_deadline",
+    "chooser_epochs", "chooser_lr", "chooser_re_arc", "chooser_queries",
+    # run: training's length, the run's files and logging
+    "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "resume", "eval_only", "train_chooser",
+    "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
+})
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -50,9 +70,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def identity(model: torch.nn.Module, cfg: Config, world_size: int) -> dict:
-    """What a journal's results depend on: weights, the flags that change a task's result, processes."""
-    flags = {k: v for k, v in cfg.flags().items()
-             if (SECTION_OF[k] in RESULT_SECTIONS or k == "amp") and k not in RESULT_FREE}
+    """What a journal's results depend on: weights, every flag but RESULT_FREE, processes."""
+    flags = {k: v for k, v in cfg.flags().items() if k not in RESULT_FREE}
     return {"weights": weights_digest(model), "flags": flags, "processes": world_size}
 
 
@@ -76,11 +95,15 @@ def open_journal(folder: Path, name: str, model: torch.nn.Module, cfg: Config, r
 
 
 class Journal:
-    """One process's journal file: `done` maps each finished task id to its record (`record`)."""
+    """One process's journal file: `done` maps each finished task id to its record (`record`);
+    `spent` is the seconds of validation the file had recorded when it was opened (each line carries
+    the seconds spent so far: a task's as it finishes, `note_time`'s at a stop)."""
 
     def __init__(self, path: Path, ident: dict):
         self.path = path
         self.done: dict[str, dict] = {}
+        self.spent = 0.0
+        self.opened = time.perf_counter()
         if path.exists():
             self._read(ident)
         else:
@@ -116,15 +139,28 @@ class Journal:
         if kept < len(data):
             with open(self.path, "r+b") as fh:
                 fh.truncate(kept)
-        self.done = {r["task"]: r for r in records[1:]}
+        self.done = {r["task"]: r for r in records[1:] if "task" in r}
+        self.spent = max((r.get("spent", 0.0) for r in records[1:]), default=0.0)
+
+    def elapsed(self) -> float:
+        """Seconds of validation this journal has seen: before it was opened, and since."""
+        return self.spent + time.perf_counter() - self.opened
 
     def append(self, record: dict) -> None:
-        """Write one finished task's record (`record`) as a line, on disk before returning."""
+        """Write one finished task's record (`record`) as a line, with the seconds spent so far, on
+        disk before returning."""
+        self._write({**record, "spent": round(self.elapsed(), 3)})
+        self.done[record["task"]] = record
+
+    def note_time(self) -> None:
+        """A line of the seconds spent so far (a stop: the time since the last task counts too)."""
+        self._write({"spent": round(self.elapsed(), 3)})
+
+    def _write(self, line: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record, separators=(",", ":")) + "\n")
+            fh.write(json.dumps(line, separators=(",", ":")) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        self.done[record["task"]] = record
 
 
 def record(task_id: str, episodes: list[int], scores: TaskScores) -> dict:

