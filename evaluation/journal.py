@@ -85,13 +85,41 @@ def differences(old: dict, new: dict) -> list[str]:
     return out
 
 
+def journal_paths(folder: Path, name: str, world_size: int) -> list[Path]:
+    """Every process's journal of validation `name` in run folder `folder`, rank 0 first."""
+    return [folder / "journal" / f"{name}.rank{rank}of{world_size}.jsonl" for rank in range(world_size)]
+
+
 def open_journal(folder: Path, name: str, model: torch.nn.Module, cfg: Config, rank: int,
                  world_size: int) -> Journal | None:
     """This process's journal `<folder>/journal/<name>.rank<r>of<w>.jsonl` (None under --no-journal):
     a run with another number of processes shares its tasks out otherwise, and starts its own."""
     if not cfg.eval.journal:
         return None
-    return Journal(folder / "journal" / f"{name}.rank{rank}of{world_size}.jsonl", identity(model, cfg, world_size))
+    journal = Journal(journal_paths(folder, name, world_size)[rank], identity(model, cfg, world_size))
+    journal.family = journal_paths(folder, name, world_size)
+    return journal
+
+
+def finished_attempts(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """The attempts of every task a journal file holds (another process's, being written: a torn
+    last line is left out) by episode index; none when the file does not exist yet."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_bytes().split(b"\n")[1:]:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # the line its process is writing now
+            continue
+        if "task" in rec:
+            out.update(_attempts(rec))
+    return out
+
+
+def _attempts(rec: dict) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    return {int(key): tuple(np.asarray(a, dtype=np.int64) for a in pair["attempts"])
+            for key, pair in rec["pairs"].items()}
 
 
 class Journal:
@@ -104,6 +132,7 @@ class Journal:
         self.done: dict[str, dict] = {}
         self.spent = 0.0
         self.opened = time.perf_counter()
+        self.family = [path]  # every process's journal of this validation (open_journal)
         if path.exists():
             self._read(ident)
         else:
@@ -179,9 +208,9 @@ def restore(rec: dict, scores: TaskScores) -> None:
     """A journal line back into `scores` (the inverse of `record`)."""
     task_id = rec["task"]
     scores.seconds[task_id], scores.ttt_steps[task_id] = rec["seconds"], rec["ttt_steps"]
+    scores.attempts.update(_attempts(rec))
     for key, pair in rec["pairs"].items():
         i = int(key)
-        scores.attempts[i] = tuple(np.asarray(a, dtype=np.int64) for a in pair["attempts"])
         if pair["metrics"] is None:
             scores.unanswered.add(i)
         else:

@@ -3,18 +3,21 @@
 ARC Prize's format: {task id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, one entry per test
 input in order, every task of the challenges file. The file is written (atomically: engine/files.py)
 before the first task is scored, with the cheapest honest guess for every test input (the input
-itself, both attempts), then rewritten after each scored group with the attempts so far, so a run
-killed at any moment, or one that ran out of its --eval_minutes, leaves a complete submission.
+itself, both attempts), then rewritten after each scored group with the attempts so far (with
+several processes, every process's: `SubmissionFile`), so a run killed at any moment, or one that
+ran out of its --eval_minutes, leaves a complete submission.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 
 from data.arc import Grid
 from data.episodes import EpisodeDataset
 from engine.files import write_atomic
+from evaluation.journal import finished_attempts
 
 
 def submission_of(dataset: EpisodeDataset, attempts: dict[int, tuple[Grid, Grid]]) -> dict[str, list[dict]]:
@@ -28,12 +31,21 @@ def submission_of(dataset: EpisodeDataset, attempts: dict[int, tuple[Grid, Grid]
 
 
 class SubmissionFile:
-    """`path`, written with the fallback attempts now and again on each `update`."""
+    """`path`, written with the fallback attempts now and again on each `update`.
 
-    def __init__(self, path: Path, dataset: EpisodeDataset):
-        self.path, self.dataset = path, dataset
+    With `journals` (every process's journal of this validation, evaluation/journal.py), each
+    process writes it after each of its groups: the attempts of every task any journal holds, its
+    own included, under a lock on `<path>.lock` so that the last writer has read every journal line
+    written before it. A kill then loses from the file only the tasks no process had journaled and
+    written yet (those in progress); without journals the main process writes its own tasks."""
+
+    def __init__(self, path: Path, dataset: EpisodeDataset, journals: list[Path] = ()):
+        self.path, self.dataset, self.journals = path, dataset, list(journals)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.update({})
 
     def update(self, attempts: dict[int, tuple[Grid, Grid]]) -> None:
-        write_atomic(self.path, json.dumps(submission_of(self.dataset, attempts)))
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            merged = {i: a for journal in self.journals for i, a in finished_attempts(journal).items()}
+            write_atomic(self.path, json.dumps(submission_of(self.dataset, {**merged, **attempts})))

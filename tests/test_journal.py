@@ -3,6 +3,7 @@ uninterrupted one gives; a journal of other weights or flags is refused; a torn 
 
 import dataclasses
 import json
+import os
 import signal
 import time
 
@@ -17,7 +18,8 @@ from engine.errors import ConfigError
 from engine.loop import Interrupted
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.journal import RESULT_FREE, Journal, differences, identity
-from tests.conftest import CPU
+from tests.conftest import CPU, LAUNCHERS, descendants
+from tests.test_multiprocess import BIN
 from tests.test_validation import FIXED, small
 from training.validation import evaluation_view, final_budget
 
@@ -198,3 +200,34 @@ def test_a_continued_validation_gets_what_the_first_start_left_of_its_deadline(s
     assert deadline.describe(3).startswith(f"--eval_minutes: {again.spent / 60:.1f} minutes were spent before the stop")
     fresh, _ = final_budget(cfg.replace(new_deadline=True), data, CPU, Dist(), len(tasks), again)
     assert fresh.left() == pytest.approx(600, abs=5)
+
+
+@LAUNCHERS
+@pytest.mark.slow
+def test_two_processes_killed_mid_validation_leave_their_finished_tasks_in_the_submission(arc_folder, tmp_path, spawn):
+    """torchrun with two processes, --eval_only one task a group; SIGKILL to every process once each
+    has journaled two tasks: the submission holds the attempts of every task either process had
+    journaled but its last (the one it may have been writing out), rank 1's included."""
+    run = tmp_path / "run"
+    proc = spawn(f"{BIN}/torchrun", "--nproc_per_node", "2", "fixed.py", *small(
+        arc_folder, run, "--data", "synthetic:40", "--eval_only", "--eval_tasks", "0", "--ttt_steps", "20",
+        "--ttt_check_every", "0", "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks
+    journals = [run / "journal" / f"evaluate.rank{r}of2.jsonl" for r in range(2)]
+
+    def tasks_in(path):
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines()[1:] if line.endswith("}")
+                and "task" in json.loads(line)]
+    deadline = time.time() + 300
+    while not all(len(tasks_in(j)) >= 2 for j in journals):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-1500:]
+        time.sleep(0.02)
+    for pid in [*descendants(proc.pid), proc.pid]:
+        os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    submitted = json.loads((run / "sub.json").read_text())
+    for path in journals:
+        for rec in tasks_in(path)[:-1]:
+            pairs = [pair["attempts"] for _, pair in sorted(rec["pairs"].items(), key=lambda kv: int(kv[0]))]
+            assert [[a["attempt_1"], a["attempt_2"]] for a in submitted[rec["task"]]] == pairs, (path.name, rec["task"])

@@ -199,14 +199,16 @@ def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seco
 def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Dist, tasks: int,
                  journal: Journal | None) -> tuple[Deadline | None, SubmissionFile | None]:
     """A final validation's deadline (--eval_minutes less what its journal says was spent before a stop,
-    unless --new_deadline; its start-up line printed) and its submission file (--submission, main
-    process), written now with a fallback for every test input."""
+    unless --new_deadline; its start-up line printed) and its submission file (--submission; every
+    process's tasks from the journals, evaluation/submission.py), written now with a fallback for
+    every test input and what the journals hold."""
     spent = journal.spent if journal is not None and not cfg.eval.new_deadline else 0.0
     deadline = Deadline.synchronized(cfg.eval.eval_minutes, device, spent) if cfg.eval.eval_minutes > 0 else None
     if deadline is not None:
         announce(dist, deadline.describe(tasks))
-    submission = SubmissionFile(Path(cfg.eval.submission), data.eval_set) \
-        if cfg.eval.submission and dist.is_main else None
+    # every process writes it from all the journals; without them the main process its own tasks
+    submission = SubmissionFile(Path(cfg.eval.submission), data.eval_set, journal.family if journal else ()) \
+        if cfg.eval.submission and (dist.is_main or journal is not None) else None
     return deadline, submission
 
 
