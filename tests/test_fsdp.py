@@ -102,18 +102,20 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     keep_until(one_to_two, 2)
     launch([*TORCHRUN, *args(arc_folder, one_to_two, 2, *RUN, "--fsdp", "--resume", str(one_to_two))])
     assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
-    # ... and a checkpoint of another shape is one line, before any shard is touched
+    # ... and a model flag against the checkpoint's is one line, before any shard is touched
     capsys.readouterr()
     assert training.main(args(arc_folder, tmp_path / "wrong", 4, *RUN, "--fsdp", "--agent_channels", "24", "--resume",
                            str(one / "checkpoints" / "step_00000002"))[1:]) == 2
-    assert "the checkpoint does not fit the model (agent." in capsys.readouterr().err
+    assert "--agent_channels 24 (the checkpoint's: 16)" in capsys.readouterr().err
 
-    # a sharded checkpoint evaluated by one unsharded process: the scores the sharded run reported
+    # a sharded checkpoint evaluated by one unsharded process (its Qwen in full, from the checkpoint's
+    # flags): the scores the sharded run reported
     capsys.readouterr()
-    assert training.main(args(arc_folder, tmp_path / "frozen", 4, "--eval_only", "--resume", str(fsdp))[1:]) == 2
-    assert "the checkpoint does not fit the model (unexpected ['qwen.trunk." in capsys.readouterr().err
-    assert training.main(args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--qwen_train", "full", "--eval_only",
-                           "--resume", str(fsdp))[1:]) == 0
+    assert training.main(args(arc_folder, tmp_path / "frozen", 4, "--qwen_train", "frozen", "--eval_only", "--resume",
+                              str(fsdp))[1:]) == 2
+    assert "--qwen_train frozen (the checkpoint's: full)" in capsys.readouterr().err
+    assert training.main(args(arc_folder, tmp_path / "eval", 4, *SHORT_TTT, "--eval_only", "--resume",
+                              str(fsdp))[1:]) == 0
     evaluated = json.loads((tmp_path / "eval" / "summary.json").read_text())
     scores = [k for k in summary if k.startswith("eval/") and k != "eval/seconds_per_task"]
     assert "eval/ttt_steps_per_task" in scores

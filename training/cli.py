@@ -20,7 +20,8 @@ from pathlib import Path
 
 from agents import AGENTS
 from data.arc import DataError
-from engine.config import SECTION_OF, SECTIONS, Config
+from engine.checkpoint import checkpoint_flags, find_checkpoint
+from engine.config import MODEL_FLAGS, SECTION_OF, SECTIONS, Config
 from engine.distributed import init_distributed, launcher_wants_fsdp, shutdown
 from engine.errors import ConfigError
 from engine.loop import TrainingStopped, summary_line
@@ -109,11 +110,44 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     finder = argparse.ArgumentParser(add_help=False)
     finder.add_argument("--config")
     recipe = finder.parse_known_args(argv)[0].config
-    if recipe:
-        parser.set_defaults(**read_config_file(recipe))
+    from_recipe = read_config_file(recipe) if recipe else {}
+    parser.set_defaults(**from_recipe)
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
+    if flags["resume"]:
+        checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
+        flags.update(model_flags_of(checkpoint, {**from_recipe, **given_flags(argv)}))
     return Config.from_flags(**flags)
+
+
+def given_flags(argv: list[str] | None) -> dict:
+    """The flags the command line itself gives, by name (not their defaults)."""
+    parser = build_parser("", "")
+    parser.add_argument("--config")
+    for action in parser._actions:  # no defaults: a flag not given stays out of the namespace
+        action.default = argparse.SUPPRESS
+    given = vars(parser.parse_args(argv))
+    given.pop("config", None)
+    return given
+
+
+def model_flags_of(checkpoint: Path, given: dict) -> dict:
+    """The flags that build the model (MODEL_FLAGS) as the checkpoint's run had them, so the model
+    it is resumed into is its own; a model flag given (on the command line or in --config) with
+    another value is a ConfigError naming both."""
+    saved = checkpoint_flags(checkpoint)
+    defaults = Config().flags()  # a flag the suite gained after the checkpoint was written: its default then
+    theirs = {name: saved.get(name, defaults[name]) for name in MODEL_FLAGS}
+    # a Qwen given as a local folder may be the checkpoint's hub model saved there (a bundle's qwen/)
+    local_qwen = "qwen_model" in given and Path(given["qwen_model"]).is_dir()
+    clashes = [f"--{name} {given[name]} (the checkpoint's: {theirs[name]})" for name in sorted(MODEL_FLAGS)
+               if name in given and given[name] != theirs[name] and not (name == "qwen_model" and local_qwen)]
+    if local_qwen:
+        theirs["qwen_model"] = given["qwen_model"]
+    if clashes:
+        raise ConfigError(f"--resume {checkpoint}: its model was built with other flags: {'; '.join(clashes)}; "
+                          f"leave them out to take the checkpoint's")
+    return theirs
 
 
 def main(argv: list[str] | None = None) -> int:

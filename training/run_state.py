@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -22,9 +23,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from engine.checkpoint import (
+    MODEL_FILE,
     SHARDED_DIR,
     commit_checkpoint,
     is_sharded_checkpoint,
+    is_weights_only,
     load_checkpoint,
     load_state,
     rng_state,
@@ -118,14 +121,12 @@ def save_run_state(state: TrainState, config: dict, run_dir: Path, keep: int, di
     dist.barrier()
 
 
-def restore_weights(model: ArcModel, folder: Path) -> dict:
-    """Load a checked unsharded checkpoint's weights into an unsharded `model`; -> the rest it holds."""
-    weights, saved = load_checkpoint(folder)
+def restore_weights(model: ArcModel, folder: Path) -> None:
+    """Load a checked unsharded checkpoint's weights into an unsharded `model`."""
     try:
-        model.load_trainable_state(weights)
+        model.load_trainable_state(load_file(str(folder / MODEL_FILE)))
     except ConfigError as err:
         raise ConfigError(f"--resume {folder}: {err}") from None
-    return saved
 
 
 def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
@@ -152,7 +153,8 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
                        options=StateDictOptions(ignore_frozen_params=True, strict=False))
         return load_state(folder)
     if not is_sharded(state.model):
-        saved = restore_weights(state.model, folder)
+        restore_weights(state.model, folder)
+        saved = load_state(folder)
         state.optimizer.load_state_dict(saved["optimizer"])
         return saved
     # an unsharded checkpoint into sharded weights: whole tensors in, each process keeps its shards
@@ -177,6 +179,12 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
     """Everything of a checkpoint back in place: weights, optimizers, scaler, RNG and counters.
     `evaluating`: nothing will train on, so the optimizer section (how the weights were trained; its
     --amp is the precision evaluation runs in, chosen on purpose) may differ without a warning."""
+    if is_weights_only(folder):  # a bundle's: the weights to evaluate, nothing to train on from
+        if not evaluating or is_sharded(state.model):
+            raise ConfigError(f"--resume {folder}: a weights-only checkpoint (a bundle's) is for --eval_only "
+                              f"without --fsdp: it holds no optimizer state to train on")
+        restore_weights(state.model, folder)
+        return
     saved = _restore_model_and_optimizer(state, folder)
     state.rl_optimizer.load_state_dict(saved["rl_optimizer"])
     state.amp.load_state_dict(saved["amp"])
