@@ -272,8 +272,11 @@ class EvalCfg:
                                "all), else the --val_tasks ones")
     eval_batch_size: int = flag(32, "episodes per validation batch")
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md): at each validation before adaptation "
-                                    "on every evaluation task and held-out training pair (one forward a pair), and "
-                                    "after each task's adaptation over its voted views")
+                                    "on --heldout_tasks evaluation tasks and every held-out training pair (one forward "
+                                    "a pair), and after each task's adaptation over its voted views")
+    heldout_tasks: int = flag(-1, "evaluation tasks the held-out loss before adaptation covers, the first N (0: all; "
+                                  "-1: all with the tiny Qwen or on a GPU, else those the validation scores, so a "
+                                  "CPU run with a real-sized Qwen does not encode 400 tasks' demos first)")
     eval_augments: int = flag(8, "validation: views (identity + dihedral x colour augmentations) voted over for "
                                  "the two attempts")
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "
@@ -363,6 +366,9 @@ class EvalCfg:
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
                               f"{self.eval_tasks}")
+        if self.heldout_tasks < -1:
+            raise ConfigError(f"--heldout_tasks must be -1 (by the Qwen and device), 0 (all) or a task count, got "
+                              f"{self.heldout_tasks}")
         if self.val_share <= 0:
             raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
                               f"only at the end")

@@ -17,11 +17,12 @@ Several views: the mean over views of each. A set's loss is the mean over its te
 95% interval over tasks (evaluation/intervals.py).
 
 Before adaptation it reads the weights as training left them (one forward a pair, the identity
-view): every validation measures it on every evaluation task and on the test pairs training held
-out (--hold_out_tests). After adaptation (the final validation and --eval_only) it is measured
-inside each task's adaptation, with the adapted weights, over the voted views. Either way it reads
-test outputs as the scorer does, after the attempts are chosen, and changes nothing: no weight, no
-random stream (the model's RL noise is not drawn: the mean refinement).
+view): every validation measures it on `--heldout_tasks` evaluation tasks (all of them with the
+tiny Qwen or on a GPU) and on the test pairs training held out (--hold_out_tests). After adaptation
+(the final validation and --eval_only) it is measured inside each task's adaptation, with the
+adapted weights, over the voted views. Either way it reads test outputs as the scorer does, for its
+loss alone (never as an input), and changes nothing: no weight, no random stream (the model's RL
+noise is not drawn: the mean refinement).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
+from tqdm import tqdm
 
 from data.augment import view_ids
 from data.canvas import PAD
@@ -68,15 +70,17 @@ def grid_cells(shape: tuple[int, int]) -> int:
 @torch.no_grad()
 def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDataset, episodes: list[int], *,
                 views: int, cfg: Config, device: torch.device, adapted: AdaptedTasks | None = None,
-                stop: Callable[[], bool] | None = None) -> dict[int, PairLoss]:
+                stop: Callable[[], bool] | None = None, desc: str | None = None) -> dict[int, PairLoss]:
     """The held-out loss of each of `episodes` (indices into `fitted`, a `target_fitted` set), mean
     over its first `views` views, with `adapted`'s per-task adapters when given.
     -> {episode index: (task id, nats a cell, bits a grid)}; `stop` (read between batches): the
-    pairs done when it turned true, the others left out."""
+    pairs done when it turned true, the others left out. `desc`: a progress bar of the test pairs,
+    with its expected time."""
     items = [(e, a) for e in episodes for a in view_ids(views)]
     loader = DataLoader(fitted, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
     nats_cell: dict[int, list[float]] = {e: [] for e in episodes}
-    with autocast(cfg.optim.amp, device.type):
+    bar = tqdm(total=len(items), desc=desc, unit="pair", dynamic_ncols=True, mininterval=1.0, disable=desc is None)
+    with autocast(cfg.optim.amp, device.type), bar:
         for batch in loader:
             if stop is not None and stop():
                 break
@@ -89,6 +93,7 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
             per_cell = (-(logp * cells).sum((1, 2)) / cells.sum((1, 2))).cpu().tolist()
             for e, value in zip(batch["episode"], per_cell, strict=True):
                 nats_cell[e].append(value)
+            bar.update(len(per_cell))
     out = {}
     for e, values in nats_cell.items():
         if len(values) < views:  # stopped before all its views
@@ -148,12 +153,14 @@ def loss_metrics(losses: dict[int, PairLoss], prefix: str) -> dict[str, float]:
 
 
 def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str, EpisodeDataset | None], *,
-                   cfg: Config, device: torch.device, dist: Dist = Dist(),
-                   stop: Callable[[], bool] | None = None) -> tuple[dict[str, float], dict[str, dict[int, PairLoss]]]:
+                   cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
+                   tasks: dict[str, set[str]] | None = None,
+                   progress: bool = False) -> tuple[dict[str, float], dict[str, dict[int, PairLoss]]]:
     """The held-out loss before adaptation (identity view) of every test pair of each named set (None:
-    left out), this process's share computed and all gathered. -> (`heldout/<name>_*` metrics,
-    {name: pair losses}). `stop` (this process was asked to stop) is read between batches, and agreed
-    by every process after each set: then `Interrupted` is raised (a validation stops within seconds)."""
+    left out; `tasks[name]`: of those tasks only), this process's share computed and all gathered.
+    -> (`heldout/<name>_*` metrics, {name: pair losses}). `stop` (this process was asked to stop) is
+    read between batches, and agreed by every process after each set: then `Interrupted` is raised
+    (a validation stops within seconds). `progress`: a bar a set on the main process."""
     was_training = model.training
     model.train(False)
     metrics: dict[str, float] = {}
@@ -163,10 +170,12 @@ def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str
             if dataset is None:
                 continue
             # the test inputs with a known output (a task to predict has none to measure)
-            answered = [i for i, ep in enumerate(dataset.episodes) if ep.query.answered]
+            answered = [i for i, ep in enumerate(dataset.episodes) if ep.query.answered
+                        and (tasks is None or name not in tasks or ep.task.task_id in tasks[name])]
             mine = answered[dist.rank::dist.world_size]
+            desc = f"held-out loss, {name}" if progress and dist.is_main else None
             losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device,
-                                 stop=stop)
+                                 stop=stop, desc=desc)
             pairs[name] = {k: v for part in dist.gather(losses) for k, v in part.items()}
             if dist.any(stop is not None and stop()):
                 raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)

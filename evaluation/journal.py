@@ -53,6 +53,7 @@ RESULT_FREE = frozenset({
     "grad_bucket_mb", "fsdp", "meta_steps", "meta_tasks", "meta_demos", "meta_lr", "meta_params", "meta_weight",
     # eval: when validation runs, which tasks, where it writes, its budget; the chooser's training
     "val_every", "val_tasks", "val_share", "eval_tasks", "submission", "journal", "eval_minutes", "new_deadline",
+    "heldout_tasks",  # the loss before adaptation, not journaled
     "chooser_epochs", "chooser_lr", "chooser_re_arc", "chooser_queries",
     # run: training's length, the run's files and logging
     "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "resume", "eval_only", "train_chooser",

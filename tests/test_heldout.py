@@ -12,9 +12,10 @@ import training
 from data.arc import ArcPair
 from data.canvas import EOG, NUM_CLASSES
 from data.episodes import EpisodeDataset, evaluation_episodes
-from evaluation.evaluate import candidates, evaluate
+from evaluation.evaluate import candidates, evaluate, first_tasks
 from evaluation.heldout import adapted_losses, heldout_losses, loss_metrics, pair_losses, target_fitted
 from tests.test_evaluation import eval_setup
+from training.validation import heldout_task_count
 
 CPU = torch.device("cpu")
 
@@ -153,3 +154,21 @@ def test_a_stop_ends_it_within_a_batch(small_cfg, tmp_path):
     assert len(done) == 1 < len(fitted), "the pair of the first batch, no other"
     with pytest.raises(Interrupted):
         heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU, stop=lambda: True)
+
+
+def test_heldout_tasks_chooses_what_the_loss_before_adaptation_covers(small_cfg, tmp_path, capsys):
+    """--heldout_tasks N: the first N evaluation tasks' pairs (0: all); -1: all with the tiny Qwen or on
+    a GPU, the validation's own tasks with a real-sized Qwen on a CPU. The main process shows a bar."""
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
+    tasks = list(dict.fromkeys(ep.task.task_id for ep in eval_set.episodes))
+    pairs_of = {t: sum(ep.task.task_id == t for ep in eval_set.episodes) for t in tasks}
+    for n in (1, 0):
+        covered = {"eval": set(first_tasks(eval_set, heldout_task_count(cfg.replace(heldout_tasks=n), CPU, 3)))}
+        metrics, _ = heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU,
+                                    tasks=covered, progress=True)
+        assert metrics["heldout/eval_pairs"] == (pairs_of[tasks[0]] if n == 1 else sum(pairs_of.values()))
+    assert "held-out loss, eval" in capsys.readouterr().err
+    real = cfg.replace(qwen_model="random:Qwen/Qwen2.5-0.5B")
+    assert heldout_task_count(cfg, CPU, 2) == 0 and heldout_task_count(real, CPU, 2) == 2
+    assert heldout_task_count(real, torch.device("cuda"), 2) == 0
+    assert heldout_task_count(real.replace(heldout_tasks=0), CPU, 2) == 0

@@ -134,7 +134,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 state.counters.train_seconds)
+                                                 state.counters.train_seconds, len(chosen if final else first))
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         scores = score(first, "validate")
@@ -161,19 +161,33 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     return {**metrics, **heldout}
 
 
+def heldout_task_count(cfg: Config, device: torch.device, scored: int) -> int:
+    """How many evaluation tasks (the first; 0: all) the held-out loss before adaptation covers:
+    --heldout_tasks, or under -1 all of them where a forward is cheap (the tiny Qwen, no Qwen, a GPU)
+    and the `scored` tasks of the validation elsewhere (a real-sized Qwen on a CPU encodes a task's
+    demos in seconds: all 400 took 25 minutes of a smoke run)."""
+    if cfg.eval.heldout_tasks >= 0:
+        return cfg.eval.heldout_tasks
+    cheap = cfg.qwen.qwen_model == "tiny" or not cfg.prompt.use_qwen or device.type == "cuda"
+    return 0 if cheap else scored
+
+
 def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: TrainingData, cfg: Config,
                     device: torch.device, dist: Dist, logger: RunLogger | None, step: int,
-                    stop: StopRequest | None = None,
-                    train_seconds: float | None = None) -> tuple[dict[str, float], dict]:
-    """The held-out loss before adaptation (evaluation/heldout.py) on every evaluation task ("eval": on
-    synthetic data the held-out families) and on the test pairs training held out ("train_tests"),
+                    stop: StopRequest | None = None, train_seconds: float | None = None,
+                    scored: int = 0) -> tuple[dict[str, float], dict]:
+    """The held-out loss before adaptation (evaluation/heldout.py) on the first `heldout_task_count`
+    evaluation tasks ("eval": on synthetic data the held-out families; `scored`: the tasks the
+    validation scores) and on the test pairs training held out ("train_tests"), with a progress bar,
     logged as `heldout/*` at `step` with its seconds (and, in a training run, the training minutes so
     far over every invocation: `heldout/train_minutes`). -> (metrics, report.json's per-pair records)."""
     if not cfg.eval.heldout_loss:
         return {}, {}
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
-    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop)
+    covered = {"eval": set(first_tasks(data.eval_set, heldout_task_count(cfg, device, scored)))}
+    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop,
+                                    tasks=covered, progress=True)
     metrics["heldout/seconds"] = dist.from_main(time.perf_counter() - started)
     if train_seconds is not None:
         metrics["heldout/train_minutes"] = train_seconds / 60
@@ -273,7 +287,8 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         model, prompts = evaluation_view(state, cfg, device)
         journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
         deadline, submission = final_budget(cfg, data, device, dist, len(tasks), journal)
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop)
+        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
+                                                 scored=len(tasks))
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
                              submission=submission)
