@@ -6,23 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-import training
 from data.arc import ArcPair, ArcTask
 from data.demo_episodes import DemoEpisodes, pool_side
 from data.episodes import EpisodeDataset, evaluation_episodes
 from evaluation.adaptation import adapted
 from evaluation.evaluate import candidates, score_tasks, task_groups
 from evaluation.task_batch import batches_shared_weights
+from tests.test_adaptation import setup as adaptation_setup
 
 CPU = torch.device("cpu")
 
 
 def setup(small_cfg, **flags):
-    cfg = small_cfg(**flags)
-    training.seed_everything(cfg.run.seed)
-    state = training.build_train_state(cfg, CPU)
-    eval_set = training.build_data(cfg, CPU).eval_set
-    return cfg, state, eval_set
+    return adaptation_setup(small_cfg, **flags)[:3]
 
 
 def made_tasks(rules: dict[str, callable], side: int = 4, demos: int = 3) -> list[ArcTask]:
