@@ -29,7 +29,8 @@ import training
 from bench.learnability import parse_settings
 from data.demo_episodes import pool_side
 from engine.config import Config
-from evaluation.evaluate import TaskScores, first_tasks, score_tasks
+from evaluation.evaluate import first_tasks, score_tasks
+from evaluation.scores import TaskScores
 from training.cli import read_config_file
 from training.validation import evaluation_view
 

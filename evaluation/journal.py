@@ -32,8 +32,8 @@ import torch
 from engine.config import Config
 from engine.errors import ConfigError
 
-if TYPE_CHECKING:  # evaluation.evaluate imports this module
-    from evaluation.evaluate import TaskScores
+if TYPE_CHECKING:
+    from evaluation.scores import TaskScores
 
 # The flags that cannot change a validated task's result once the weights are given (their digest is
 # in the identity): training's own (its data order, steps, optimizer, the training loss's weights,
@@ -194,7 +194,7 @@ class Journal:
 
 
 def record(task_id: str, episodes: list[int], scores: TaskScores) -> dict:
-    """One task's line from `scores` (evaluation.evaluate.TaskScores): per test input (episode index)
+    """One task's line from `scores` (evaluation.scores.TaskScores): per test input (episode index)
     its attempts (grids as lists), pair metrics and the copy baseline's (None without a known
     output), held-out loss after adaptation (nats a cell, bits a grid; None when not measured)."""
     return {"task": task_id, "seconds": scores.seconds[task_id], "ttt_steps": scores.ttt_steps[task_id],

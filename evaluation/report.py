@@ -80,7 +80,7 @@ def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[
     """One card per scored task, in the evaluation set's order: {"id", "demos": [[input, output]],
     "tests": [{"input", "target"}], "runs": [run_of_task(...)]} (grids as digit rows); with `losses`
     (the held-out loss after adaptation, evaluation/heldout.py) each pair has its "nats_cell".
-    attempts, records, losses: by episode index of `dataset` (evaluation.evaluate.TaskScores)."""
+    attempts, records, losses: by episode index of `dataset` (evaluation.scores.TaskScores)."""
     by_task: dict[str, list[int]] = defaultdict(list)
     for i in sorted(attempts):
         by_task[dataset.episodes[i].task.task_id].append(i)
@@ -127,7 +127,7 @@ def write_report(folder: Path, header: dict, cards: list[dict], heldout: dict | 
 def header(*, run: str, what: str, weights: str, step: int, data: str, settings: str, metrics: dict[str, float],
            prefix: str) -> dict:
     """What report.json keeps of a validation and the page shows above the cards: `metrics` are its
-    `<prefix>/*` scalars (evaluation.evaluate.TaskScores.metrics) and any `heldout/*` ones (the held-out
+    `<prefix>/*` scalars (evaluation.scores.TaskScores.metrics) and any `heldout/*` ones (the held-out
     loss before adaptation, evaluation/heldout.py)."""
     scores = {k.split("/", 1)[1]: v for k, v in metrics.items() if k.startswith(prefix + "/")}
 

@@ -33,11 +33,12 @@ from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
 from evaluation.deadline import Deadline
-from evaluation.evaluate import EvalResult, TaskScores, describe, first_tasks, score_tasks
+from evaluation.evaluate import EvalResult, describe, first_tasks, score_tasks
 from evaluation.heldout import heldout_losses, pair_records
 from evaluation.journal import Journal, open_journal
 from evaluation.report import header as report_header
 from evaluation.report import write_report
+from evaluation.scores import TaskScores
 from evaluation.submission import SubmissionFile
 from model import ArcModel
 from prompt import QwenFeatures
