@@ -37,7 +37,7 @@ from engine.errors import ConfigError
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
-from evaluation.choice import learned_attempts
+from evaluation.choice import AttemptChooser, learned_attempts
 from evaluation.deadline import Deadline
 from evaluation.heldout import adapted_losses, target_fitted
 from evaluation.journal import Journal, record, restore
@@ -46,7 +46,6 @@ from evaluation.scoring import RANKINGS, Candidates, pair_metrics
 from evaluation.submission import SubmissionFile, submission_of
 from evaluation.task_batch import batches_shared_weights
 from model import ArcModel
-from policy_refined import AttemptChooser
 from prompt import QwenFeatures
 
 

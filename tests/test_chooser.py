@@ -14,9 +14,8 @@ from engine.checkpoint import CHOOSER_FILE, add_to_checkpoint, checked_file, fin
 from engine.config import Config
 from engine.errors import ConfigError
 from engine.loop import summary_line
-from evaluation.choice import FEATURES, candidate_features, expected_shapes
+from evaluation.choice import FEATURES, AttemptChooser, candidate_features, expected_shapes, plackett_luce_two
 from evaluation.scoring import Candidates, pick_two
-from policy_refined import AttemptChooser, plackett_luce_two
 from tests.conftest import write_re_arc
 from training.chooser import fit, gathered_file, ranking_hits, with_generated_queries
 

@@ -29,9 +29,8 @@ from engine.errors import ConfigError
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import seed_everything
 from engine.precision import MixedPrecision, check_master_weights
-from evaluation.choice import FEATURES
+from evaluation.choice import FEATURES, AttemptChooser
 from model import ArcModel, build_model
-from policy_refined import AttemptChooser
 from prompt import QwenFeatures
 from training.run_state import TrainState, restore_run_state
 

@@ -39,10 +39,9 @@ from engine.config import SECTION_OF, Config
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import Interrupted, TrainingStopped
-from evaluation.choice import FEATURES, candidate_features
+from evaluation.choice import FEATURES, AttemptChooser, candidate_features
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.scoring import CANDIDATE_RANKINGS, Candidates, pick_two
-from policy_refined import AttemptChooser
 from training.build import held_out_set, load_run, prompt_cache_dir
 
 TASKS_A_SAVE = 4  # tasks gathered between two saves of what is gathered

@@ -39,8 +39,8 @@ from engine.config import SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
+from evaluation.choice import AttemptChooser
 from model import ArcModel
-from policy_refined import AttemptChooser
 from prompt import PromptCache, QwenFeatures
 
 # Flags that may change on resume without a warning: they do not change what is learned (and no
