@@ -10,6 +10,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,9 +40,11 @@ from engine.config import SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
-from evaluation.choice import AttemptChooser
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
+
+if TYPE_CHECKING:  # the experiment's class is named here, not imported: a training step needs none of it
+    from evaluation.choice import AttemptChooser
 
 # Flags that may change on resume without a warning: they do not change what is learned (and no
 # validation flag does).
