@@ -126,3 +126,30 @@ def test_what_ties_the_tasks_of_a_step_adapts_one_task_at_a_time(small_cfg):
     for flags in (dict(ttt_dropout=0.1), dict(ttt_view_rows=True), dict(amp="fp16"), dict(ttt_params="task")):
         assert not batches_shared_weights(cfg.replace(**flags))
 
+
+
+def test_a_task_whose_gradient_is_not_finite_keeps_its_weights_and_the_others_go_on(small_cfg, monkeypatch):
+    """A loss that is NaN for one task's episodes (its inputs are background only, under every view;
+    the others' never are): that task takes no step and ends with the weights it started from,
+    alone and together; the others train as they would alone."""
+    import evaluation.adaptation
+    import evaluation.task_batch
+
+    real = evaluation.task_batch.adaptation_loss
+
+    def poisoned(logits, refined, prompt, target, input_canvas, *, cfg):
+        coloured = ((input_canvas > 0) & (input_canvas < 10)).any()
+        nan_if_blank = torch.where(coloured, torch.tensor(1.0), torch.tensor(float("nan")))  # NaN gradients too
+        return real(logits, refined, prompt, target, input_canvas, cfg=cfg) * nan_if_blank
+    for module in (evaluation.task_batch, evaluation.adaptation):
+        monkeypatch.setattr(module, "adaptation_loss", poisoned)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, ttt_lr=3e-3, ttt_check_every=0, view_starts=False)
+    tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
+    blank = ArcTask("blank", tuple(ArcPair(np.zeros((4, 4), dtype=np.int64), np.full((4, 4), 3)) for _ in range(3)),
+                    tasks[0].test)
+    alone, together = adapt_alone_and_together(cfg, state, eval_set, [*tasks, blank])
+    assert alone["blank"][0] == together["blank"][0] == 0
+    np.testing.assert_allclose(together["blank"][2], alone["blank"][2], rtol=1e-5, atol=1e-6)  # its start's weights
+    assert alone["flip"][0] == together["flip"][0] == 4
+    for task_id in ("flip", "copy"):
+        assert together[task_id][1] == pytest.approx(alone[task_id][1], rel=1e-4, abs=1e-5)
