@@ -97,9 +97,8 @@ def open_journal(folder: Path, name: str, model: torch.nn.Module, cfg: Config, r
     a run with another number of processes shares its tasks out otherwise, and starts its own."""
     if not cfg.eval.journal:
         return None
-    journal = Journal(journal_paths(folder, name, world_size)[rank], identity(model, cfg, world_size))
-    journal.family = journal_paths(folder, name, world_size)
-    return journal
+    family = journal_paths(folder, name, world_size)
+    return Journal(family[rank], identity(model, cfg, world_size), family)
 
 
 def finished_attempts(path: Path) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -128,12 +127,13 @@ class Journal:
     `spent` is the seconds of validation the file had recorded when it was opened (each line carries
     the seconds spent so far: a task's as it finishes, `note_time`'s at a stop)."""
 
-    def __init__(self, path: Path, ident: dict):
+    def __init__(self, path: Path, ident: dict, family: list[Path] | None = None):
+        """`family`: every process's journal of this validation (this one alone by default)."""
         self.path = path
         self.done: dict[str, dict] = {}
         self.spent = 0.0
         self.opened = time.perf_counter()
-        self.family = [path]  # every process's journal of this validation (open_journal)
+        self.family = family or [path]
         if path.exists():
             self._read(ident)
         else:

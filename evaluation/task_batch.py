@@ -77,7 +77,8 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
     k_tasks = len(demos)
     names = {id(p): name for name, p in model.named_parameters()}
     keys = [names[id(p)] for p in params]
-    stacks = [p.detach().unsqueeze(0).repeat(k_tasks, *([1] * p.dim())).requires_grad_() for p in params]
+    # plain tensors: torch.func gives the gradients, set on them by hand, and Adam steps what has one
+    stacks = [p.detach().unsqueeze(0).repeat(k_tasks, *([1] * p.dim())) for p in params]
     weights = TaskWeights(params, stacks)
     optimizer = torch.optim.Adam(stacks, lr=e.ttt_lr, fused=True)
     active = [bool(d.episodes[0]) for d in demos]  # a task of one demo has no episode to train on
@@ -87,7 +88,7 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
 
     def stopped(k: int) -> None:
         active[k] = False
-        kept[k] = [s[k].detach().clone() for s in stacks]
+        kept[k] = [s[k].clone() for s in stacks]
 
     tried = 0
     observe(tried)
@@ -108,7 +109,7 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
         copies = {key: s if everyone else s[ks] for key, s in zip(keys, stacks, strict=True)}
         with amp.autocast():
             grads = vmap(task_grad, in_dims=(0, 0, 0 if slices is not None else None), randomness="error")(
-                {key: c.detach() for key, c in copies.items()}, batch, slices)
+                copies, batch, slices)
         # each active task's own gradient norm [len(ks)], as clip_grad_norm_ takes it over one task's weights
         norms = torch.stack([g.reshape(len(ks), -1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
         finite = torch.isfinite(norms).tolist()  # one host sync a step, as amp.step's norm
@@ -127,11 +128,9 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         observe(tried)
-    with torch.no_grad():
-        for k, copy in kept.items():
-            for s, c in zip(stacks, copy, strict=True):
-                s[k] = c
-    weights.stacks = [s.detach() for s in stacks]
+    for k, copy in kept.items():
+        for s, c in zip(stacks, copy, strict=True):
+            s[k] = c
     return weights, taken
 
 
