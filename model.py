@@ -18,6 +18,7 @@ its units (`fsdp_units()`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -89,6 +90,10 @@ class ArcModel(nn.Module):
 
             units += [m for m in self.qwen.trunk.modules() if isinstance(m, Qwen2DecoderLayer)] + [self.qwen.trunk]
         return units + [m for m in (self.prompt, self.policy.refiner, self.agent, self.task_embedding) if m is not None]
+
+    def qwen_stops_on(self, stop: Callable[[], bool] | None) -> AbstractContextManager:
+        """A block in which Qwen reads `stop` between its forwards (QwenTextEncoder.stops_on)."""
+        return self.qwen.stops_on(stop) if self.qwen is not None else nullcontext()
 
     def encode_in_lockstep(self, most_chunks: Callable[[int], int]) -> None:
         """Under FSDP: every process runs as many Qwen forwards as the one with the most

@@ -9,15 +9,20 @@ A setting is a name and the adaptation flags it changes from today's default val
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
 folder of tasks); a setting that builds another model (`MODEL_SETTINGS`: the looped ViT, other
 widths) is scored from the untrained start only. The starts: `untrained` (the weights as built,
-nothing trained) and the defaults trained `--minutes` minutes (`--minutes 0`: the untrained start
-alone), trained once into `--out` and found there again by a later run. Every row scores the first
+nothing trained) and the defaults trained each of `--minutes` (`--minutes 15,60`; `0`: the untrained
+start alone), trained once into `--out` and found there again by a later run; a longer start goes on
+from the longest shorter one (15 and 60 minutes cost 60 minutes of training, not 75: the defaults'
+learning rate is constant and a resumed run keeps its data order, so the run resumed at 15 minutes
+goes on as one 60-minute run would). Every row scores the first
 `--tasks` ARC-AGI-1 evaluation tasks with its setting and prints, as it finishes: test-time-
 training steps and samples a task (the steps applied times `--ttt_batch_size`: what was trained on,
 not the budget), seconds a task on this machine (adaptation, prediction and the attempts), pass@2
 with its 95% interval over tasks, the oracle, the held-out loss after adaptation (nats a cell of
-the test outputs over the voted views, with its interval), and its paired difference from the
-default setting of the same start on the same test pairs (pass@2 in points with its interval and
-McNemar's exact p, the loss with its interval; `*` beyond noise, a tie otherwise).
+the test outputs over the voted views, with its interval), and its paired difference from the first
+setting listed (the default unless `--settings` starts with another) of the same start on the same
+test pairs (pass@2 in points with its interval and McNemar's exact p, the loss with its interval;
+`*` beyond noise, a tie otherwise). With several starts a second table pairs each start with the
+first (the untrained one) at the same setting: what training buys once adaptation is as strong.
 
 Rows are kept in `--out`/frontier.json as they finish: a rerun prints what is there and scores only
 the rows it lacks (a row is its start, its setting's flags and the tasks), so a long table survives
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -205,25 +211,67 @@ def svg(rows: list[dict], path: Path, title: str) -> None:
     path.write_text("\n".join(parts + ["</svg>"]) + "\n")
 
 
+def across_starts(rows: list[dict]) -> list[str]:
+    """Each row of a later start paired with the first start's row of the same setting: pass@2 and
+    the adapted loss, as `versus` gives them. -> markdown lines (none with one start)."""
+    first = rows[0]["start"] if rows else None
+    base = {r["setting"]: r for r in rows if r["start"] == first}
+    lines = []
+    for row in rows:
+        if row["start"] != first and row["setting"] in base:
+            m, b = row["metrics"], base[row["setting"]]["metrics"]
+            lines.append(f"| {row['setting']} | {row['start']} | {with_interval(m, 'eval/pass2')} | "
+                         f"{with_interval(b, 'eval/pass2')} | " + " | ".join(versus(base[row["setting"]], row)) + " |")
+    if not lines:
+        return []
+    return [f"\neach start against the {first} start at the same setting:\n",
+            f"| setting | start | pass@2 (95%) | {first} pass@2 | pass@2 - {first} (95%, McNemar p) | "
+            f"loss - {first} (95%) |", "|---|---|---|---|---|---|", *lines]
+
+
+def trained_start(minutes: float, out: Path, common: dict) -> tuple[str, Path]:
+    """The defaults trained `minutes` minutes in `out/defaults-<minutes>min`, trained there now if it
+    holds less; a new folder starts from the longest shorter start in `out` (its checkpoints and
+    ledger: the training goes on from there). -> (the start's name in the tables, its folder)."""
+    folder = out / f"defaults-{minutes:g}min"
+    if not folder.exists():
+        shorter = sorted((float(f.name[len("defaults-"):-len("min")]), f) for f in out.glob("defaults-*min")
+                         if f.is_dir() and float(f.name[len("defaults-"):-len("min")]) < minutes)
+        if shorter:
+            partial = folder.with_name(folder.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            # its validation journal is the shorter start's: the longer start validates afresh
+            shutil.copytree(shorter[-1][1], partial, ignore=shutil.ignore_patterns("journal"))
+            partial.rename(folder)  # whole or not at all
+    so_far = train_until(minutes, folder, common)
+    return f"defaults {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)", folder
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated names of {list(SETTINGS)} "
-                                                                   "(the default is always scored: the pairing base)")
+                                                                   "(the first: each start's pairing base)")
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
-    ap.add_argument("--minutes", type=float, default=15.0, help="training minutes of the trained start (0: none)")
+    ap.add_argument("--minutes", default="15", help="training minutes of each trained start, comma-separated "
+                                                        "(0: none)")
     ap.add_argument("--starts", default="untrained,trained", help="which starts: untrained, trained or both")
     ap.add_argument("--out", type=Path, default=Path("runs/frontier"), help="the trained start and frontier.json")
     ap.add_argument("--svg", type=Path, help="draw the frontier here")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a fixed.py flag for every row (training the start too)")
     args = ap.parse_args(argv)
-    names = [n for n in args.settings.split(",") if n]
+    names = list(dict.fromkeys(n for n in args.settings.split(",") if n))
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         raise SystemExit(f"--settings: unknown setting(s) {unknown}; choose from {list(SETTINGS)}")
+    if not names:
+        raise SystemExit("--settings: name at least one setting")
     if args.tasks < 1:
         raise SystemExit(f"--tasks {args.tasks}: at least 1")
-    names = [DEFAULT, *[n for n in names if n != DEFAULT]]
+    try:
+        minutes = sorted({float(m) for m in args.minutes.split(",") if m} - {0.0})
+    except ValueError:
+        raise SystemExit(f"--minutes {args.minutes}: comma-separated numbers of minutes") from None
     common = parse_settings(args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     ledger = args.out / LEDGER
@@ -232,10 +280,8 @@ def main(argv: list[str] | None = None) -> None:
     if not wanted or wanted - {UNTRAINED, "trained"}:
         raise SystemExit(f"--starts {args.starts}: untrained, trained or both (comma-separated)")
     starts: dict[str, Path | None] = {UNTRAINED: None} if UNTRAINED in wanted else {}
-    if args.minutes > 0 and "trained" in wanted:
-        trained = args.out / f"defaults-{args.minutes:g}min"
-        so_far = train_until(args.minutes, trained, common)
-        starts[f"defaults {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)"] = trained
+    if "trained" in wanted:
+        starts.update(trained_start(m, args.out, common) for m in minutes)
     print(f"the first {args.tasks} evaluation tasks; intervals: {METHOD}; s/task on this machine "
           f"({torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)
     shown = []
@@ -256,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             base = base or row
             shown.append(row)
             print(table_line(row, base), flush=True)
+    print("\n".join(across_starts(shown)))
     if args.svg:
         svg(shown, args.svg, f"the adaptation frontier: the first {args.tasks} ARC-AGI-1 evaluation tasks")
         print(f"\npicture: {args.svg}")

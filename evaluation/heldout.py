@@ -48,7 +48,7 @@ from evaluation.adaptation import AdaptedTasks
 from evaluation.intervals import interval
 from evaluation.scoring import Candidates, grid_logprob_cells
 from model import ArcModel
-from prompt import QwenFeatures
+from prompt import EncodeStopped, QwenFeatures
 
 PairLoss = tuple[str, float, float]  # (task id, nats a cell, bits a grid) of one test pair
 
@@ -73,18 +73,21 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
                 stop: Callable[[], bool] | None = None, desc: str | None = None) -> dict[int, PairLoss]:
     """The held-out loss of each of `episodes` (indices into `fitted`, a `target_fitted` set), mean
     over its first `views` views, with `adapted`'s per-task adapters when given.
-    -> {episode index: (task id, nats a cell, bits a grid)}; `stop` (read between batches): the
-    pairs done when it turned true, the others left out. `desc`: a progress bar of the test pairs,
-    with its expected time."""
+    -> {episode index: (task id, nats a cell, bits a grid)}; `stop` (read between batches and
+    between Qwen's forwards): the pairs done when it turned true, the others left out. `desc`: a
+    progress bar of the test pairs, with its expected time."""
     items = [(e, a) for e in episodes for a in view_ids(views)]
     loader = DataLoader(fitted, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
     nats_cell: dict[int, list[float]] = {e: [] for e in episodes}
     bar = tqdm(total=len(items), desc=desc, unit="pair", dynamic_ncols=True, mininterval=1.0, disable=desc is None)
-    with autocast(cfg.optim.amp, device.type), bar:
+    with autocast(cfg.optim.amp, device.type), model.qwen_stops_on(stop), bar:
         for batch in loader:
             if stop is not None and stop():
                 break
-            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+            try:
+                batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+            except EncodeStopped:  # the batch's demos half encoded: left out like the batches after it
+                break
             adapter = adapted.rows_of(batch, device) if adapted is not None else None
             logits = model(batch, "mean", adapter).logits[0]
             target = batch["target"]  # [B, S, S] int64: read by this loss only, never by the model

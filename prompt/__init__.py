@@ -3,6 +3,6 @@ prompt fused from Qwen, numeric and relation features."""
 
 from prompt.cache import PromptCache, QwenFeatures, with_qwen_features
 from prompt.hybrid import QwenHybridPrompt
-from prompt.qwen_encoder import QwenTextEncoder
+from prompt.qwen_encoder import EncodeStopped, QwenTextEncoder
 
-__all__ = ["PromptCache", "QwenFeatures", "QwenHybridPrompt", "QwenTextEncoder", "with_qwen_features"]
+__all__ = ["EncodeStopped", "PromptCache", "QwenFeatures", "QwenHybridPrompt", "QwenTextEncoder", "with_qwen_features"]

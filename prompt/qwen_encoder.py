@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,10 @@ def _source_identity(cfg: QwenCfg, model: nn.Module, seed: int) -> str:
     return f"{cfg.qwen_model}@{getattr(model.config, '_commit_hash', None) or 'unknown-revision'}"
 
 
+class EncodeStopped(Exception):
+    """An encode left between two chunks: this process was asked to stop (QwenTextEncoder.stops_on)."""
+
+
 @dataclass
 class EncoderStats:
     """What the trunk has read: cumulative non-padding tokens (with gradients among them) and seconds."""
@@ -156,6 +161,9 @@ class QwenTextEncoder(nn.Module):
         # Under FSDP (engine/fsdp.py) every forward of the sharded trunk is a collective: given the
         # chunks this process encodes, `lockstep` returns the most any process encodes.
         self.lockstep: Callable[[int], int] | None = None
+        # Read between the chunks of an encode (`stops_on`): a real-sized Qwen on the CPU takes a
+        # minute for a batch of tasks' demos, longer than a scheduler's grace after its SIGTERM.
+        self.stop: Callable[[], bool] | None = None
         self._token_counts: dict[str, int] = {}
 
     @classmethod
@@ -213,11 +221,24 @@ class QwenTextEncoder(nn.Module):
             return (hidden * weights).sum(1) / weights.sum(1)
         return hidden[torch.arange(len(texts), device=device), mask.sum(1) - 1]  # right padding: last real token
 
+    @contextmanager
+    def stops_on(self, stop: Callable[[], bool] | None) -> Iterator[None]:
+        """Within the block, `encode` reads `stop` before each chunk and raises `EncodeStopped` when it
+        is true, so a stop waits for one forward of --qwen_encode_batch texts at most. Not under
+        FSDP's lockstep, where every forward is a collective that all processes must run: there the
+        caller's agreed stop between batches is the only one."""
+        self.stop = stop
+        try:
+            yield
+        finally:
+            self.stop = None
+
     def encode(self, texts: list[str]) -> torch.Tensor:
         """N demo texts -> pooled features [N, hidden] float32, one row per text.
 
         Texts are length-sorted into batches of `encode_batch` to save padding; pooling reads only
-        non-padding tokens. Gradients flow when the trunk is trainable and grad mode is on.
+        non-padding tokens. Gradients flow when the trunk is trainable and grad mode is on. Inside
+        `stops_on`, raises `EncodeStopped` (nothing returned) when the stop turns true.
         """
         device = next(self.trunk.parameters()).device
         pooled: list[torch.Tensor | None] = [None] * len(texts)
@@ -227,6 +248,8 @@ class QwenTextEncoder(nn.Module):
         padding = self.lockstep(len(chunks)) - len(chunks) if self.lockstep is not None else 0
         started = time.perf_counter()
         for chunk in chunks:
+            if self.stop is not None and self.lockstep is None and self.stop():
+                raise EncodeStopped
             rows = self._pooled([texts[i] for i in chunk], device)
             # float32 whatever the trunk's dtype: the cache and the projection above are float32.
             for j, i in enumerate(chunk):

@@ -1,5 +1,6 @@
-"""bench/frontier.py on the small ARC folder: each setting is scored from the untrained start and a
-trained one, paired with the default of its start; the rows are kept as they finish, so a rerun
+"""bench/frontier.py on the small ARC folder: each setting is scored from the untrained start and
+trained ones, paired with the first setting of its start and with the untrained start at the same
+setting; a longer start goes on from a shorter one; the rows are kept as they finish, so a rerun
 scores only the rows it lacks; the picture draws each start's frontier."""
 
 import json
@@ -16,8 +17,16 @@ SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "t
 
 def rows(stdout: str) -> list[list[str]]:
     """The table's rows, each a list of its cells."""
-    return [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines()
+    first = stdout.split("\neach start against")[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in first.splitlines()
             if line.startswith("| ") and not line.startswith("| start ")]
+
+
+def across(stdout: str) -> list[list[str]]:
+    """The second table's rows: each start against the untrained one at the same setting."""
+    _, _, second = stdout.partition("\neach start against")
+    return [[c.strip() for c in line.strip("|").split("|")] for line in second.splitlines()
+            if line.startswith("| ") and not line.startswith("| setting ")]
 
 
 def bench(arc_folder, out, *args) -> str:
@@ -46,7 +55,8 @@ def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
 @pytest.mark.slow
 def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_rerun_scores_only_what_is_new(
         arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.05", "--svg", str(tmp_path / "f.svg"))
+    out = bench(arc_folder, tmp_path, "--settings", "default,search", "--minutes", "0.05", "--svg",
+                str(tmp_path / "f.svg"))
     table = rows(out)
     assert [(r[0].split()[0], r[1]) for r in table] == [("untrained", "default"), ("untrained", "search"),
                                                          ("defaults", "default"), ("defaults", "search")]
@@ -56,11 +66,25 @@ def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_
     assert "(" in default[5] and default[8] == "(the base)"
     assert "p =" in search[8] and "(" in search[9], "paired with the default: pass@2 with McNemar's p, the loss"
     assert table[0][7] != table[2][7], "the trained start's adapted loss is its own"
+    assert [(r[0], r[1].split()[0]) for r in across(out)] == [("default", "defaults"), ("search", "defaults")]
+    assert across(out)[0][3] == default[5] and "p =" in across(out)[0][4], "paired with the untrained start"
     svg = (tmp_path / "f.svg").read_text()
     assert svg.count("<polyline") == 2 and svg.count("<circle") == 4
     kept = json.loads((tmp_path / "frontier.json").read_text())
     assert len(kept) == 4
-    again = bench(arc_folder, tmp_path, "--settings", "search,steps-30", "--minutes", "0.05")
+    again = bench(arc_folder, tmp_path, "--settings", "default,search,steps-30", "--minutes", "0.05")
     assert [r[1] for r in rows(again)] == ["default", "search", "steps-30"] * 2
     assert rows(again)[:2] == table[:2], "rows found in frontier.json are printed, not scored again"
     assert len(json.loads((tmp_path / "frontier.json").read_text())) == 6
+
+
+@pytest.mark.slow
+def test_a_longer_start_goes_on_from_the_shorter_one_and_the_first_setting_is_the_base(arc_folder, tmp_path):
+    out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.05,0.1", "--starts", "trained")
+    table = rows(out)
+    assert [r[1] for r in table] == ["search", "search"] and table[0][8] == "(the base)", "no default asked for"
+    shorter, longer = (json.loads((tmp_path / f"defaults-{m}min" / "recipe.json").read_text()) for m in ("0.05", "0.1"))
+    assert longer["steps"] > shorter["steps"] and longer["train_minutes"] > shorter["train_minutes"]
+    assert (tmp_path / "defaults-0.1min" / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
+    (row,) = across(out)
+    assert row[0] == "search" and f"({longer['steps']:,} steps)" in row[1], "the longer start against the shorter"

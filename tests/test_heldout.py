@@ -142,18 +142,29 @@ def test_a_stop_ends_it_within_a_batch(small_cfg, tmp_path):
 
     from engine.loop import Interrupted
     cfg, state, eval_set = eval_setup(small_cfg, tmp_path, eval_batch_size=1)
-    calls = []
-
-    def stop():
-        calls.append(1)
-        return len(calls) > 1  # true from the second batch on
-
+    batches = []
+    state.model.agent.register_forward_hook(lambda *_: batches.append(1))
     fitted = target_fitted(eval_set)
     done = pair_losses(state.model, state.prompts, fitted, list(range(len(fitted))), views=1, cfg=cfg, device=CPU,
-                       stop=stop)
+                       stop=lambda: len(batches) >= 1)  # true once the first batch is through
     assert len(done) == 1 < len(fitted), "the pair of the first batch, no other"
     with pytest.raises(Interrupted):
         heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU, stop=lambda: True)
+
+
+def test_a_stop_is_read_between_qwens_forwards(small_cfg, tmp_path):
+    """A batch whose demos Qwen encodes for a minute (a real-sized Qwen on the CPU) is left between two
+    forwards when the stop comes: no pair of it is kept, and the encoder reads no stop after."""
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, eval_batch_size=64, qwen_encode_batch=1)
+    forwards = []
+    state.model.qwen.trunk.register_forward_hook(lambda *_: forwards.append(1))
+    fitted = target_fitted(eval_set)
+    done = pair_losses(state.model, state.prompts, fitted, list(range(len(fitted))), views=1, cfg=cfg, device=CPU,
+                       stop=lambda: len(forwards) >= 2)
+    assert done == {} and len(forwards) == 2, "one batch, stopped after two of its demo texts"
+    assert state.model.qwen.stop is None
+    every = pair_losses(state.model, state.prompts, fitted, list(range(len(fitted))), views=1, cfg=cfg, device=CPU)
+    assert len(every) == len(fitted) and len(forwards) > 3, "the batch had more demo texts to encode"
 
 
 def test_heldout_tasks_chooses_what_the_loss_before_adaptation_covers(small_cfg, tmp_path, capsys):
