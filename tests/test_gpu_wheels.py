@@ -37,3 +37,18 @@ def test_every_gpu_wheel_is_pinned_by_the_constraints():
     pinned = {line.split("==")[0].lower().replace("_", "-") for line in (ROOT / "constraints.txt").read_text().split()
               if "==" in line}
     assert set(make_variable("GPU_PACKAGES")) <= pinned
+
+
+def test_gpu_check_on_a_python_without_torch_says_so_in_one_line(tmp_path):
+    """`make gpu-check` with a python that lacks the image's packages stops before anything is
+    installed, with one line naming what is missing (not a traceback)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-check", f"PYTHON={tmp_path / 'bare/bin/python'}",
+                           f"GPU_SITE={tmp_path / 'site'}", f"OUT={tmp_path / 'out'}"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr
+    (line,) = [s for s in proc.stdout.splitlines() if s.startswith("make gpu-check:")]
+    assert "lacks torch" in line and not (tmp_path / "site").exists()
