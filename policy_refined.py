@@ -143,7 +143,8 @@ class PolicyRefiner(nn.Module):
         """
         with torch.autocast(reward.device.type, enabled=False):
             mu, std = (head if head is not None else self.head)(info.head_input)
-            log_prob = torch.distributions.Normal(mu, std).log_prob(info.action).sum(-1)
+            # no argument checks: each is a host synchronization, and std is an exp (positive by construction)
+            log_prob = torch.distributions.Normal(mu, std, validate_args=False).log_prob(info.action).sum(-1)
             advantage = reward.detach().float() - self.head.baseline
             loss = -(advantage * log_prob).mean()
         optimizer.zero_grad(set_to_none=True)

@@ -28,7 +28,7 @@ AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 class StepResult:
     stepped: bool
     grad_norm: float  # total norm of the unscaled gradients before clipping (nan/inf when skipped)
-    group_norms: dict[str, float] = field(default_factory=dict)
+    group_norms: dict[str, torch.Tensor] = field(default_factory=dict)  # [] float32 each, read at log steps
 
 
 # CPU features that give torch native kernels for a low precision (torch.cpu.get_capabilities: x86 and ARM names)
@@ -110,7 +110,7 @@ class MixedPrecision:
             return None
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # clipping and norms must see the true gradients
-        group_norms = {name: float(_norm(ps)) for name, ps in (watch or {}).items()}
+        group_norms = {name: _norm(ps) for name, ps in (watch or {}).items()}  # tensors: no host sync here
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), foreach=True))
         if self.scaler is not None:
             scale_before = self.scaler.get_scale()
