@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -45,6 +45,7 @@ class Prediction:
     prompt: torch.Tensor  # [B, P], before refinement
     rl: RLInfo | None  # detached head inputs and actions, when a delta was sampled
     latent_step: torch.Tensor | None = None  # [B, P] float32, the demos' step added to every refinement
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # an experiment's figures for TensorBoard
 
 
 class ArcModel(nn.Module):
@@ -142,20 +143,22 @@ class ArcModel(nn.Module):
         if adapter is not None:
             adapter = adapter.in_frames(batch["dihedral"], batch["colours"])  # kept in the task's frame
             refined = refined + adapter.latent.to(refined.dtype)
-        step = None
-        if self.latent_step is not None:
+        step, stats = None, {}
+        if self.latent_step is not None:  # an experiment (docs/options.md): its one place in the forward
             if "context_input" not in batch:
                 raise ValueError("this model takes a latent step on each sample's context demos, and the batch has "
                                  "none: build its EpisodeDataset with context_demos > 0")
             step = self.latent_step(self.agent, refined[-1], batch["context_input"], batch["context_target"],
                                     batch["context_owner"], adapter)
             refined = refined + step.to(refined.dtype)
+            # how far the demos moved the prompt, and the learned step size
+            stats = {"latent/step_norm": step.detach().norm(dim=-1).mean(), "latent/step_lr": self.latent_step_size()}
         if adapter is not None and k > 1:
             adapter = adapter.repeat(k)
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
         logits = self.agent(inputs, refined.reshape(k * b, -1), adapter)
-        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step)
+        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
 
     def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
         """A fresh per-task adapter with `slots` rows, sized for this model, on its device."""

@@ -45,13 +45,13 @@ def _by_hand(model, batch: dict, cfg: Config) -> dict[str, torch.Tensor]:
 
 
 def test_the_meta_gradient_is_the_query_gradient_at_the_adapted_copy(small_cfg, state_and_batches):
-    cfg = small_cfg(meta_steps=3, meta_tasks=1, meta_lr=1e-2)
+    cfg = small_cfg(meta_steps=3, meta_tasks=1, meta_lr=1e-2, meta_weight=0.5)
     state, (batch,) = state_and_batches(cfg, 1)
     batch = _encoded(state, batch)
     model = state.model
     expected = _by_hand(model, batch, cfg)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stats = meta_gradient(model, batch, cfg, state.amp, weight=0.5)
+    stats = meta_gradient(model, batch, cfg, state.amp, [batch])  # --meta_weight over 1 meta episode
     assert stats["meta/episodes"] == 1
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert set(grads) == set(expected)
@@ -65,10 +65,10 @@ def test_the_inner_steps_never_read_the_query_output(small_cfg, state_and_batche
     cfg = small_cfg(meta_steps=2, meta_tasks=2)
     state, (batch,) = state_and_batches(cfg, 1)
     batch = _encoded(state, batch)
-    first = meta_gradient(state.model, batch, cfg, state.amp, weight=1.0)
+    first = meta_gradient(state.model, batch, cfg, state.amp, [batch])
     state.model.zero_grad(set_to_none=True)
     changed = {**batch, "target": (batch["target"] + 1) % 10}  # every query output changed
-    second = meta_gradient(state.model, changed, cfg, state.amp, weight=1.0)
+    second = meta_gradient(state.model, changed, cfg, state.amp, [changed])
     for key in ("meta/context_loss_before", "meta/context_loss_after"):
         assert torch.equal(first[key], second[key]), key
     assert not torch.equal(first["meta/query_loss"], second["meta/query_loss"])

@@ -47,13 +47,15 @@ def _loss(model: ArcModel, weights: dict[str, torch.Tensor], batch: dict, cfg: C
                                cfg=cfg.loss).mean()
 
 
-def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, weight: float) -> dict:
-    """Add `weight` x each meta episode's first-order gradient (module docstring) to the
-    `--meta_params` weights' .grad; batch: a collated, prompt-encoded micro-batch with context
-    demos (input, target [B, S, S] int64; context_input, context_target [N, S, S] int64,
-    context_owner [N] int64). Episodes without a context demo are passed over; an episode whose
-    outer gradient is not finite adds nothing and is counted. -> stats: the context demos' loss
-    before and after the inner steps and the queries' loss after them (means over the episodes)."""
+def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, window: list[dict]) -> dict:
+    """Add `--meta_weight` / (the meta episodes of `window`, the step's micro-batches) x each meta
+    episode's first-order gradient (module docstring) to the `--meta_params` weights' .grad, so the
+    step adds their mean; batch: one of the window's micro-batches, collated and prompt-encoded,
+    with context demos (input, target [B, S, S] int64; context_input, context_target [N, S, S]
+    int64, context_owner [N] int64). Episodes without a context demo are passed over; an episode
+    whose outer gradient is not finite adds nothing and is counted. -> stats: the context demos'
+    loss before and after the inner steps and the queries' loss after them (means over the episodes)."""
+    weight = cfg.optim.meta_weight / sum(min(cfg.optim.meta_tasks, b["input"].shape[0]) for b in window)
     names = {id(p): n for n, p in model.named_parameters()}
     shared = [(names[id(p)], p) for p in model.ttt_parameters(cfg.optim.meta_params)]
     owner = batch["context_owner"]

@@ -62,7 +62,6 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
     # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
     share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
     learned, infos, rewards = [], [], []
-    meta_episodes = sum(min(cfg.optim.meta_tasks, b["input"].shape[0]) for b in window)  # --meta_steps' mean
     dropped = 0  # samples of this process whose loss was non-finite
     for i, batch in enumerate(window):
         last = i == len(window) - 1
@@ -82,13 +81,10 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
                 amp.backward(window_loss)
         if not finite:
             continue
-        if cfg.optim.meta_steps:
+        if cfg.optim.meta_steps:  # training through adaptation (an experiment: docs/options.md)
             with record_function("step/meta"):
-                loss.stats.update(meta_gradient(model, batch, cfg, amp, cfg.optim.meta_weight / meta_episodes))
-        if pred.latent_step is not None:  # how far the demos moved the prompt, and the learned step size
-            loss.stats["latent/step_norm"] = pred.latent_step.detach().norm(dim=-1).mean()
-            loss.stats["latent/step_lr"] = model.latent_step_size()
-        learned.append(loss.stats)
+                loss.stats.update(meta_gradient(model, batch, cfg, amp, window))
+        learned.append({**loss.stats, **pred.stats})
         infos.append(pred.rl)
         rewards.append(loss.reward)
     # one collective for both: the samples dropped everywhere, and whether every process learned
