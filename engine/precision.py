@@ -111,16 +111,15 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # clipping and norms must see the true gradients
         group_norms = {name: _norm(ps) for name, ps in (watch or {}).items()}  # tensors: no host sync here
+        # The one value this step reads from the device (docs/invariants.md #3): after unscale_ the
+        # norm is finite exactly when every gradient is, which is also when the scaler steps.
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), foreach=True))
+        stepped = math.isfinite(norm)
         if self.scaler is not None:
-            scale_before = self.scaler.get_scale()
             self.scaler.step(optimizer)  # skips optimizer.step() itself on inf/nan gradients
             self.scaler.update()  # halves the scale after a skip
-            stepped = self.scaler.get_scale() >= scale_before
-        else:
-            stepped = math.isfinite(norm)
-            if stepped:
-                optimizer.step()
+        elif stepped:
+            optimizer.step()
         self.skipped_steps += not stepped
         optimizer.zero_grad(set_to_none=True)
         return StepResult(stepped, norm, group_norms)

@@ -77,7 +77,7 @@ class EpochLoop:
         self.started = time.time()
         self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
         self.seconds_before = self.counters.train_seconds  # the earlier invocations' (Counters.train_seconds)
-        self.qwen_norm = 0.0  # the trainable Qwen's gradient norm at its last refresh step
+        self.qwen_norm = torch.zeros(())  # the trainable Qwen's gradient norm at its last refresh step
 
     def run(self) -> dict:
         """Every epoch left, then the final validation. -> the summary (summary.json's)."""
@@ -133,7 +133,9 @@ class EpochLoop:
         stats = train_step(self.state, window, cfg, self.dist)
         stats["optim/lr_factor"] = lr_factor
         bar.update(len(window))
-        self.qwen_norm = stats.pop("grad/qwen_norm", 0.0) or self.qwen_norm  # non-zero on refresh steps only
+        qwen_norm = stats.pop("grad/qwen_norm", None)  # zero on steps without a Qwen gradient (not refreshed)
+        if qwen_norm is not None:  # on the device: kept there until a log step reads it
+            self.qwen_norm = torch.where(qwen_norm > 0, qwen_norm, self.qwen_norm)
         if self.logger is not None:
             self.logger.accumulate(stats)
             if counters.optimizer_steps % cfg.run.log_every == 0:
@@ -178,7 +180,7 @@ class EpochLoop:
             return {}
         state = self.state
         values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
-                  "grad/qwen_norm": self.qwen_norm,
+                  "grad/qwen_norm": float(self.qwen_norm),
                   "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later)}
         if state.prompts is not None:
             values.update(state.prompts.scalars())

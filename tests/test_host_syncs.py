@@ -1,0 +1,53 @@
+"""Where a training step waits for the device: only where the invariants need the host to know (a
+micro-batch's loss is finite, docs/invariants.md #1 and #3; the step's gradients are finite, #3),
+never in the model, the loss or the RL update. Counted on the CPU as the operations that block
+the host on a GPU: reading a tensor's value (`.item()`, `bool()`, `float()`, `.tolist()`:
+`_local_scalar_dense`) and operations whose output shape depends on the values (`nonzero`, masks
+used as indices), each with the line of the suite that asked for it."""
+
+import collections
+import traceback
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.conftest import ROOT
+from training.step import train_step
+
+VALUE_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
+               "is_nonzero", "equal", "repeat_interleave", "masked_scatter", "bincount", "histc"}
+
+
+class HostSyncs(TorchDispatchMode):
+    """Counts, by the suite's line that asked, each operation that blocks the host on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.sites: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        masked = name == "index" and any(torch.is_tensor(i) and i.dtype == torch.bool for i in args[1] or [])
+        if name in VALUE_READS or masked:
+            ours = [f for f in traceback.extract_stack() if f.filename.startswith(str(ROOT))
+                    and "/tests/" not in f.filename and "/.venv/" not in f.filename]
+            where = f"{ours[-1].filename[len(str(ROOT)) + 1:]}:{ours[-1].line}" if ours else "?"
+            self.sites[where] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, small_cfg, state_and_batches):
+    cfg = small_cfg(amp=amp, grad_accum=2)
+    state, batches = state_and_batches(cfg, 2)
+    train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below
+    counter = HostSyncs()
+    with counter:
+        train_step(state, batches, cfg)
+    assert dict(counter.sites) == {
+        # one a micro-batch: a non-finite loss goes backward nowhere (#1, #3)
+        "training/step.py:finite = bool(torch.isfinite(window_loss))": 2,
+        # one a step: its gradients are finite (#3; the fp16 scaler's own check with the fused AdamW is on the device)
+        'engine/precision.py:norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), '
+        'foreach=True))': 1}
