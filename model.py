@@ -157,6 +157,10 @@ class ArcModel(nn.Module):
             adapter = adapter.repeat(k)
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
+        # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
+        # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
+        torch._dynamo.mark_static(inputs, 1)
+        torch._dynamo.mark_static(inputs, 2)
         logits = self.agent(inputs, refined.reshape(k * b, -1), adapter)
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
 

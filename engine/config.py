@@ -76,7 +76,8 @@ class DataCfg:
                                  "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
     permute_background: bool = flag(False, "let augmentation permute colour 0 too")
     canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
-                              "from the demos) or full (always 30x30)", CANVAS_MODES)
+                              "from the demos), bucket (cut to the smallest of 8, 12, 16, 20, 25, 30, ... holding "
+                              "it: a compiled agent sees a few shapes) or full (always 30x30)", CANVAS_MODES)
     place_scale: int = flag(1, "views other than the identity draw an episode's grids at a random integer scale "
                                "up to this (each cell an s x s block), where they fit --canvas_side (1: off)")
     place_shift: int = flag(0, "views other than the identity draw an episode's grids at a random offset of up to "
@@ -182,8 +183,8 @@ class AgentCfg:
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions, and which background cells are enclosed (see agents/views.py)")
-    compile: bool = flag(False, "torch.compile the agent, with --canvas full (compiled at its first batches, again "
-                                 "once for a second batch size; see make bench-step)")
+    compile: bool = flag(False, "torch.compile the agent, with --canvas bucket or full (compiled at its first batch, "
+                                 "again once for a second batch size and for each canvas side; see make bench-step)")
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place")
 
@@ -473,11 +474,11 @@ class Config:
     run: RunCfg = field(default_factory=RunCfg)
 
     def __post_init__(self) -> None:
-        if self.agent.compile and self.data.canvas != "full":
-            # torch 2.13's inductor fails on the agent once a canvas side turns symbolic (the second side
-            # a fit canvas shows); a full canvas has one side and only the batch dimension varies
-            raise ConfigError("--compile needs --canvas full: a compiled agent fails at the second canvas side "
-                              "that --canvas fit gives it")
+        if self.agent.compile and self.data.canvas == "fit":
+            # each canvas side is compiled apart (torch 2.13's inductor fails on the agent once a side turns
+            # symbolic): a fit canvas shows up to 29 sides, past dynamo's 8 compiles a function
+            raise ConfigError("--compile needs --canvas bucket or full: --canvas fit shows the agent up to 29 "
+                              "canvas sides, each a compile of its own")
 
         if self.optim.meta_steps and self.prompt.latent_step_lr > 0:
             raise ConfigError("--meta_steps does not take --latent_step_lr > 0: the inner steps' context demos have "

@@ -11,6 +11,8 @@ from data.canvas import NUM_CLASSES
 from engine.config import Config
 from engine.errors import ConfigError
 
+CPU = torch.device("cpu")
+
 
 @pytest.mark.parametrize("side", [30, 7])
 @pytest.mark.parametrize("name", sorted(AGENTS))
@@ -174,24 +176,44 @@ def test_a_new_agent_is_one_class_and_one_registry_line_with_its_own_rules(monke
 
 
 @pytest.mark.slow
-def test_a_compiled_agent_matches_the_eager_one_as_the_batch_size_changes():
-    """--compile (with --canvas full): compiled at the first batch, recompiled once with a dynamic
-    batch dimension at the second; logits and gradients agree with the eager agent (~100 s on CPU)."""
-    torch.manual_seed(0)
-    eager = build_agent(Config.from_flags(agent_channels=8).agent, prompt_dim=16)
-    compiled = build_agent(Config.from_flags(agent_channels=8, compile=True, canvas="full").agent, prompt_dim=16)
-    compiled.load_state_dict(eager.state_dict())  # the same parameter names: checkpoints are interchangeable
-    for batch in (6, 3):
-        canvas, prompt = torch.randint(0, NUM_CLASSES, (batch, 30, 30)), torch.randn(batch, 16)
+def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_buckets(small_cfg, state_and_batches):
+    """--compile --canvas bucket, through the model: compiled at the first batch, once more for a
+    second batch size (a dynamic batch dimension) and once for a second canvas side (each side
+    static); logits and gradients agree with the eager model, and nothing falls back to eager."""
+    from torch._dynamo.utils import counters
+
+    from data.episodes import collate
+    from model import build_model
+
+    cfg = small_cfg(agent_channels=8, compile=True, canvas="bucket")
+    state, _ = state_and_batches(cfg, 1)
+    compiled = state.model
+    eager = build_model(cfg.replace(compile=False), qwen=compiled.qwen)
+    eager.load_state_dict(compiled.state_dict())  # the same parameter names: checkpoints are interchangeable
+    dataset = training.build_data(cfg, CPU).train_set
+    samples = [dataset[(i, 0)] for i in range(4)]
+    assert max(s["side"] for s in samples) <= 8, "the small folder's grids: the first bucket"
+    counters.clear()
+    for batch in (collate(samples), collate(samples[:2]), collate(samples, side=12)):
+        batch = compiled.encode_prompts(batch, state.prompts, 0, training=False)
         grads = []
-        for agent in (eager, compiled):
-            agent.zero_grad()
-            logits = agent(canvas, prompt)
+        for model in (eager, compiled):
+            model.zero_grad()
+            logits = model(batch, "mean").logits
             logits.logsumexp(-1).mean().backward()
-            grads.append((logits.detach(), [p.grad.clone() for p in agent.parameters()]))
+            grads.append((logits.detach(), [p.grad.clone() for p in model.agent.parameters()]))
         torch.testing.assert_close(grads[1][0], grads[0][0], rtol=1e-4, atol=1e-4)
         for compiled_grad, eager_grad in zip(grads[1][1], grads[0][1], strict=True):
             torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] <= 3 * 2, "a forward and a backward graph for each of 3 compiles"
+    assert not counters["unimplemented"] and not counters["graph_break"]
+
+
+def test_a_bucket_canvas_cuts_each_batch_to_the_smallest_bucket_holding_it():
+    from data.episodes import bucket_side
+
+    assert [bucket_side(s, 30) for s in (2, 8, 9, 13, 25, 26, 30)] == [8, 8, 12, 16, 25, 30, 30]
+    assert [bucket_side(s, 64) for s in (31, 41, 64)] == [40, 50, 64] and bucket_side(70, 72) == 72
 
 
 @pytest.mark.parametrize("name", list(AGENTS))

@@ -83,9 +83,9 @@ def test_stop_views_must_be_among_the_views_adaptation_trains_on():
     assert Config.from_flags(ttt_stop_views=16, ttt_views=32).eval.ttt_stop_views == 16
 
 
-def test_compile_without_a_full_canvas_is_refused(run_cli):
+def test_compile_on_a_fit_canvas_is_refused(run_cli):
     out = run_cli("--compile")
-    assert out.returncode == 2 and "--compile needs --canvas full" in out.stderr
+    assert out.returncode == 2 and "--compile needs --canvas bucket or full" in out.stderr
 
 
 def test_configs_are_keyword_only_and_flag_names_are_field_names():
