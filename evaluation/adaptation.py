@@ -303,7 +303,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     e = cfg.eval
     together = e.trains_shared_weights and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
-        raise ValueError(f"--ttt_params {e.ttt_params} with --ttt_dropout, --ttt_view_rows or --amp fp16 adapts "
+        raise ValueError(f"--ttt_params {e.ttt_params} with --ttt_dropout, --ttt_view_rows or --amp bf16/fp16 adapts "
                          f"the shared weights one task at a time, got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})

