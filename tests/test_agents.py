@@ -190,7 +190,7 @@ def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_bu
     compiled = state.model
     eager = build_model(cfg.replace(compile=False), qwen=compiled.qwen)
     eager.load_state_dict(compiled.state_dict())  # the same parameter names: checkpoints are interchangeable
-    dataset = training.build_data(cfg, CPU).train_set
+    dataset = training.build_data(cfg, CPU).loader.dataset
     samples = [dataset[(i, 0)] for i in range(4)]
     assert max(s["side"] for s in samples) <= 8, "the small folder's grids: the first bucket"
     counters.clear()

@@ -52,7 +52,8 @@ MUTANTS = [
            "n_samples = sum(b[\"input\"].shape[0] for b in window)",
            "tests/test_multiprocess.py::test_two_processes_equal_one_with_twice_the_batch[torchrun]"),
     Mutant(3, "a step with non-finite gradients applied when amp is off",
-           "engine/precision.py", "            stepped = math.isfinite(norm)", "            stepped = True",
+           "engine/precision.py", "        elif stepped:\n            optimizer.step()",
+           "        else:\n            optimizer.step()",
            "tests/test_precision.py::test_nonfinite_gradient_skips_step_and_keeps_state[off]"),
     Mutant(3, "several processes: a NaN loss in a window's last micro-batch goes backward on no process but its own "
               "(DDP reduces in that backward)", "training/step.py",
