@@ -235,8 +235,9 @@ def trained_start(minutes: float, out: Path, common: dict) -> tuple[str, Path]:
     ledger: the training goes on from there). -> (the start's name in the tables, its folder)."""
     folder = out / f"defaults-{minutes:g}min"
     if not folder.exists():
-        shorter = sorted((float(f.name[len("defaults-"):-len("min")]), f) for f in out.glob("defaults-*min")
-                         if f.is_dir() and float(f.name[len("defaults-"):-len("min")]) < minutes)
+        trained = ((float(f.name.removeprefix("defaults-").removesuffix("min")), f)
+                   for f in out.glob("defaults-*min") if f.is_dir())
+        shorter = sorted((m, f) for m, f in trained if m < minutes)
         if shorter:
             partial = folder.with_name(folder.name + ".partial")
             shutil.rmtree(partial, ignore_errors=True)
