@@ -17,6 +17,7 @@ from agents.adapter import AdapterSlice
 from agents.views import PromptedViews, enclosed_background
 from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES, grid_extent, one_hot
+from engine.precision import Float32LayerNorm
 
 
 class CellPosition(nn.Module):
@@ -90,7 +91,7 @@ class PromptedOutput(nn.Module):
 
     def __init__(self, *, prompt_dim: int, channels: int):
         super().__init__()
-        self.norm = nn.LayerNorm(channels)
+        self.norm = Float32LayerNorm(channels)
         self.out = nn.Linear(channels, NUM_CLASSES)
         self.generated = nn.Linear(prompt_dim, channels * NUM_CLASSES)
         self.class_map = nn.Linear(prompt_dim, NUM_CLASSES * NUM_CLASSES)

@@ -27,6 +27,7 @@ from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
+from engine.precision import Float32LayerNorm
 
 
 class HybridBlock(nn.Module):
@@ -36,7 +37,7 @@ class HybridBlock(nn.Module):
     def __init__(self, channels: int, heads: int, prefix: int):
         super().__init__()
         self.prefix = prefix
-        self.attn_norm, self.mlp_norm = nn.LayerNorm(channels), nn.LayerNorm(channels)
+        self.attn_norm, self.mlp_norm = Float32LayerNorm(channels), Float32LayerNorm(channels)
         self.attn = nn.MultiheadAttention(channels, heads, batch_first=True)
         self.up = nn.Linear(channels, 4 * channels)
         self.local = nn.Conv2d(4 * channels, 4 * channels, 3, padding=1, groups=4 * channels)

@@ -18,6 +18,7 @@ from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
+from engine.precision import Float32LayerNorm
 
 HEADS = 4  # attention heads of each layer: the channels must divide into them
 
@@ -35,6 +36,7 @@ class TransformerAgent(nn.Module):
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         block = nn.TransformerEncoderLayer(channels, heads, 4 * channels, dropout=0.0, activation="gelu",
                                            batch_first=True, norm_first=True)
+        block.norm1, block.norm2 = Float32LayerNorm(channels), Float32LayerNorm(channels)  # engine/precision.py: why
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 

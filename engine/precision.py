@@ -49,6 +49,20 @@ def slow_precision(mode: str, device: torch.device) -> str | None:
             f"({' / '.join(NATIVE_CPU_FEATURES[mode])}): steps run several times slower than --amp off")
 
 
+class Float32LayerNorm(torch.nn.LayerNorm):
+    """nn.LayerNorm computed in float32 under any autocast -> float32 [..., C] (its input and weights
+    cast up first: FSDP's bf16 parameters too; float32 ones are untouched). CUDA's autocast already
+    runs layer_norm in float32; CPU's passes a bf16 input on beside float32 weights, and torch 2.13's
+    vmap cannot batch that mixed-type layer_norm's backward ("expected scalar type BFloat16 but found
+    Float"), which tasks adapted together under --amp bf16 need (evaluation/task_batch.py). Same
+    weights and state dict keys as nn.LayerNorm."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float() if self.weight is not None else None
+        bias = self.bias.float() if self.bias is not None else None
+        return torch.nn.functional.layer_norm(x.float(), self.normalized_shape, weight, bias, self.eps)
+
+
 def check_master_weights(params: list[torch.nn.Parameter], what: str) -> None:
     """Refuse trainable weights that are not float32 (GradScaler cannot unscale fp16 gradients)."""
     bad = {str(p.dtype) for p in params if p.requires_grad and p.dtype != torch.float32}

