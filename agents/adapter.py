@@ -114,23 +114,32 @@ class TaskAdapters(nn.Module):
 
     @classmethod
     def concat(cls, adapters: list[TaskAdapters]) -> TaskAdapters:
-        """One adapter holding the rows of `adapters` in their order (each without rows per view)."""
+        """One adapter holding the slots of `adapters` in their order (with rows per view, the same
+        views in each)."""
         first = adapters[0]
+        if any(a.view_ids != first.view_ids for a in adapters):
+            raise ValueError("concat: adapters with rows for different views")
         out = cls(slots=1, prompt_dim=first.latent.shape[1], channels=first.down.shape[2],
                   blocks=first.down.shape[1], views=first.gate_bias.shape[1], rank=first.down.shape[3])
         for name, _ in first.named_parameters():
             setattr(out, name, nn.Parameter(torch.cat([getattr(a, name).detach() for a in adapters])))
+        out.view_ids = first.view_ids
         return out.to(first.latent.device)
 
     def forward(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> AdapterSlice:
         """The rows of samples of these slots (slot [B] int64); with rows per view, each sample's row of
-        its augmentation (`aug_ids`, B augmentation ids; a view without a row of its own reads the
-        first view's, the identity's)."""
-        if self.view_ids:
-            if aug_ids is None:
-                raise ValueError("an adapter with a row per view needs each sample's augmentation id")
-            index = {a: k for k, a in enumerate(self.view_ids)}
-            view = torch.tensor([index.get(a, 0) for a in aug_ids], dtype=slot.dtype, device=slot.device)
-            slot = slot * len(self.view_ids) + view
-        return AdapterSlice(self.latent[slot], self.gate_bias[slot], self.class_bias[slot], self.down[slot],
-                            self.up[slot])
+        its augmentation (`rows`)."""
+        row = self.rows(slot, aug_ids)
+        return AdapterSlice(self.latent[row], self.gate_bias[row], self.class_bias[row], self.down[row], self.up[row])
+
+    def rows(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> torch.Tensor:
+        """The row each sample reads -> [B] int64: its slot (slot [B] int64), or with rows per view its
+        slot's row of its augmentation (`aug_ids`, B augmentation ids; a view without a row of its own
+        reads the first view's, the identity's)."""
+        if not self.view_ids:
+            return slot
+        if aug_ids is None:
+            raise ValueError("an adapter with a row per view needs each sample's augmentation id")
+        index = {a: k for k, a in enumerate(self.view_ids)}
+        view = torch.tensor([index.get(a, 0) for a in aug_ids], dtype=slot.dtype, device=slot.device)
+        return slot * len(self.view_ids) + view

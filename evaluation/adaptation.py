@@ -25,10 +25,9 @@ read. The shared weights end exactly as they started.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -37,10 +36,11 @@ from data.augment import view_ids
 from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset
 from engine.config import Config
-from engine.loop import preserved_rng, to_device
+from engine.loop import to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
 from evaluation.task_batch import TaskWeights, batches_shared_weights, fit_together
+from evaluation.ttt_dropout import DropoutMasks, dropped_changes
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
 from prompt import QwenFeatures
@@ -143,7 +143,7 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
     row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
     clips the global norm), the lr warmed up over the first `warmup` fraction of `steps`, each step's
-    residual blocks dropping `dropout` of their change (`_dropped_changes`), under `amp`
+    residual blocks dropping `dropout` of their change (evaluation/ttt_dropout.py), under `amp`
     (the adaptation's one mixed-precision routine: under fp16 its scaler skips a step with
     non-finite gradients). Stops early once every row's demos are solved
     (checked before the first step and every `check_every`; 0: never), when `enough()` says the time
@@ -158,51 +158,21 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     slots = max(rows) + 1
     tried = taken = 0
     observe(tried)
-    with _seeded(demos.seed) if dropout else nullcontext():
-        while tried < steps and not stop() and not enough() and not (
-                check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
-                                                                            device, amp)):
-            _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
-            tried += 1
-            batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
-            with _dropped_changes(model, dropout):
-                loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg,
-                                   amp).sum()
-            amp.backward(loss)
-            result = amp.step(optimizer, clip)
-            taken += result is not None and result.stepped
-            observe(tried)
+    masks = DropoutMasks(dropout, demos.seed, device) if dropout else None
+    while tried < steps and not stop() and not enough() and not (
+            check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
+                                                                        device, amp)):
+        _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
+        tried += 1
+        batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
+        with dropped_changes(model, masks.draw if masks is not None else None):
+            loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg,
+                               amp).sum()
+        amp.backward(loss)
+        result = amp.step(optimizer, clip)
+        taken += result is not None and result.stepped
+        observe(tried)
     return taken
-
-
-@contextmanager
-def _seeded(seed: list[int]) -> Iterator[None]:
-    """Inside, torch's global random streams start from `seed`; on exit every stream is as it was
-    (engine.loop.preserved_rng, validation's own guard)."""
-    with preserved_rng():
-        torch.manual_seed(int(np.random.SeedSequence(seed).generate_state(1)[0]))
-        yield
-
-
-@contextmanager
-def _dropped_changes(model: ArcModel, p: float) -> Iterator[None]:
-    """Inside, each of the agent's residual blocks returns x + dropout(its change, p) (`--ttt_dropout`:
-    the agents run in eval mode during adaptation and have no dropout of their own). The masks come
-    from torch's global stream: `_fit` seeds it by the group's tasks, so a task adapts the same way
-    whatever ran before it (a validation continued from its journal included)."""
-    if not p:
-        yield
-        return
-
-    def drop(_module: nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
-        return inputs[0] + nn.functional.dropout(output - inputs[0], p, training=True)
-
-    hooks = [block.register_forward_hook(drop) for block in model.agent.residual_blocks()]
-    try:
-        yield
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 @contextmanager
@@ -275,7 +245,8 @@ def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Confi
     e = cfg.eval
     if e.trains_task_adapter:
         return adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr, latent_lr=e.latent_lr), 0.0
-    view_latents = [adapters.latent] if e.ttt_view_rows else []
+    # (tasks adapted together pass no adapter: fit_together stacks their view latents beside the weights)
+    view_latents = [adapters.latent] if e.ttt_view_rows and adapters is not None else []
     return [{"params": [*model.ttt_parameters(e.ttt_params), *view_latents], "lr": e.ttt_lr}], cfg.optim.clip
 
 
@@ -303,7 +274,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     e = cfg.eval
     together = e.trains_shared_weights and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
-        raise ValueError(f"--ttt_params {e.ttt_params} with --ttt_dropout, --ttt_view_rows or --amp bf16/fp16 adapts "
+        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 adapts "
                          f"the shared weights one task at a time, got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
@@ -361,6 +332,8 @@ def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[A
         kept.append(_search(model, prompts, [task], d, usable, cfg=cfg, device=device, amp=amp, stop=stop)[0]
                     if usable else None)
         d.restart_draws()
+    if e.ttt_view_rows:  # a row per view of each task's kept start, trained with its weights
+        kept = [_per_view(model, a, 1, cfg) for a in kept]
     groups, clip = _test_time_groups(model, None, cfg)
 
     def solves(k: int, weights: TaskWeights) -> bool:
@@ -372,6 +345,7 @@ def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[A
                                   solves=solves)
     result.weights = weights
     if any(a is not None for a in kept):  # a task of one demo was not searched: a fresh row, which changes nothing
+        # (with rows per view every task has its own)
         fresh = model.task_adapters(1, rank=e.ttt_rank, seed=cfg.run.seed)
         result.adapters = TaskAdapters.concat([a if a is not None else fresh for a in kept])
     for k, (task, d) in enumerate(zip(tasks, demos, strict=True)):

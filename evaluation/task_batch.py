@@ -13,9 +13,12 @@ puts a task's copy into them for its predictions (evaluation/adaptation.adapted 
 
 vmap needs every task of a step to have one canvas side: a task's demo batches all have its pool's
 side (data/demo_episodes.py), and tasks are grouped by it (evaluation/evaluate.task_groups).
-Not batched (one task at a time instead): `--ttt_dropout` (its masks are drawn per group),
-`--ttt_view_rows` (the rows train beside the weights) and `--amp fp16` (its scaler skips a step
-for every task at once). Under `--amp bf16` together equals alone to bf16's rounding (a vmapped
+`--ttt_view_rows`: each task's per-view latent rows are one more stacked copy, trained with its
+weights (the same Adam group and clip as alone) and gathered by each sample's view inside the
+vmapped loss. `--ttt_dropout`: each task's masks are drawn outside vmap from the stream it would
+draw from alone (evaluation/ttt_dropout.py), in the same order, and handed in with its batch.
+Not batched (one task at a time instead): `--amp fp16` (its scaler skips a step for every task at
+once). Under `--amp bf16` together equals alone to bf16's rounding (a vmapped
 sum rounds in another order), not to float tolerance (tests/test_task_batch.py); its LayerNorms
 compute in float32 for vmap's sake (engine/precision.Float32LayerNorm).
 """
@@ -23,7 +26,8 @@ compute in float32 for vmap's sake (engine/precision.Float32LayerNorm).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from torch import nn
@@ -34,6 +38,7 @@ from engine.config import Config
 from engine.loop import to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
+from evaluation.ttt_dropout import DropoutMasks, change_shapes, dropped_changes
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, TaskAdapters
 from prompt import QwenFeatures
@@ -41,9 +46,10 @@ from prompt import QwenFeatures
 
 def batches_shared_weights(cfg: Config) -> bool:
     """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together
-    (else one task at a time): it trains them, and nothing it trains ties the tasks of a step."""
+    (else one task at a time): it trains them, and nothing it trains ties the tasks of a step (fp16's
+    one loss scale would)."""
     e = cfg.eval
-    return e.trains_shared_weights and not e.ttt_dropout and not e.ttt_view_rows and cfg.optim.amp != "fp16"
+    return e.trains_shared_weights and cfg.optim.amp != "fp16"
 
 
 @dataclass
@@ -67,10 +73,12 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
                  enough: Callable[[], bool], observe: Callable[[int], None],
                  solves: Callable[[int, TaskWeights], bool]) -> tuple[TaskWeights, list[int]]:
     """Test-time training of `params` for K tasks together, task k on its demos `demos[k]` (one task
-    each, every pool of one side) read with its kept adapter `adapters[k]` (one row, fixed; None
-    without one). Adam at `--ttt_lr` under `--ttt_schedule` and `--ttt_warmup`, `clip` > 0 clipping
-    each task's own gradient norm, `--ttt_batch_size` episodes a task a step. `solves(k, weights)`
-    says whether task k's demos are exact under its copy (checked before the first step and every
+    each, every pool of one side) read with its adapter `adapters[k]` (one row, fixed; with
+    `--ttt_view_rows` a row per view, every task's, whose latents train with the weights and end
+    written back into it; None without one). Adam at `--ttt_lr` under `--ttt_schedule` and
+    `--ttt_warmup`, `clip` > 0 clipping each task's own gradient norm, `--ttt_batch_size` episodes a
+    task a step, `--ttt_dropout` masks from each task's own stream. `solves(k, weights)` says whether
+    task k's demos are exact under its copy and adapter (checked before the first step and every
     `--ttt_check_every`); a solved task keeps that copy. A task whose gradient is not finite keeps
     its copy from before that step and stops (alone, that step would be skipped and training go on).
     `stop`, `enough` and `observe` as adaptation._fit's. -> (each task's adapted copy, the steps
@@ -82,11 +90,22 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
     # plain tensors: torch.func gives the gradients, set on them by hand, and Adam steps what has one
     stacks = [p.detach().unsqueeze(0).repeat(k_tasks, *([1] * p.dim())) for p in params]
     weights = TaskWeights(params, stacks)
+    if e.ttt_view_rows:  # each task's view latents: one more copy, in the same Adam group and clip
+        keys.append(LATENT)
+        stacks = [*stacks, torch.stack([a.latent.detach() for a in adapters])]
     optimizer = torch.optim.Adam(stacks, lr=e.ttt_lr, fused=True)
+    masks = [DropoutMasks(e.ttt_dropout, d.seed, device) for d in demos] if e.ttt_dropout else None
+    shapes: list[torch.Size] | None = None  # each block call's change, the same for every task of one side
     active = [bool(d.episodes[0]) for d in demos]  # a task of one demo has no episode to train on
     kept: dict[int, list[torch.Tensor]] = {}  # a task stopped: its copy as it stopped
     taken = [0] * k_tasks
     task_grad = grad(_task_loss(model, cfg))
+
+    def latents_into_adapters(ks: list[int]) -> None:
+        if e.ttt_view_rows:
+            with torch.no_grad():
+                for k in ks:
+                    adapters[k].latent.copy_(stacks[-1][k])
 
     def stopped(k: int) -> None:
         active[k] = False
@@ -97,6 +116,7 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
     while tried < steps and any(active) and not stop() and not enough():
         if e.ttt_check_every and tried % e.ttt_check_every == 0:
             for k in [k for k in range(k_tasks) if active[k]]:
+                latents_into_adapters([k])
                 if solves(k, weights):
                     stopped(k)
             if not any(active):
@@ -104,14 +124,20 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
         set_lrs(optimizer, [e.ttt_lr], warmed_factor(e.ttt_schedule, tried, steps, e.ttt_warmup))
         tried += 1
         ks = [k for k in range(k_tasks) if active[k]]
-        batch, slices = _stacked_draws(model, prompts, [demos[k] for k in ks],
-                                       [adapters[k] for k in ks],
-                                       cfg.eval.ttt_batch_size, device)
+        batch, slices, rows = _stacked_draws(model, prompts, [demos[k] for k in ks], [adapters[k] for k in ks],
+                                             cfg.eval.ttt_batch_size, device)
         everyone = len(ks) == k_tasks
         copies = {key: s if everyone else s[ks] for key, s in zip(keys, stacks, strict=True)}
+        drawn = None
+        if masks is not None:
+            if shapes is None:  # one task's forward, outside vmap
+                first = ({key: c[0] for key, c in copies.items()}, {name: v[0] for name, v in batch.items()},
+                         None if slices is None else tuple(t[0] for t in slices), rows[0], None)
+                shapes = change_shapes(model, partial(_task_loss(model, cfg), *first))
+            drawn = [torch.stack([masks[k].draw(shape) for k in ks]) for shape in shapes]
         with amp.autocast():
-            grads = vmap(task_grad, in_dims=(0, 0, 0 if slices is not None else None), randomness="error")(
-                copies, batch, slices)
+            grads = vmap(task_grad, in_dims=(0, 0, 0 if slices is not None else None, 0, 0 if drawn else None),
+                         randomness="error")(copies, batch, slices, rows, drawn)
         # each active task's own gradient norm [len(ks)], as clip_grad_norm_ takes it over one task's weights
         norms = torch.stack([g.reshape(len(ks), -1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
         finite = torch.isfinite(norms).tolist()  # one host sync a step, as amp.step's norm
@@ -133,17 +159,29 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
     for k, copy in kept.items():
         for s, c in zip(stacks, copy, strict=True):
             s[k] = c
+    latents_into_adapters([k for k in range(k_tasks) if adapters[k] is not None])
     return weights, taken
+
+
+LATENT = "adapter.latent"  # the stacked copies' key of each task's view latents (not a model parameter)
 
 
 def _task_loss(model: ArcModel, cfg: Config) -> Callable:
     """The mean adaptation loss of one task's batch under its copy of the weights: a function of
-    (copy {name: tensor}, batch of tensors, adapter slice tensors or None) -> [] float32, for
-    vmap(grad(.)) over the task axis."""
-    def loss(copy: dict[str, torch.Tensor], batch: dict[str, torch.Tensor],
-             adapter: tuple[torch.Tensor, ...] | None) -> torch.Tensor:
+    (copy {name: tensor, and LATENT: its view latents [V, P] with --ttt_view_rows}, batch of tensors,
+    adapter slice tensors or None, the adapter row of each sample [B] int64 (where its latent is
+    read), its dropout masks (a list, one a block call) or None) -> [] float32, for vmap(grad(.))
+    over the task axis."""
+    def loss(copy: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], adapter: tuple[torch.Tensor, ...] | None,
+             rows: torch.Tensor, masks: list[torch.Tensor] | None) -> torch.Tensor:
+        copy = dict(copy)
+        latent = copy.pop(LATENT, None)
         slice_ = AdapterSlice(*adapter) if adapter is not None else None
-        pred = functional_call(model, copy, (batch, "mean", slice_), strict=False)
+        if latent is not None:
+            slice_ = replace(slice_, latent=latent[rows])
+        each = iter(masks) if masks is not None else None  # the masks in block-call order
+        with dropped_changes(model, (lambda shape: next(each)) if each is not None else None):
+            pred = functional_call(model, copy, (batch, "mean", slice_), strict=False)
         per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
                                      cfg=cfg.loss)
         return per_sample.float().mean()
@@ -151,18 +189,22 @@ def _task_loss(model: ArcModel, cfg: Config) -> Callable:
 
 
 def _stacked_draws(model: ArcModel, prompts: QwenFeatures | None, demos: list[DemoEpisodes],
-                   adapters: list[TaskAdapters | None], per_task: int,
-                   device: torch.device) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None]:
+                   adapters: list[TaskAdapters | None], per_task: int, device: torch.device
+                   ) -> tuple[dict[str, torch.Tensor], tuple[torch.Tensor, ...] | None, torch.Tensor]:
     """One step's episodes: `per_task` drawn from each task's own stream, each task's batch with its
-    prompt features, stacked along a leading task axis -> (batch {name: [K, B, ...]}, the kept
-    adapter rows of each sample as AdapterSlice's tensors [K, B, ...], or None without adapters:
-    the tasks have one each or none)."""
-    batches, slices = [], []
+    prompt features, stacked along a leading task axis -> (batch {name: [K, B, ...]}, the adapter
+    rows of each sample as AdapterSlice's tensors [K, B, ...], or None without adapters: the tasks
+    have one each or none; the row of its task's adapter each sample reads [K, B] int64)."""
+    batches, slices, rows = [], [], []
     for k, d in enumerate(demos):
         batch, of = d.draw({0: 0}, per_task)
+        views = [a.aug_id for a in batch["augmentation"]]
         batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
         batches.append({name: v for name, v in batch.items() if torch.is_tensor(v)})
+        of = of.to(device)
+        rows.append(adapters[k].rows(of, views) if adapters[k] is not None else of)
         if adapters[k] is not None:
-            slices.append(tuple(vars(adapters[k](of.to(device))).values()))
+            slices.append(tuple(vars(adapters[k](of, views)).values()))
     stacked = {name: torch.stack([b[name] for b in batches]) for name in batches[0]}
-    return stacked, (tuple(torch.stack(parts) for parts in zip(*slices, strict=True)) if slices else None)
+    return (stacked, tuple(torch.stack(parts) for parts in zip(*slices, strict=True)) if slices else None,
+            torch.stack(rows))
