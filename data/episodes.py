@@ -90,6 +90,12 @@ def episode_extent(ep: Episode, fit_target: bool) -> int:
     return max(extent, *ep.query.output.shape) if fit_target and ep.query.answered else extent
 
 
+# (episode, augmentation) samples whose prompt features a dataset keeps (about 600 bytes each): with
+# --augment_pool a run meets each again every few epochs, and computing them was two thirds of a
+# sample's cost (bench.step_profile)
+FEATURE_CACHE = 1 << 16
+
+
 class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
@@ -114,6 +120,7 @@ class EpisodeDataset(Dataset):
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
         # the unplaced side of each episode (what batches are bucketed by)
         self.sides = np.array([self._cut(fit_side((x,)), MAX_SIDE) for x in self.extents], dtype=np.int64)
+        self._features: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -141,14 +148,15 @@ class EpisodeDataset(Dataset):
         side = self.side_of(index, aug_id)
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
+        numeric, relation = self.features(index, aug_id, context, query_in)
         sample = {
             "input": torch.from_numpy(self.encode(query_in, placement)),
             # a test input without a known output (a task to predict) gets a target of PAD only,
             # which no loss counts and nothing reads: the scorer skips its metrics
             "target": torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
                                        else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64)),
-            "numeric": torch.from_numpy(numeric_features(context, query_in)),
-            "relation": torch.from_numpy(relation_features(context)),
+            "numeric": numeric,
+            "relation": relation,
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
             "side": side,
             "demo_texts": tuple(demo_text(p) for p in context),
@@ -163,6 +171,19 @@ class EpisodeDataset(Dataset):
             sample["context_input"] = self.canvases([p.input for p in demos], placement)
             sample["context_target"] = self.canvases([p.output for p in demos], placement)
         return sample
+
+    def features(self, index: int, aug_id: int, context: tuple[ArcPair, ...],
+                 query_in: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample (index, aug_id)'s numeric [15] and relation [129] float32 features, of its augmented
+        context and query input; computed once and kept for the next draw of the same sample (up to
+        FEATURE_CACHE samples, the oldest dropped first). Shared by every draw: read, never written."""
+        key = (index, aug_id)
+        if key not in self._features:
+            if len(self._features) >= FEATURE_CACHE:
+                del self._features[next(iter(self._features))]
+            self._features[key] = (torch.from_numpy(numeric_features(context, query_in)),
+                                   torch.from_numpy(relation_features(context)))
+        return self._features[key]
 
     @property
     def canvas_side(self) -> int:

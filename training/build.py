@@ -127,7 +127,7 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
                       optimizer=torch.optim.AdamW(param_groups, weight_decay=cfg.optim.weight_decay, fused=True),
                       rl_optimizer=torch.optim.Adam(groups["rl_head"], lr=cfg.optim.rl_lr, fused=True),
                       amp=MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale),
-                      trained=trained, rl_head=rl_head)
+                      trained=trained, rl_head=rl_head, sharded=is_sharded(model))
 
 
 def evaluation_view(state: TrainState, cfg: Config, device: torch.device) -> tuple[ArcModel, QwenFeatures | None]:

@@ -83,6 +83,9 @@ class TrainState:
     rl_head: torch.nn.Module | None = None
     # The checkpoint's attempt chooser (--train_chooser), read by a loaded run's validation alone.
     chooser: AttemptChooser | None = None
+    # Whether the model holds FSDP2 units (engine/distributed.is_sharded, a walk of every module: read
+    # once at build, not in every step)
+    sharded: bool = False
 
 
 def _rank_state(state: TrainState) -> dict:

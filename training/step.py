@@ -6,7 +6,7 @@ import torch
 from torch.profiler import record_function
 
 from engine.config import Config
-from engine.distributed import Dist, gradient_sync, is_sharded, under_ddp
+from engine.distributed import Dist, gradient_sync, under_ddp
 from loss_function import training_loss
 from policy_refined import RLInfo
 from training.meta_step import meta_gradient
@@ -22,7 +22,7 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     model, counters = state.model, state.counters
     stats, infos, rewards = _window_gradient(state, window, cfg, dist)
     with record_function("step/optimizer"):
-        result = state.amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": model.parameter_groups()["qwen"]})
+        result = state.amp.step(state.optimizer, cfg.optim.clip, watch={"qwen": _group(state.optimizer, "qwen")})
     stats["amp/stepped"] = float(result is not None and result.stepped)
     if result is not None:
         stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
@@ -57,7 +57,7 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
     process has some)."""
     model, amp = state.model, state.amp
     trained = state.trained if state.trained is not None else model
-    ddp, sharded = under_ddp(trained), is_sharded(trained)
+    ddp, sharded = under_ddp(trained), state.sharded
     n_samples = dist.sum_int(sum(b["input"].shape[0] for b in window))
     # DDP and FSDP average over processes; the loss is a share of the global batch, so the sum is wanted
     share = dist.world_size / n_samples if ddp or sharded else 1 / n_samples
@@ -96,6 +96,12 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
         infos, rewards = [], []
     stats = {k: sum(s[k] for s in learned) / len(learned) for k in learned[0]} if learned else {}
     return {"amp/nonfinite_losses": float(len(window) - len(learned)), **stats}, infos, rewards
+
+
+def _group(optimizer: torch.optim.Optimizer, name: str) -> list[torch.nn.Parameter]:
+    """The parameters of the optimizer's group of this name (training/build.py names them); none
+    without one (a frozen Qwen has no group)."""
+    return next((g["params"] for g in optimizer.param_groups if g.get("name") == name), [])
 
 
 @torch.no_grad()
