@@ -71,13 +71,14 @@ SETTINGS: dict[str, dict] = {
                                     "ttt_warmup": 0.1, "ttt_views": 32, "eval_augments": 32},
     "views-32": {"ttt_views": 32},
     "dropout-0.1": {"ttt_dropout": 0.1},
-    # VARC's recipe at a CPU budget: auxiliary view rows, warm-up and cosine, dropout, many views and votes
+    # VARC's recipe at a CPU budget: auxiliary view rows, warm-up and cosine, dropout, many views and votes,
+    # one task at a time (configs/adapt-varc.toml: on a CPU tasks adapted together cost more)
     "varc-60": {"ttt_view_rows": True, "ttt_steps": 60, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
-                "ttt_dropout": 0.1, "ttt_views": 64},  # the same at the default's steps and votes
+                "ttt_dropout": 0.1, "ttt_views": 64, "adapt_tasks": 1},  # the same at the default's steps and votes
     "varc-240": {"ttt_view_rows": True, "ttt_steps": 240, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
-                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32},
+                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
     "varc-600": {"ttt_view_rows": True, "ttt_steps": 600, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
-                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32},
+                 "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
     "placed-shift-2": {"place_shift": 2},  # test-time training and the votes on views translated up to 2 cells
     # another model: from the untrained start only (the trained start's checkpoint is the default agent)
     "loop-vit": {"agent": "loop_vit"},
