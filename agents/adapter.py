@@ -129,7 +129,10 @@ class TaskAdapters(nn.Module):
     def forward(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> AdapterSlice:
         """The rows of samples of these slots (slot [B] int64); with rows per view, each sample's row of
         its augmentation (`rows`)."""
-        row = self.rows(slot, aug_ids)
+        return self.at(self.rows(slot, aug_ids))
+
+    def at(self, row: torch.Tensor) -> AdapterSlice:
+        """The adapter's rows `row` [B] int64 (`rows` names each sample's), one a sample."""
         return AdapterSlice(self.latent[row], self.gate_bias[row], self.class_bias[row], self.down[row], self.up[row])
 
     def rows(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> torch.Tensor:

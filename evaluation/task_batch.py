@@ -204,7 +204,7 @@ def _stacked_draws(model: ArcModel, prompts: QwenFeatures | None, demos: list[De
         of = of.to(device)
         rows.append(adapters[k].rows(of, views) if adapters[k] is not None else of)
         if adapters[k] is not None:
-            slices.append(tuple(vars(adapters[k](of, views)).values()))
+            slices.append(tuple(vars(adapters[k].at(rows[-1])).values()))
     stacked = {name: torch.stack([b[name] for b in batches]) for name in batches[0]}
     return (stacked, tuple(torch.stack(parts) for parts in zip(*slices, strict=True)) if slices else None,
             torch.stack(rows))

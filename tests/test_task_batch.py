@@ -58,6 +58,23 @@ def adapt_alone_and_together(cfg, state, eval_set, tasks):
     return alone, together
 
 
+def together_as_alone(small_cfg, tolerance: dict, **flags) -> dict:
+    """The RULES tasks adapted for 6 steps alone and together under `flags`: equal steps, demo losses
+    and view predictions to `tolerance` (loss_rel, loss_abs, logp_rtol, logp_atol), the model's weights
+    bit for bit as they started. -> the alone outcomes."""
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=6, ttt_lr=3e-3, ttt_check_every=0, **flags)
+    assert batches_shared_weights(cfg)
+    before = {k: v.clone() for k, v in state.model.state_dict().items()}
+    alone, together = adapt_alone_and_together(cfg, state, eval_set, made_tasks(RULES))
+    for task_id, (steps, loss, logps) in alone.items():
+        got_steps, got_loss, got_logps = together[task_id]
+        assert got_steps == steps == 6
+        assert got_loss == pytest.approx(loss, rel=tolerance["loss_rel"], abs=tolerance["loss_abs"])
+        np.testing.assert_allclose(got_logps, logps, rtol=tolerance["logp_rtol"], atol=tolerance["logp_atol"])
+    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
+    return alone
+
+
 @pytest.mark.parametrize("flags", [
     dict(),  # the default: view-start search, then all weights with the clip
     dict(ttt_params="late", view_starts=False, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
@@ -70,16 +87,7 @@ def test_tasks_adapted_together_end_as_each_alone(small_cfg, flags):
     (float tolerance: a vmapped convolution sums in another order), under the search's kept starts
     (the default) and under a schedule, warm-up and a clip tight enough to bind every step; the
     model's weights end bit for bit as they started."""
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=6, ttt_lr=3e-3, ttt_check_every=0, **flags)
-    assert batches_shared_weights(cfg)
-    before = {k: v.clone() for k, v in state.model.state_dict().items()}
-    alone, together = adapt_alone_and_together(cfg, state, eval_set, made_tasks(RULES))
-    for task_id, (steps, loss, logps) in alone.items():
-        got_steps, got_loss, got_logps = together[task_id]
-        assert got_steps == steps == 6
-        assert got_loss == pytest.approx(loss, rel=1e-4, abs=1e-5)
-        np.testing.assert_allclose(got_logps, logps, rtol=1e-4, atol=1e-5)
-    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
+    alone = together_as_alone(small_cfg, dict(loss_rel=1e-4, loss_abs=1e-5, logp_rtol=1e-4, logp_atol=1e-5), **flags)
     moved = [alone[t][1] for t in alone]
     assert len(set(np.round(moved, 4))) == len(moved)  # the tasks went separate ways
 
@@ -92,16 +100,8 @@ def test_tasks_adapted_together_under_bf16_end_as_each_alone_to_its_precision(sm
     measured at 6 steps, up to 1.6% of a demo loss and 0.15 nats of a view's log-probability, about
     what bf16 against float32 moves them alone (that each task reads only its own copy is held to
     float tolerance in float32 above); the model's weights end bit for bit as they started."""
-    cfg, state, eval_set = setup(small_cfg, agent=agent, amp="bf16", ttt_steps=6, ttt_lr=3e-3, ttt_check_every=0)
-    assert batches_shared_weights(cfg)
-    before = {k: v.clone() for k, v in state.model.state_dict().items()}
-    alone, together = adapt_alone_and_together(cfg, state, eval_set, made_tasks(RULES))
-    for task_id, (steps, loss, logps) in alone.items():
-        got_steps, got_loss, got_logps = together[task_id]
-        assert got_steps == steps == 6
-        assert got_loss == pytest.approx(loss, rel=5e-2)
-        np.testing.assert_allclose(got_logps, logps, rtol=0, atol=0.3)
-    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
+    together_as_alone(small_cfg, dict(loss_rel=5e-2, loss_abs=0.0, logp_rtol=0.0, logp_atol=0.3), agent=agent,
+                      amp="bf16")
 
 
 def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg):
