@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from engine.checkpoint import rng_state, set_rng_state
+from engine.precision import flush_denormals
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -19,6 +20,10 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 
 def seed_everything(seed: int) -> None:
+    """The state every run, bench and test starts from: Python's, numpy's and torch's generators
+    seeded, and the CPU's denormals flushed (first, before torch starts its threads: see
+    flush_denormals)."""
+    flush_denormals()
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
