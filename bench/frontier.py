@@ -26,13 +26,19 @@ first (the untrained one) at the same setting: what training buys once adaptatio
 
 Rows are kept in `--out`/frontier.json as they finish: a rerun prints what is there and scores only
 the rows it lacks (a row is its start, its setting's flags and the tasks), so a long table survives
-a stop. `--svg` draws pass@2 (bars: the 95% interval) against seconds a task on a log axis, each
-start's points joined along its frontier (the best pass@2 at that cost or less).
+a stop. Inside a row each task's result is journaled as it finishes (`--out`/journal/, one file a
+start and setting, evaluation/journal.py): a row stopped halfway goes on from its last task, and a
+row of more tasks scores only the tasks a row of fewer, same start and setting, lacks (with
+`adapt_tasks` above 1 a task whose group changes with the task count is scored again).
+
+`--svg` draws pass@2 (bars: the 95% interval) against seconds a task on a log axis, each start's
+points joined along its frontier (the best pass@2 at that cost or less).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import shutil
@@ -50,6 +56,7 @@ from engine.config import Config
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
+from evaluation.journal import open_journal
 
 CPU = torch.device("cpu")
 UNTRAINED = "untrained"
@@ -91,20 +98,30 @@ LEDGER = "frontier.json"
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
 
 
-def score(start: Path | None, flags: dict, tasks: int, cache: Path) -> dict:
+def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str) -> dict:
     """The checkpoint in `start` (None: the weights as built) validated with `flags` on the first
-    `tasks` evaluation tasks. -> {"metrics": eval/* figures, "pass2": per test pair, "loss": the
-    held-out loss after adaptation per test pair}, the pairs as [task id, where, value] lists."""
+    `tasks` evaluation tasks, the prompts cached in `out`/cache, each task's result journaled in
+    `out`/journal/`name`.rank0of1.jsonl (evaluation/journal.py) and read back from there when that
+    holds it. -> {"metrics": eval/* figures, "pass2": per test pair, "loss": the held-out loss after
+    adaptation per test pair}, the pairs as [task id, where, value] lists."""
+    cache = out / "cache"
     cfg = Config.from_flags(run_dir=str(start or cache), eval_only=True,
                             **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks})
     checkpoint = find_checkpoint(str(start)) if start is not None else None
     data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
     scores = score_tasks(state.model, state.prompts, data.eval_set, first_tasks(data.eval_set, tasks), cfg=cfg,
-                         device=CPU, desc="frontier")
+                         device=CPU, desc="frontier",
+                         journal=open_journal(out, name, state.model, cfg, 0, 1))
     pass2 = {key: m["pass2"] for key, m in by_pair(scores.records, data.eval_set).items()}
     loss = by_pair(scores.losses, data.eval_set)
     return {"metrics": scores.metrics("eval", cfg),
             "pass2": [[t, w, v] for (t, w), v in pass2.items()], "loss": [[t, w, v] for (t, w), v in loss.items()]}
+
+
+def row_name(key: dict) -> str:
+    """The name of a row's journal: its start and flags (not its tasks: a row of more tasks reads the
+    tasks a row of fewer journaled), hashed."""
+    return hashlib.sha256(json.dumps([key["start"], key["flags"]], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def same_row(row: dict, key: dict) -> bool:
@@ -296,7 +313,8 @@ def main(argv: list[str] | None = None) -> None:
             key = {"start": start, "flags": flags, "tasks": args.tasks}
             row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
-                row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out / "cache")}
+                row = {**key, "setting": name,
+                       **score(folder, flags, args.tasks, args.out, row_name(key))}
                 rows.append(row)
                 partial = ledger.with_suffix(".partial")
                 partial.write_text(json.dumps(rows))

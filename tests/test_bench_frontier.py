@@ -88,3 +88,27 @@ def test_a_longer_start_goes_on_from_the_shorter_one_and_the_first_setting_is_th
     assert (tmp_path / "defaults-0.1min" / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
     (row,) = across(out)
     assert row[0] == "search" and f"({longer['steps']:,} steps)" in row[1], "the longer start against the shorter"
+
+
+def kept_pairs(out) -> tuple[list, list]:
+    """The one row of `out`/frontier.json: its pass@2 and loss per test pair, in pair order."""
+    (row,) = json.loads((out / "frontier.json").read_text())
+    return sorted(row["pass2"]), sorted(row["loss"])
+
+
+@pytest.mark.slow
+def test_a_row_of_more_tasks_scores_only_the_tasks_a_row_of_fewer_lacks_and_scores_them_as_a_fresh_row(
+        arc_folder, tmp_path):
+    """Each row journals its tasks (one file a start and setting): the 3-task row reads the 2-task
+    row's tasks back and scores the third alone, and its pairs are those of a 3-task row scored afresh."""
+    alone = ("--starts", "untrained", "--minutes", "0", "--settings", "default", "--set", "adapt_tasks=1")
+    bench(arc_folder, tmp_path / "grown", *alone)
+    (journal,) = (tmp_path / "grown" / "journal").iterdir()
+    tasks_in = lambda: [json.loads(line)["task"] for line in journal.read_text().splitlines()[1:]]  # noqa: E731
+    first_two = tasks_in()
+    assert len(first_two) == 2
+    (tmp_path / "grown" / "frontier.json").unlink()  # the 3-task row is a new row anyway; one row to read
+    bench(arc_folder, tmp_path / "grown", *alone, "--tasks", "3")
+    assert tasks_in()[:2] == first_two and len(tasks_in()) == 3, "the first two tasks were read, not scored again"
+    bench(arc_folder, tmp_path / "fresh", *alone, "--tasks", "3")
+    assert kept_pairs(tmp_path / "grown") == kept_pairs(tmp_path / "fresh")
