@@ -313,8 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             key = {"start": start, "flags": flags, "tasks": args.tasks}
             row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
-                row = {**key, "setting": name,
-                       **score(folder, flags, args.tasks, args.out, row_name(key))}
+                row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out, row_name(key))}
                 rows.append(row)
                 partial = ledger.with_suffix(".partial")
                 partial.write_text(json.dumps(rows))

@@ -6,7 +6,6 @@ Each test that uses a scaler asserts it is enabled, so none can pass vacuously.
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +14,7 @@ import training
 from engine.precision import MixedPrecision, check_master_weights, slow_precision
 from loss_function import training_loss
 from prompt import with_qwen_features
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 
 def toy(mode: str):
