@@ -40,9 +40,13 @@ from engine.config import LossCfg
 
 @dataclass(frozen=True)
 class EFEResult:
-    per_sample: torch.Tensor  # [B] float32, carries gradients
-    mask_ratio: torch.Tensor  # [B] float32, detached
-    parts: dict[str, torch.Tensor]  # batch means of each term, detached, for logging
+    """Per sample, for every prediction of it (the leading [..., B] of the logits)."""
+
+    per_sample: torch.Tensor  # [..., B] float32, carries gradients
+    mask_ratio: torch.Tensor  # [..., B] float32, detached
+    log_likelihood: torch.Tensor  # [..., B] float32, detached: the target's mean log q over valid cells
+    # [..., B] float32 each, detached: risk, divergence and ambiguity (their cell means), complexity
+    parts: dict[str, torch.Tensor]
 
 
 def valid_cells(input_canvas: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -51,29 +55,42 @@ def valid_cells(input_canvas: torch.Tensor, target: torch.Tensor) -> torch.Tenso
     return (target != PAD) | (input_canvas != PAD)
 
 
+def _cell_mean(x: torch.Tensor, validf: torch.Tensor, n_valid: torch.Tensor) -> torch.Tensor:
+    """x [..., B, H, W] -> [..., B]: its mean over each sample's valid cells (validf [B, H, W]
+    float32, n_valid [B] their count, at least 1)."""
+    return (x * validf).sum((-2, -1)) / n_valid
+
+
+def _target_log_q(log_q: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """log_q [..., B, H, W, C], target [B, H, W] int64 -> [..., B, H, W]: log q of the target class."""
+    return log_q.gather(-1, target.unsqueeze(-1).expand(*log_q.shape[:-1], 1)).squeeze(-1)
+
+
 def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor,
              refined_prompt: torch.Tensor, prompt: torch.Tensor, *, cfg: LossCfg = LossCfg()) -> EFEResult:
-    """EFE loss per sample.
+    """EFE loss per sample, of one prediction per sample or of several ([K, B, ...]: training's
+    sampled and mean refinements, in one pass over the cells and one backward).
 
     Args:
-        logits: [B, S, S, C] float (any float dtype; the loss is computed in float32).
+        logits: [..., B, S, S, C] float (any float dtype; the loss is computed in float32).
         target: [B, S, S] int64 class indices. A float target is an error: it used to be passed
             as `out.float()` and silently broadcast inside the KL term.
         input_canvas: [B, S, S] int64, the query input (for the valid mask and hard cells).
-        refined_prompt, prompt: [B, P] float32, after and before refinement.
+        refined_prompt: [..., B, P] float32, after refinement; prompt: [B, P] float32, before.
         cfg: the coefficients (label_smoothing, kl_eps, lambda_r, lambda_a, lambda_c, hard_weight).
     Returns:
-        EFEResult with per_sample [B] float32 (with gradients), mask_ratio [B] and parts (detached).
+        EFEResult with per_sample [..., B] float32 (with gradients), and detached mask_ratio,
+        log_likelihood and parts [..., B].
     """
     if target.dtype != torch.long:
         raise TypeError(f"efe_loss: target must hold integer class indices (torch.long), got {target.dtype}")
-    if logits.shape[:-1] != target.shape:
+    if logits.shape[-4:-1] != target.shape:
         raise ValueError(f"efe_loss: logits {tuple(logits.shape)} do not match target {tuple(target.shape)}")
     num_classes = logits.shape[-1]
     # float32 on purpose: log-softmax and KL of bf16/fp16 logits under autocast lose the small terms.
     log_q = F.log_softmax(logits.float(), dim=-1)
     q = log_q.exp()
-    onehot = one_hot(target, num_classes)
+    onehot = one_hot(target, num_classes)  # [B, S, S, C]: shared by every prediction of a sample
 
     pref = (1 - cfg.label_smoothing) * onehot + cfg.label_smoothing / num_classes
     risk = -(pref * log_q).sum(-1)
@@ -84,23 +101,22 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
 
     valid = valid_cells(input_canvas, target)
     validf = valid.float()
-    n_valid = validf.sum((1, 2)).clamp_min(1.0)
+    n_valid = validf.sum((-2, -1)).clamp_min(1.0)
     with torch.no_grad():
         wrong = (log_q.argmax(-1) != target) & valid
         hard = wrong | (target != input_canvas)
         weight = torch.where(hard, cfg.hard_weight, 1.0) * validf
-        mask_ratio = wrong.float().sum((1, 2)) / n_valid
+        mask_ratio = wrong.float().sum((-2, -1)) / n_valid
+        log_likelihood = _cell_mean(_target_log_q(log_q, target), validf, n_valid)
 
-    data_term = (weight * cell_loss).sum((1, 2)) / n_valid
+    data_term = (weight * cell_loss).sum((-2, -1)) / n_valid
     complexity = (refined_prompt.float() - prompt.float()).pow(2).sum(-1)
     per_sample = (0.5 + 0.5 * mask_ratio) * data_term + cfg.lambda_c * complexity
 
-    def cell_mean(x: torch.Tensor) -> torch.Tensor:
-        return ((x * validf).sum((1, 2)) / n_valid).mean().detach()
-
-    parts = {"risk": cell_mean(risk), "divergence": cell_mean(divergence), "ambiguity": cell_mean(ambiguity),
-             "complexity": complexity.mean().detach()}
-    return EFEResult(per_sample, mask_ratio, parts)
+    with torch.no_grad():
+        parts = {"risk": _cell_mean(risk, validf, n_valid), "divergence": _cell_mean(divergence, validf, n_valid),
+                 "ambiguity": _cell_mean(ambiguity, validf, n_valid), "complexity": complexity}
+    return EFEResult(per_sample, mask_ratio, log_likelihood, {k: v.detach() for k, v in parts.items()})
 
 
 def adaptation_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
@@ -122,16 +138,9 @@ def cell_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas
     logits [B, S, S, C] float; target, input_canvas [B, S, S] int64. The latent step
     (prompt/latent_step.py) descends its negative on the context demos.
     """
-    log_q = F.log_softmax(logits.float(), dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)
     validf = valid_cells(input_canvas, target).float()
-    return (log_q * validf).sum((1, 2)) / validf.sum((1, 2)).clamp_min(1.0)
-
-
-@torch.no_grad()
-def target_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor) -> torch.Tensor:
-    """cell_log_likelihood without gradient: [B] float32. The RL reward compares it between the
-    sampled and the mean refinement."""
-    return cell_log_likelihood(logits, target, input_canvas)
+    log_q = _target_log_q(F.log_softmax(logits.float(), dim=-1), target)
+    return _cell_mean(log_q, validf, validf.sum((-2, -1)).clamp_min(1.0))
 
 
 def combined_loss(efe_sampled: torch.Tensor, efe_mean: torch.Tensor, *, efe_weight: float,
@@ -151,21 +160,20 @@ class TrainingLoss:
 def training_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
                   input_canvas: torch.Tensor, *, cfg: LossCfg) -> TrainingLoss:
     """The loss of one training micro-batch and the RL reward, from the predictions made with the
-    sampled and with the mean refinement.
+    sampled and with the mean refinement (both in one `efe_loss`).
 
     Args:
         logits: [2, B, S, S, C] float, sampled first, then mean. refined: [2, B, P] in that order.
         prompt: [B, P], before refinement. target, input_canvas: [B, S, S] int64.
     The reward is `reward_scale * (loglik(sampled) - loglik(mean))` of the target, signed: positive
-    where the sampled delta explained the target better than the mean one.
+    where the sampled delta explained the target better than the mean one. The logged parts are
+    the sampled refinement's.
     """
-    efe_sampled = efe_loss(logits[0], target, input_canvas, refined[0], prompt, cfg=cfg)
-    efe_mean = efe_loss(logits[1], target, input_canvas, refined[1], prompt, cfg=cfg)
-    loss = combined_loss(efe_sampled.per_sample, efe_mean.per_sample, efe_weight=cfg.efe_weight,
-                         mean_weight=cfg.mean_weight)
-    reward = cfg.reward_scale * (target_log_likelihood(logits[0], target, input_canvas)
-                                 - target_log_likelihood(logits[1], target, input_canvas))
-    stats = {"loss/combined": loss.detach().mean(), "loss/efe": efe_sampled.per_sample.detach().mean(),
-             "loss/efe_mean": efe_mean.per_sample.detach().mean(), "train/mask_ratio": efe_sampled.mask_ratio.mean(),
-             "rl/reward": reward.mean(), **{f"loss/{k}": v for k, v in efe_sampled.parts.items()}}
+    efe = efe_loss(logits, target, input_canvas, refined, prompt, cfg=cfg)
+    efe_sampled, efe_mean = efe.per_sample
+    loss = combined_loss(efe_sampled, efe_mean, efe_weight=cfg.efe_weight, mean_weight=cfg.mean_weight)
+    reward = cfg.reward_scale * (efe.log_likelihood[0] - efe.log_likelihood[1])
+    stats = {"loss/combined": loss.detach().mean(), "loss/efe": efe_sampled.detach().mean(),
+             "loss/efe_mean": efe_mean.detach().mean(), "train/mask_ratio": efe.mask_ratio[0].mean(),
+             "rl/reward": reward.mean(), **{f"loss/{k}": v[0].mean() for k, v in efe.parts.items()}}
     return TrainingLoss(loss, reward, stats)

@@ -9,6 +9,7 @@ frame before it is scored.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from data.arc import NUM_COLOURS, ArcPair, ArcTask, Grid
 from data.canvas import Placement
 
 IDENTITY_PERM = tuple(range(NUM_COLOURS))
+AUGMENTATIONS_KEPT = 1 << 16
 VIEW_ID_BASE = 1_000_003  # ids of the fixed evaluation views after the identity
 
 
@@ -50,9 +52,11 @@ class Augmentation:
     placement: Placement = Placement()
 
     @classmethod
+    @lru_cache(maxsize=AUGMENTATIONS_KEPT)
     def from_id(cls, aug_id: int, n_demos: int, permute_background: bool = False) -> Augmentation:
         """0 is the identity, 1-7 the other dihedral transforms alone, and any id >= 8 a uniformly
-        drawn dihedral x colour permutation x demo order, reproducible from the id."""
+        drawn dihedral x colour permutation x demo order, reproducible from the id. The last
+        AUGMENTATIONS_KEPT are kept (frozen, so shared): drawing one costs more than applying it."""
         if aug_id < 0:
             raise ValueError(f"augmentation id must be >= 0, got {aug_id}")
         if aug_id < 8:
@@ -105,3 +109,4 @@ class Augmentation:
                 original[source] = train[shown]
             train = tuple(original)
         return ArcTask(task.task_id, train, back(task.test))
+

