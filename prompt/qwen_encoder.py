@@ -191,6 +191,11 @@ class QwenTextEncoder(nn.Module):
             self._token_counts[text] = len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return self._token_counts[text]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the trunk's weights are, and so its features."""
+        return next(self.trunk.parameters()).device
+
     def fit_budget(self, demos: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
         """Drop whole demos from the end until the task fits `max_prompt_tokens` (a grid is never
         cut); the first demo is always kept. -> (kept demos, number dropped)."""
@@ -240,7 +245,7 @@ class QwenTextEncoder(nn.Module):
         non-padding tokens. Gradients flow when the trunk is trainable and grad mode is on. Inside
         `stops_on`, raises `EncodeStopped` (nothing returned) when the stop turns true.
         """
-        device = next(self.trunk.parameters()).device
+        device = self.device
         pooled: list[torch.Tensor | None] = [None] * len(texts)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         size = self.cfg.qwen_encode_batch

@@ -37,12 +37,30 @@ def test_leave_one_out_episodes_share_demo_encodings():
 def test_task_feature_is_the_mean_of_its_demos():
     enc = encoder()
     cache = PromptCache(enc, refresh=10)
-    feats, present = cache.features([DEMOS, ()], micro_batch=0, device=torch.device("cpu"))
-    assert present.tolist() == [True, False]
+    feats, present = cache.features([DEMOS, (), DEMOS[1:], DEMOS[2:]], micro_batch=0, device=torch.device("cpu"))
+    assert present.tolist() == [True, False, True, True]
     with torch.no_grad():
         per_demo = enc.encode(list(DEMOS))
-    torch.testing.assert_close(feats[0], per_demo.mean(0))
+    for row, first in ((0, 0), (2, 1), (3, 2)):
+        torch.testing.assert_close(feats[row], per_demo[first:].mean(0))
     assert torch.equal(feats[1], torch.zeros(enc.hidden_size)), "a task without demos gets zeros"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_the_cache_lives_there_and_checkpoints_on_the_cpu():
+    """The entries sit where the trunk is, so a step's features need no copy from the host; a
+    checkpoint holds them on the CPU and a cache loading it puts them back on the GPU."""
+    enc = encoder()
+    enc.trunk.to("cuda")
+    cache = PromptCache(enc, refresh=10)
+    feats, present = cache.features([DEMOS, ()], micro_batch=0, device=torch.device("cuda"))
+    assert feats.is_cuda and present.is_cuda and all(v.is_cuda for v, _ in cache.entries.values())
+    state = cache.state_dict()
+    assert all(v.device.type == "cpu" for _, (v, _) in state["entries"])
+    again = PromptCache(enc, refresh=10)
+    again.load_state_dict(state)
+    assert torch.equal(again.features([DEMOS, ()], micro_batch=1, device=torch.device("cuda"))[0], feats)
+    assert again.stats.misses == cache.stats.misses, "every demo served from the loaded entries"
 
 
 def test_budget_drops_whole_demos_from_the_end():
