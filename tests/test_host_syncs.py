@@ -6,12 +6,16 @@ the host on a GPU: reading a tensor's value (`.item()`, `bool()`, `float()`, `.t
 used as indices), each with the line of the suite that asked for it."""
 
 import collections
+import linecache
 import traceback
+import warnings
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import training
+from engine.loop import epoch_windows
 from tests.conftest import ROOT
 from training.step import train_step
 
@@ -37,6 +41,15 @@ class HostSyncs(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+# Where a warm step of two micro-batches may block the host, by the line that asks.
+EXPECTED = {
+    # one a micro-batch: a non-finite loss goes backward nowhere (#1, #3)
+    "training/step.py:finite = bool(torch.isfinite(window_loss))": 2,
+    # one a step: its gradients are finite (#3; the fp16 scaler's own check with the fused AdamW is on the device)
+    'engine/precision.py:norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), '
+    'foreach=True))': 1}
+
+
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
 def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, small_cfg, state_and_batches):
     cfg = small_cfg(amp=amp, grad_accum=2)
@@ -45,9 +58,31 @@ def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, smal
     counter = HostSyncs()
     with counter:
         train_step(state, batches, cfg)
-    assert dict(counter.sites) == {
-        # one a micro-batch: a non-finite loss goes backward nowhere (#1, #3)
-        "training/step.py:finite = bool(torch.isfinite(window_loss))": 2,
-        # one a step: its gradients are finite (#3; the fp16 scaler's own check with the fused AdamW is on the device)
-        'engine/precision.py:norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), '
-        'foreach=True))': 1}
+    assert dict(counter.sites) == EXPECTED
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
+def test_on_a_gpu_a_step_synchronizes_only_where_the_invariants_need_it(amp, small_cfg):
+    """The same on CUDA, as the driver sees it: torch.cuda.set_sync_debug_mode warns at each
+    operation that synchronizes the host with the device (a value read, a blocking copy)."""
+    cuda = torch.device("cuda")
+    cfg = small_cfg(amp=amp, grad_accum=2, device="cuda")
+    training.seed_everything(cfg.run.seed)
+    data = training.build_data(cfg, cuda)
+    state = training.build_train_state(cfg, cuda)
+    data.sampler.set_epoch(0)
+    window = next(epoch_windows(data.loader, 2, 2, cuda))
+    train_step(state, window, cfg)  # the prompt cache warm
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_step(state, window, cfg)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    sites = collections.Counter(
+        f"{w.filename[len(str(ROOT)) + 1:]}:{linecache.getline(w.filename, w.lineno).strip()}"
+        for w in caught if "synchronizing" in str(w.message))
+    assert dict(sites) == EXPECTED
