@@ -68,6 +68,38 @@ def test_the_adaptation_section_doubles_k_up_to_its_tasks(tmp_path, capsys):
     assert all(r["s/task"] > 0 and r["attempts as K = 1"].endswith("of 2") for r in rows)
 
 
+@pytest.mark.slow
+def test_the_batch_section_doubles_the_micro_batch_and_names_the_largest_that_fits(tmp_path, capsys):
+    """--sections batch: the recipe's step with Qwen frozen at micro-batch 2, 4, 8 (the tiny ladder;
+    a CPU runs out of no memory), each row its step, episodes a second and the loader's time."""
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "batch"]) == 0, \
+        capsys.readouterr()
+    section = report(tmp_path)["batch"]
+    assert [(r["micro-batch"], r["fits"]) for r in section["rows"]] == [(2, "yes"), (4, "yes"), (8, "yes")]
+    assert all(r["step ms"] > 0 and r["episodes/s"] > 0 and r["peak GiB"] == "n/a" for r in section["rows"])
+    assert any(n.startswith("largest that fits: 8; fastest: ") for n in section["notes"]), section["notes"]
+
+
+def test_the_batch_section_stops_at_the_first_micro_batch_out_of_memory(tmp_path, monkeypatch):
+    """What a GPU's limit looks like to the ladder (a CPU has none to reach): the row of the batch
+    that ran out says so, no larger one is tried, and the note names the last that fit."""
+    from bench.gpu_check import batch
+
+    tried = []
+
+    def measure(check, cfg, steps, warmup, log_dir):
+        tried.append(cfg.data.batch_size)
+        if cfg.data.batch_size > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+        return {"step ms": 10.0, "loader ms": 1.0, "episodes/s": 200.0, "peak GiB": "n/a"}
+
+    monkeypatch.setattr(batch, "measure", measure)
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "batch"]) == 0
+    section = report(tmp_path)["batch"]
+    assert tried == [2, 4] and [r["fits"] for r in section["rows"]] == ["yes", "no: out of memory"]
+    assert "largest that fits: 2; fastest: 2 (200 episodes a second)" in section["notes"]
+
+
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):
     def out_of_memory(check, section):  # what a CUDA failure looks like: a long message
         section.rows.append({"amp": "off", "ok": True})

@@ -14,6 +14,9 @@ ends; a section that fails records a one-line error and the next one runs:
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
     adaptation the recipe's validation with K tasks adapted together, K = 1, 2, 4, ... until one does
                not fit (bench/gpu_check/adaptation.py; only when --sections names it)
+    batch      the recipe's step with Qwen frozen at micro-batch 8, 16, 32, ... until one does not fit:
+               step ms, episodes a second, peak memory (bench/gpu_check/batch.py; only when --sections
+               names it)
 
 The whole check keeps to `--minutes` (8): seeds, qwen and agents start cases within 1/8, 3/16 and
 1/4 of it (the cases left are named in the report), and the ARC run trains for what is left after
@@ -32,14 +35,14 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check import adaptation, agents, arc, qwen, seeds
+from bench.gpu_check import adaptation, agents, arc, batch, qwen, seeds
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import Report, Section, one_line
 
 SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its real shapes",
             "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step",
-            "adaptation": "Tasks adapted together"}
-DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")  # adaptation alone fills a check's minutes
+            "adaptation": "Tasks adapted together", "batch": "Micro-batches that fill the GPU"}
+DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")  # adaptation or batch alone fills a check's minutes
 ARC_STARTUP_S = 45  # the ARC run's start: its data (RE-ARC's examples), the recipe's model, the first batches
 ARC_VALIDATION_S = 120  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
 MIN_ARC_MINUTES = 0.5
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                     arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc)
             elif name == "adaptation":
                 adaptation.run(check, section, args.adapt_tasks)
+            elif name == "batch":
+                batch.run(check, section)
             elif arc_run is None:
                 section.error = "no ARC run to read (the arc section did not run or saved nothing)"
             else:
