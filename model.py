@@ -51,9 +51,11 @@ class Prediction:
 class ArcModel(nn.Module):
     def __init__(self, *, prompt: QwenHybridPrompt, policy: PolicyRefiner, agent: nn.Module,
                  qwen: QwenTextEncoder | None = None, task_embedding: nn.Embedding | None = None,
-                 latent_step: LatentStep | None = None):
+                 latent_step: LatentStep | None = None, cuda_graphs: bool = False):
+        """`cuda_graphs`: the agent is compiled with CUDA graphs (--compile_mode reduce-overhead)."""
         super().__init__()
         self.qwen, self.prompt, self.policy, self.agent = qwen, prompt, policy, agent
+        self.cuda_graphs = cuda_graphs
         self.latent_step = latent_step  # the demos' gradient step on the refined prompt, when on
         self.agent_name = type(agent).__name__  # before --fsdp puts its class inside FSDP's
         self.task_embedding = task_embedding  # [tasks, P], added to the prompt of a task trained on
@@ -161,7 +163,11 @@ class ArcModel(nn.Module):
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
         torch._dynamo.mark_static(inputs, 1)
         torch._dynamo.mark_static(inputs, 2)
+        if self.cuda_graphs:  # each call a step of its own: its replay reuses the graph's output buffers
+            torch.compiler.cudagraph_mark_step_begin()
         logits = self.agent(inputs, refined.reshape(k * b, -1), adapter)
+        if self.cuda_graphs:  # so the next call's replay cannot overwrite what this one returns
+            logits = logits.clone()
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
 
     def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
@@ -274,5 +280,6 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
         embedding = nn.Embedding(max(tasks, 1), cfg.prompt.prompt_dim)
         nn.init.zeros_(embedding.weight)
     latent_step = LatentStep(cfg.prompt.latent_step_lr) if cfg.prompt.latent_step_lr > 0 else None
+    graphs = cfg.agent.compile and cfg.agent.compile_mode == "reduce-overhead"
     return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding,
-                    latent_step=latent_step)
+                    latent_step=latent_step, cuda_graphs=graphs)

@@ -21,7 +21,8 @@ def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
         raise ConfigError(f"--agent {cfg.agent}: no such agent; choose one of {', '.join(AGENTS)}")
     agent = AGENTS[cfg.agent].from_config(cfg, prompt_dim=prompt_dim)
     if cfg.compile:
-        agent.compile()  # in place: parameter names, and so checkpoints, stay those of the eager agent
+        # in place: parameter names, and so checkpoints, stay those of the eager agent
+        agent.compile(mode=cfg.compile_mode)
     return agent
 
 

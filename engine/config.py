@@ -27,6 +27,8 @@ from engine.precision import AMP_MODES
 TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
+# torch.compile's modes for --compile (max-autotune-no-cudagraphs: inductor's kernel search, no graphs)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
 RANKINGS = ("votes", "logprob", "hedged", "learned")
 
@@ -185,6 +187,10 @@ class AgentCfg:
                                    "directions, and which background cells are enclosed (see agents/views.py)")
     compile: bool = flag(False, "torch.compile the agent, with --canvas bucket or full (compiled at its first batch, "
                                  "again once for a second batch size and for each canvas side; see make bench-step)")
+    compile_mode: str = flag("default", "torch.compile's mode for --compile: default, or reduce-overhead (on a GPU "
+                                        "the agent's forward and backward each replayed as one CUDA graph, for "
+                                        "steps the kernel launches bound; a CPU compiles it as default)",
+                             COMPILE_MODES)
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place")
 
@@ -491,6 +497,12 @@ class Config:
                               "--resume on a checkpoint that --train_chooser has trained one for")
         if self.run.eval_only and self.run.train_chooser:
             raise ConfigError("--eval_only and --train_chooser are two commands: run one, then the other")
+        if self.agent.compile_mode != "default" and not self.agent.compile:
+            raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of --compile: add --compile")
+        if self.agent.compile_mode == "reduce-overhead" and (self.eval.adapt_tasks > 1 or self.optim.meta_steps):
+            # both call the agent with weights swapped in (functional_call): a CUDA graph holds its weights' addresses
+            raise ConfigError("--compile_mode reduce-overhead takes --adapt_tasks 1 and no --meta_steps: tasks adapted "
+                              "together and meta steps swap the agent's weights, which a CUDA graph holds by address")
         if self.optim.fsdp and self.agent.compile:
             raise ConfigError("--fsdp does not take --compile (a compiled agent under FSDP2 is untested here)")
 

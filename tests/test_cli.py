@@ -88,6 +88,15 @@ def test_compile_on_a_fit_canvas_is_refused(run_cli):
     assert out.returncode == 2 and "--compile needs --canvas bucket or full" in out.stderr
 
 
+def test_a_compile_mode_needs_compile():
+    with pytest.raises(ConfigError, match="--compile_mode reduce-overhead is a mode of --compile: add --compile"):
+        Config.from_flags(compile_mode="reduce-overhead", canvas="full")
+    with pytest.raises(ConfigError, match="takes --adapt_tasks 1 and no --meta_steps"):
+        Config.from_flags(compile=True, compile_mode="reduce-overhead", canvas="full")  # --adapt_tasks 16
+    graphs = Config.from_flags(compile=True, compile_mode="reduce-overhead", canvas="full", adapt_tasks=1)
+    assert graphs.agent.compile_mode == "reduce-overhead"
+
+
 def test_configs_are_keyword_only_and_flag_names_are_field_names():
     """Two floats swapped by position must fail, not run; a flag has one home."""
     with pytest.raises(TypeError):

@@ -100,6 +100,25 @@ def test_the_batch_section_stops_at_the_first_micro_batch_out_of_memory(tmp_path
     assert "largest that fits: 2; fastest: 2 (200 episodes a second)" in section["notes"]
 
 
+def test_an_agent_case_that_fails_records_its_error_and_the_others_run(tmp_path, monkeypatch):
+    """A compile mode the device cannot run fails its own row, not the agents after it."""
+    from bench.gpu_check import agents
+
+    def measure(check, agent, variant, *args):
+        if variant == "graphs":
+            raise RuntimeError("CUDA graphs: capture failed\ndetails")
+        return {"agent": agent, "variant": variant}
+
+    monkeypatch.setattr(agents, "measure", measure)
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "agents",
+                           "--agent_variants", "fp32,graphs"]) == 1
+    section = report(tmp_path)["agents"]
+    assert [(r["agent"], r["variant"], r.get("error")) for r in section["rows"]] == [
+        (a, v, "RuntimeError: CUDA graphs: capture failed" if v == "graphs" else None)
+        for a in agents.AGENTS for v in ("fp32", "graphs")]
+    assert section["error"].startswith("3 case(s) failed: conv/graphs, transformer/graphs, loop_vit/graphs")
+
+
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):
     def out_of_memory(check, section):  # what a CUDA failure looks like: a long message
         section.rows.append({"amp": "off", "ok": True})

@@ -83,3 +83,20 @@ def test_trainable_state_leaves_out_the_frozen_trunk_and_loads_back(small_cfg, s
     del saved["agent.head.out.bias"]
     with pytest.raises(ValueError, match="missing .*agent.head.out.bias"):
         state.model.load_trainable_state(saved)
+
+
+def test_an_agent_under_cuda_graphs_returns_logits_a_later_call_cannot_overwrite(small_cfg, state_and_batches):
+    """--compile_mode reduce-overhead: each agent call is marked a step of its own and its logits
+    copied out of the graph's buffers (on a CPU the graphs are not made; the same values, a new
+    tensor), so the model trains and predicts as the eager one does."""
+    from model import build_model
+
+    cfg, state, batch = model_and_batch(small_cfg, state_and_batches)
+    flags = dict(compile=True, compile_mode="reduce-overhead", canvas="full", adapt_tasks=1)
+    assert build_model(small_cfg(**flags), qwen=state.model.qwen).cuda_graphs
+    assert not state.model.cuda_graphs
+    plain = state.model(batch, "mean").logits
+    state.model.cuda_graphs = True  # the eager agent, through the graphs' path
+    first, second = state.model(batch, "mean").logits, state.model(batch, "mean").logits
+    torch.testing.assert_close(first, plain)
+    assert first.data_ptr() != second.data_ptr()

@@ -8,7 +8,8 @@ ends; a section that fails records a one-line error and the next one runs:
 
     seeds      the seeds' scaler failures, on the device (bench/gpu_check/seeds.py)
     qwen       Qwen2.5-0.5B and -1.5B shapes, frozen / LoRA / full: tokens/s, step ms, peak memory
-    agents     conv and transformer at S = 30, fp32 / bf16 / --compile: step ms, TFLOP/s, MFU, overhead
+    agents     conv, transformer and the looped ViT at S = 30, fp32 / bf16 / --compile / CUDA graphs: step ms,
+               TFLOP/s, MFU, overhead
     arc        fixed.py with the one-GPU recipe on ARC-AGI-1 (and RE-ARC: --re_arc), then validation on
                100 evaluation tasks
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
@@ -63,7 +64,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--re_arc", help="RE-ARC's re_arc.zip or folder: the ARC run trains on it too (carry it there)")
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
     ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
-    ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile")
+    ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile,graphs")
     ap.add_argument("--adapt_tasks", type=int, default=16, help="tasks of the adaptation section (its largest K)")
     ap.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak (default: by its name)")
     args = ap.parse_args(argv)

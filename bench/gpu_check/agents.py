@@ -1,9 +1,11 @@
-"""The agents on the device: conv, transformer and the looped ViT at S = 30 (29x29 grids plus the end-of-grid row),
-fp32 / bf16 autocast / `--compile`, timed as `make bench-step` times them (bench/step_profile.py:
-the loop's whole step with the prompt cache cold and warm, and the bare agent's forward and
-backward on the step's own batch; loop overhead = 1 - bare agent / warm step), and a profiled
-pass that splits the warm step into its phases' host time and counts what it asks of the device:
-kernel launches, the share of the step the GPU is busy, and host synchronizations a step.
+"""The agents on the device: conv, transformer and the looped ViT at S = 30 (29x29 grids plus the
+end-of-grid row), fp32 / bf16 autocast / `--compile` / graphs (`--compile --compile_mode
+reduce-overhead`: CUDA graphs), timed as `make bench-step` times them (bench/step_profile.py: the
+loop's whole step with the prompt cache cold and warm, and the bare agent's forward and backward on
+the step's own batch; loop overhead = 1 - bare agent / warm step), and a profiled pass that splits
+the warm step into its phases' host time and counts what it asks of the device: kernel launches,
+the share of the step the GPU is busy, and host synchronizations a step. A case that fails records
+its error in its row and the others run.
 
 Achieved TFLOP/s counts the bare agent's FLOPs (torch's FlopCounterMode over one more forward and
 backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU
@@ -19,11 +21,13 @@ from pathlib import Path
 import torch
 
 from bench.gpu_check.context import Check
-from bench.gpu_check.report import Section
+from bench.gpu_check.report import Section, one_line
 from bench.step_profile import PHASES, bare_agent_flops, case_config, timed_steps
 
 AGENTS = ("conv", "transformer", "loop_vit")
-VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"}}
+VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"},
+            # the agent's forward and backward as CUDA graphs: what launch-bound steps should gain most from
+            "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "full", "adapt_tasks": 1}}
 # dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins
 BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
                     ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
@@ -42,21 +46,35 @@ def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: 
     peak = bf16_peak_tflops(check.device, peak_tflops)
     section.notes.append(f"batch 8, {steps} steps after {warmup} warm-up; MFU against a bf16 peak of "
                          f"{peak if peak else 'unknown (--peak_tflops)'} TFLOP/s")
+    failed = []
     with tempfile.TemporaryDirectory() as logs:
         for agent, variant in check.budgeted(section, [(a, v) for a in AGENTS for v in variants]):
             torch._dynamo.reset()  # each case compiles afresh
-            cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
-            r = timed_steps(cfg, steps, warmup, Path(logs) / f"{agent}-{variant}", check.device)
-            flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
-            cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
-            bare = r["warm"]["bare"]
-            achieved = flops / bare / 1e12
-            section.rows.append({
-                "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
-                "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
-                "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
-                "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a",
-                **{f"{phase.removeprefix('step/')} host ms": round(1e3 * r["phases"].get(phase, 0.0), 1)
-                   for phase in PHASES},
-                "kernels/step": round(r["phases"]["kernels"]), "GPU busy": f"{r['phases']['gpu busy'] / warm:.0%}",
-                "syncs/step": round(r["phases"]["syncs"], 1)})
+            try:
+                section.rows.append(measure(check, agent, variant, side, steps, warmup, sizes, peak,
+                                            Path(logs) / f"{agent}-{variant}"))
+            except Exception as err:  # one case's failure (a compile mode on this device) spares the others
+                section.rows.append({"agent": agent, "variant": variant, "error": one_line(err)})
+                failed.append(f"{agent}/{variant}")
+    if failed:  # recorded in each case's row; the section fails
+        section.error = f"{len(failed)} case(s) failed: {', '.join(failed)} (their rows give the errors)"
+
+
+def measure(check: Check, agent: str, variant: str, side: int, steps: int, warmup: int, sizes: dict,
+            peak: float | None, log_dir: Path) -> dict:
+    """One agent and variant, timed and profiled as the section's docstring says. -> its row."""
+    cfg = case_config(agent, side, device=check.device.type, **VARIANTS[variant], **sizes)
+    r = timed_steps(cfg, steps, warmup, log_dir, check.device)
+    flops = bare_agent_flops(r["state"], r["warm"]["batch"], cfg.prompt.prompt_dim)
+    cold, warm = (sum(r[p][k] for k in ("data", "train_step", "logging")) for p in ("cold", "warm"))
+    bare = r["warm"]["bare"]
+    achieved = flops / bare / 1e12
+    return {
+        "agent": agent, "S": r["side"], "variant": variant, "step cold ms": round(1e3 * cold, 1),
+        "step warm ms": round(1e3 * warm, 1), "bare agent ms": round(1e3 * bare, 1),
+        "loop overhead": f"{1 - bare / warm:.0%}", "agent GFLOP": round(flops / 1e9, 2),
+        "TFLOP/s": achieved, "MFU": f"{achieved / peak:.1%}" if peak else "n/a",
+        **{f"{phase.removeprefix('step/')} host ms": round(1e3 * r["phases"].get(phase, 0.0), 1)
+           for phase in PHASES},
+        "kernels/step": round(r["phases"]["kernels"]), "GPU busy": f"{r['phases']['gpu busy'] / warm:.0%}",
+        "syncs/step": round(r["phases"]["syncs"], 1)}
