@@ -80,6 +80,18 @@ def test_the_batch_section_doubles_the_micro_batch_and_names_the_largest_that_fi
     assert any(n.startswith("largest that fits: 8; fastest: ") for n in section["notes"]), section["notes"]
 
 
+@pytest.mark.slow
+def test_the_recipes_section_profiles_each_gpu_config(tmp_path, capsys):
+    """--sections recipes: configs/gpu-1.toml and gpu-8.toml (LoRA and full Qwen) at tiny sizes,
+    each row its steps, episodes a second and phases."""
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "recipes"]) == 0, \
+        capsys.readouterr()
+    rows = report(tmp_path)["recipes"]["rows"]
+    assert [(r["recipe"], r["Qwen"]) for r in rows] == [("configs/gpu-1.toml", "tiny lora, refresh 2"),
+                                                        ("configs/gpu-8.toml", "tiny full, refresh 2")]
+    assert all(r["step warm ms"] > 0 and r["episodes/s"] > 0 and r["forward host ms"] > 0 for r in rows)
+
+
 def test_the_batch_section_stops_at_the_first_micro_batch_out_of_memory(tmp_path, monkeypatch):
     """What a GPU's limit looks like to the ladder (a CPU has none to reach): the row of the batch
     that ran out says so, no larger one is tried, and the note names the last that fit."""
@@ -143,6 +155,20 @@ def test_a_section_starts_no_case_once_its_share_of_the_time_is_spent(tmp_path):
     assert len(section["rows"]) == 1 and section["rows"][0]["ok"]
     (note,) = [n for n in section["notes"] if n.startswith("not run")]
     assert note.endswith("bf16/full, fp16/full, off/lora, bf16/lora, fp16/lora")
+
+
+def test_a_section_starts_no_case_past_the_checks_minutes(tmp_path, monkeypatch):
+    """The sections without a share of their own (batch, recipes, adaptation) stop at the check's
+    --minutes: the first case runs, the rest are named as not run."""
+    from bench.gpu_check import batch
+
+    monkeypatch.setattr(batch, "measure", lambda *args: time.sleep(0.05) or
+                        {"step ms": 1.0, "loader ms": 1.0, "episodes/s": 2.0, "peak GiB": "n/a"})
+    assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "batch",
+                           "--minutes", "0.0005"]) == 0
+    section = report(tmp_path)["batch"]
+    assert [r["micro-batch"] for r in section["rows"]] == [2]
+    assert "not run, the check's --minutes were spent: 4, 8" in section["notes"]
 
 
 def test_unknown_sections_are_refused_in_one_line(tmp_path, capsys):

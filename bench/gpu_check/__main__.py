@@ -10,6 +10,8 @@ ends; a section that fails records a one-line error and the next one runs:
     qwen       Qwen2.5-0.5B and -1.5B shapes, frozen / LoRA / full: tokens/s, step ms, peak memory
     agents     conv, transformer and the looped ViT at S = 30, fp32 / bf16 / --compile / CUDA graphs: step ms,
                TFLOP/s, MFU, overhead
+    recipes    each configs/gpu-*.toml's step, phase by phase: ms, episodes a second, kernels, syncs, peak
+               memory (bench/gpu_check/recipes.py; only when --sections names it)
     arc        fixed.py with the one-GPU recipe on ARC-AGI-1 (and RE-ARC: --re_arc), then validation on
                100 evaluation tasks
     ttt-curve  bench.ttt_curve on that run's checkpoint, while time is left
@@ -36,14 +38,16 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check import adaptation, agents, arc, batch, qwen, seeds
+from bench.gpu_check import adaptation, agents, arc, batch, qwen, recipes, seeds
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import Report, Section, one_line
 
 SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its real shapes",
-            "agents": "The agents", "arc": "ARC on a GPU budget", "ttt-curve": "Test-time training, step by step",
-            "adaptation": "Tasks adapted together", "batch": "Micro-batches that fill the GPU"}
-DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")  # adaptation or batch alone fills a check's minutes
+            "agents": "The agents", "recipes": "The recipes' steps, phase by phase", "arc": "ARC on a GPU budget",
+            "ttt-curve": "Test-time training, step by step", "adaptation": "Tasks adapted together",
+            "batch": "Micro-batches that fill the GPU"}
+# recipes, adaptation and batch each fill a check's minutes: named when wanted
+DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")
 ARC_STARTUP_S = 45  # the ARC run's start: its data (RE-ARC's examples), the recipe's model, the first batches
 ARC_VALIDATION_S = 120  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
 MIN_ARC_MINUTES = 0.5
@@ -122,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 adaptation.run(check, section, args.adapt_tasks)
             elif name == "batch":
                 batch.run(check, section)
+            elif name == "recipes":
+                recipes.run(check, section)
             elif arc_run is None:
                 section.error = "no ARC run to read (the arc section did not run or saved nothing)"
             else:

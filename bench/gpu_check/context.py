@@ -24,13 +24,15 @@ class Check:
         return self.deadline - time.monotonic()
 
     def budgeted(self, section, cases: Sequence) -> Iterator:
-        """The section's cases, one after another, while its budget lasts (the first always runs);
-        those it leaves are named in a note."""
+        """The section's cases, one after another, while its budget and the check's time last (the
+        first always runs); those it leaves are named in a note."""
         budget = self.budgets.get(section.name, float("inf"))
         started = time.monotonic()
         for i, case in enumerate(cases):
-            if i and time.monotonic() - started > budget:
-                section.notes.append(f"not run, the section's {budget:.0f} s were spent: "
+            spent = f"the section's {budget:.0f} s" if time.monotonic() - started > budget else \
+                "the check's --minutes" if self.seconds_left() <= 0 else None
+            if i and spent:
+                section.notes.append(f"not run, {spent} were spent: "
                                      + ", ".join("/".join(map(str, c)) for c in cases[i:]))
                 return
             yield case
