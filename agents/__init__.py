@@ -26,4 +26,15 @@ def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
     return agent
 
 
-__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "TransformerAgent", "build_agent"]
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process: dynamo's and inductor's forward
+    graphs, and the backward graphs inductor compiles at their first backward (torch's own account,
+    torch._dynamo.utils.compilation_time_metrics). A run's --max_minutes counts them: they are spent
+    inside its first steps."""
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return sum(sum(compilation_time_metrics.get(phase, ())) for phase in ("_compile.compile_inner",
+                                                                          "backward._backward_impl"))
+
+
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "TransformerAgent", "build_agent", "compile_seconds"]

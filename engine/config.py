@@ -186,7 +186,8 @@ class AgentCfg:
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
                                    "directions, and which background cells are enclosed (see agents/views.py)")
     compile: bool = flag(False, "torch.compile the agent, with --canvas bucket or full (compiled at its first batch, "
-                                 "again once for a second batch size and for each canvas side; see make bench-step)")
+                                 "again once for a second batch size and for each canvas side, within --max_minutes; "
+                                 "logged as time/compile_seconds; see make bench-step)")
     compile_mode: str = flag("default", "torch.compile's mode for --compile: default, or reduce-overhead (on a GPU "
                                         "the agent's forward and backward each replayed as one CUDA graph, for "
                                         "steps the kernel launches bound; a CPU compiles it as default)",

@@ -182,6 +182,7 @@ def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_bu
     static); logits and gradients agree with the eager model, and nothing falls back to eager."""
     from torch._dynamo.utils import counters
 
+    from agents import compile_seconds
     from data.episodes import collate
     from model import build_model
 
@@ -207,6 +208,7 @@ def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_bu
             torch.testing.assert_close(compiled_grad, eager_grad, rtol=1e-3, atol=1e-5)
     assert counters["stats"]["unique_graphs"] <= 3 * 2, "a forward and a backward graph for each of 3 compiles"
     assert not counters["unimplemented"] and not counters["graph_break"]
+    assert compile_seconds() > 1.0, "torch's account of the compiles (a run logs it as time/compile_seconds)"
 
 
 def test_a_bucket_canvas_cuts_each_batch_to_the_smallest_bucket_holding_it():

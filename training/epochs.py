@@ -18,6 +18,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from agents import compile_seconds
 from data.curriculum import easy_fraction
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
@@ -89,7 +90,9 @@ class EpochLoop:
             metrics = self.validate(final=True)
             return finish_run(self.run_dir, self.logger, self.started, self.counters.optimizer_steps,
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
-                               **self.validation.report(self.seconds)}, self.dist)
+                               **self.validation.report(self.seconds),
+                               **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})},
+                              self.dist)
         finally:
             if self.logger is not None:
                 self.logger.close()
@@ -184,4 +187,6 @@ class EpochLoop:
                   "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later)}
         if state.prompts is not None:
             values.update(state.prompts.scalars())
+        if self.cfg.agent.compile:
+            values["time/compile_seconds"] = compile_seconds()
         return self.logger.flush(self.counters.optimizer_steps, values)
