@@ -188,8 +188,8 @@ class PromptCache:
         owner = [i for i, task in enumerate(tasks) for _ in task]
         counts = [max(len(task), 1) for task in tasks]
         present = [int(bool(task)) for task in tasks]
-        pinned = self.device.type == "cuda"
-        index = torch.tensor(owner + counts + present, pin_memory=pinned).to(self.device, non_blocking=True)
+        index = torch.tensor(owner + counts + present, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        index = index.to(self.device, non_blocking=True)
         owner_t, counts_t, present_t = index.split([len(owner), len(tasks), len(tasks)])
         sums = torch.zeros(len(tasks), self.encoder.hidden_size, device=self.device)
         if rows:
