@@ -109,4 +109,3 @@ class Augmentation:
                 original[source] = train[shown]
             train = tuple(original)
         return ArcTask(task.task_id, train, back(task.test))
-

