@@ -8,7 +8,7 @@ the share of the step the GPU is busy, and host synchronizations a step. A case 
 its error in its row and the others run.
 
 Achieved TFLOP/s counts the bare agent's FLOPs (torch's FlopCounterMode over one more forward and
-backward; `--compile --canvas full` runs on a 30x30 canvas whatever the grids) over its time; MFU
+backward; `--compile` runs with `--canvas bucket`, on the bucket side holding the grids) over its time; MFU
 sets them against the device's dense bf16 peak (`--peak_tflops`, or the table below by device
 name; none on a CPU).
 """
@@ -25,9 +25,9 @@ from bench.gpu_check.report import Section, one_line
 from bench.step_profile import PHASES, bare_agent_flops, case_config, timed_steps
 
 AGENTS = ("conv", "transformer", "loop_vit")
-VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "full"},
+VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "bucket"},
             # the agent's forward and backward as CUDA graphs: what launch-bound steps should gain most from
-            "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "full", "adapt_tasks": 1}}
+            "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "bucket", "adapt_tasks": 1}}
 # dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins
 BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
                     ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
