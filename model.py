@@ -123,12 +123,14 @@ class ArcModel(nn.Module):
 
     def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
                 adapter: AdapterSlice | None = None) -> Prediction:
-        """batch: input [B, S, S] int64, numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
+        """batch: input [B, S, S] int64, input_enclosed [B, S, S] bool (data.episodes.collate; without it
+        the agent computes it), numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
         task_row [B] int64 (with a task embedding), dihedral [B] and colours [B, 10] int64 (with an
         adapter: each sample's augmentation, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
         (prompt.with_qwen_features); with a latent step, context_input, context_target [N, S, S]
-        int64 and context_owner [N] int64 (each sample's context demos, data.episodes.collate).
+        int64, context_enclosed [N, S, S] bool and context_owner [N] int64 (each sample's context
+        demos, data.episodes.collate).
         refinement: a name of policy_refined.REFINEMENTS, or a refined prompt [B, P] given as it
         is. adapter: each sample's rows of a per-task adapter (agents/adapter.py); its latent is
         added to every refinement. The latent step starts from the last refinement asked for (the
@@ -151,7 +153,7 @@ class ArcModel(nn.Module):
                 raise ValueError("this model takes a latent step on each sample's context demos, and the batch has "
                                  "none: build its EpisodeDataset with context_demos > 0")
             step = self.latent_step(self.agent, refined[-1], batch["context_input"], batch["context_target"],
-                                    batch["context_owner"], adapter)
+                                    batch["context_owner"], adapter, batch.get("context_enclosed"))
             refined = refined + step.to(refined.dtype)
             # how far the demos moved the prompt, and the learned step size
             stats = {"latent/step_norm": step.detach().norm(dim=-1).mean(), "latent/step_lr": self.latent_step_size()}
@@ -159,13 +161,15 @@ class ArcModel(nn.Module):
             adapter = adapter.repeat(k)
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
+        enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
-        torch._dynamo.mark_static(inputs, 1)
-        torch._dynamo.mark_static(inputs, 2)
+        for canvas in (inputs, enclosed) if enclosed is not None else (inputs,):
+            torch._dynamo.mark_static(canvas, 1)
+            torch._dynamo.mark_static(canvas, 2)
         if self.cuda_graphs:  # each call a step of its own: its replay reuses the graph's output buffers
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter)
+        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter, enclosed)
         if self.cuda_graphs:  # so the next call's replay cannot overwrite what this one returns
             logits = logits.clone()
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)

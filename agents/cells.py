@@ -2,7 +2,7 @@
 
 A cell starts as the sum of its colour's embedding, its position (absolute and relative to the
 input grid's far edges), the prompt, and (optionally) the prompt-gated geometric views of the input
-and a mark on its enclosed background cells (agents/views.py). The output layer adds to a fixed
+and a mark on its enclosed background cells (data/enclosed.py). The output layer adds to a fixed
 linear map one generated from the prompt and a prompted class map of each cell's viewed class, so a
 per-task colour map can be applied (a fixed output layer cannot recolour by a rule read from the
 prompt: recolour stayed at 0% without it).
@@ -14,9 +14,10 @@ import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice
-from agents.views import PromptedViews, enclosed_background
+from agents.views import PromptedViews
 from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES, grid_extent, one_hot
+from data.enclosed import enclosed_background
 from engine.precision import Float32LayerNorm
 
 
@@ -65,15 +66,18 @@ class CellEmbedding(nn.Module):
         # it stays near its start, and at the positions' 0.02 test-time training could not see it.
         self.enclosed_embed = nn.Parameter(torch.randn(channels)) if views else None
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
+                enclosed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """enclosed: [B, S, S] bool, the canvas's enclosed background (data/enclosed.py) as the batch
+        carries it; computed here when not given."""
         h, w = grid_extent(input_canvas)
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, one_hot(input_canvas)
         viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
-        enclosed = enclosed_background(input_canvas, h, w)[..., None].to(x.dtype) * self.enclosed_embed
-        return x + self.view_embed(viewed) + enclosed, viewed
+        if enclosed is None:
+            enclosed = enclosed_background(input_canvas, h, w)
+        return x + self.view_embed(viewed) + enclosed[..., None].to(x.dtype) * self.enclosed_embed, viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """The parameters that read the prompt here (test-time training adapts them)."""

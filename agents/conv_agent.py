@@ -62,9 +62,9 @@ class FiLMConvAgent(nn.Module):
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views,
                    canvas_side=cfg.canvas_side)
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> torch.Tensor:
-        x, viewed = self.cells(input_canvas, prompt, adapter)
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
+                enclosed: torch.Tensor | None = None) -> torch.Tensor:
+        x, viewed = self.cells(input_canvas, prompt, adapter, enclosed)
         x = x.permute(0, 3, 1, 2)
         for i, block in enumerate(self.blocks):
             x = residual_update(block(x, prompt), adapter, i, channels_first=True)

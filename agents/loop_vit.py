@@ -80,9 +80,9 @@ class LoopViTAgent(nn.Module):
                    cycles=cfg.agent_cycles, patch=cfg.agent_patch, views=cfg.input_views,
                    canvas_side=cfg.canvas_side)
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> torch.Tensor:
-        cells, viewed = self.cells(input_canvas, prompt, adapter)  # [B, S, S, C]
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
+                enclosed: torch.Tensor | None = None) -> torch.Tensor:
+        cells, viewed = self.cells(input_canvas, prompt, adapter, enclosed)  # [B, S, S, C]
         batch, side = input_canvas.shape[0], input_canvas.shape[1]
         n = -(-side // self.patch)  # patches a side; the cells beyond S are zero states, cut off again below
         padded = nn.functional.pad(cells.permute(0, 3, 1, 2), (0, n * self.patch - side, 0, n * self.patch - side))

@@ -49,9 +49,9 @@ class TransformerAgent(nn.Module):
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
                    cycles=cfg.agent_cycles, views=cfg.input_views, canvas_side=cfg.canvas_side)
 
-    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> torch.Tensor:
-        cells, viewed = self.cells(input_canvas, prompt, adapter)
+    def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
+                enclosed: torch.Tensor | None = None) -> torch.Tensor:
+        cells, viewed = self.cells(input_canvas, prompt, adapter, enclosed)
         cells = cells.flatten(1, 2)  # [B, S*S, C]
         prefix = self.prompt_tokens(prompt).reshape(input_canvas.shape[0], self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)

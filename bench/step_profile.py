@@ -84,10 +84,11 @@ def bare_agent(state, batch: dict, prompt_dim: int) -> float:
     refinements in one call), prompt fixed; the gradients it leaves are dropped."""
     agent = state.model.agent
     grid = torch.cat([batch["input"], batch["input"]])
+    enclosed = torch.cat([batch["input_enclosed"], batch["input_enclosed"]])  # the loader's, as in the step
     prompt = torch.randn(grid.shape[0], prompt_dim, device=grid.device)
     start = clock(grid.device)
     with state.amp.autocast():
-        loss = agent(grid, prompt).float().logsumexp(-1).mean()
+        loss = agent(grid, prompt, None, enclosed).float().logsumexp(-1).mean()
     loss.backward()
     took = clock(grid.device) - start
     agent.zero_grad(set_to_none=True)

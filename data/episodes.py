@@ -20,6 +20,7 @@ from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation
 from data.canvas import PAD, Placement, Placing, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
+from data.enclosed import enclosed_map
 from data.features import difficulty, numeric_features, relation_features
 from data.text import demo_text
 
@@ -214,10 +215,12 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     side S among them (a larger one: the samples' canvases hold it).
 
     Returns: input, target [B, S, S] int64 (S <= the placing's canvas side, 30 by default);
+    input_enclosed [B, S, S] bool (the input's enclosed background, data/enclosed.py);
     numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
     task_id, episode, where, augmentation lists of length B; with context demos (EpisodeDataset's
-    `context_demos`), context_input, context_target [N, S, S] int64 and context_owner [N] int64
+    `context_demos`), context_input, context_target [N, S, S] int64, context_enclosed [N, S, S] bool
+    and context_owner [N] int64
     (the sample each of the N demos belongs to, in sample order).
     An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.
     """
@@ -228,11 +231,13 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     batch["colours"] = torch.tensor([s["augmentation"].colours for s in samples], dtype=torch.int64)
     for k in ("input", "target"):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
+    batch["input_enclosed"] = enclosed_map(batch["input"])  # here, on the host: data/enclosed.py says why
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
     if "context_input" in samples[0]:
         for k in ("context_input", "context_target"):
             batch[k] = torch.cat([s[k][:, :side, :side] for s in samples])
+        batch["context_enclosed"] = enclosed_map(batch["context_input"])
         batch["context_owner"] = torch.cat([torch.full((len(s["context_input"]),), i, dtype=torch.int64)
                                             for i, s in enumerate(samples)])
     return batch

@@ -38,12 +38,13 @@ class LatentStep(nn.Module):
         self.log_lr = nn.Parameter(torch.tensor(math.log(lr)))
 
     def forward(self, agent: nn.Module, refined: torch.Tensor, context_input: torch.Tensor,
-                context_target: torch.Tensor, owner: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> torch.Tensor:
+                context_target: torch.Tensor, owner: torch.Tensor, adapter: AdapterSlice | None = None,
+                context_enclosed: torch.Tensor | None = None) -> torch.Tensor:
         """refined [B, P] float (the prompt the step starts from; read detached); context_input,
         context_target [N, S, S] int64 (every sample's context demos, one after another); owner [N]
         int64 (the sample each demo belongs to); adapter: the B samples' adapter rows, in their
-        frames. -> z [B, P] float32 (zero for a sample without context demos); it carries a gradient
+        frames; context_enclosed [N, S, S] bool, the demos' enclosed background (None: the agent
+        computes it). -> z [B, P] float32 (zero for a sample without context demos); it carries a gradient
         to the step size only."""
         start = refined.detach()
         if owner.numel() == 0:  # no sample has a context demo
@@ -51,7 +52,7 @@ class LatentStep(nn.Module):
         with torch.enable_grad():  # validation and adaptation run the model under no_grad
             z = torch.zeros(start.shape, dtype=torch.float32, device=start.device, requires_grad=True)
             rows = None if adapter is None else adapter.take(owner)
-            logits = agent(context_input, start[owner] + z[owner].to(start.dtype), rows)
+            logits = agent(context_input, start[owner] + z[owner].to(start.dtype), rows, context_enclosed)
             per_demo = -cell_log_likelihood(logits, context_target, context_input)  # [N]
             demos = torch.zeros(start.shape[0], device=start.device).index_add(0, owner, torch.ones_like(per_demo))
             loss = (per_demo / demos[owner]).sum()  # each sample's mean over its own demos

@@ -67,7 +67,7 @@ class CopyAgent(torch.nn.Module):
         super().__init__()
         self.scale = torch.nn.Parameter(torch.tensor(10.0))
 
-    def forward(self, canvas, prompt, adapter=None):
+    def forward(self, canvas, prompt, adapter=None, enclosed=None):
         return self.scale * one_hot(canvas, NUM_CLASSES) + 0 * prompt.sum()
 
 

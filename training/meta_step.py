@@ -65,7 +65,7 @@ def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, window: list[d
         if rows.numel() == 0:
             continue
         context = {**episode_rows(batch, i, rows.numel()), "input": batch["context_input"][rows],
-                   "target": batch["context_target"][rows]}
+                   "input_enclosed": batch["context_enclosed"][rows], "target": batch["context_target"][rows]}
         fast = {n: p.detach().clone().requires_grad_(True) for n, p in shared}
         inner = torch.optim.Adam(fast.values(), lr=cfg.optim.meta_lr, fused=True)
         for step in range(cfg.optim.meta_steps):
@@ -77,7 +77,8 @@ def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, window: list[d
             inner.step()
         with torch.no_grad():
             after.append(_loss(model, fast, context, cfg, amp))
-        q = {**episode_rows(batch, i, 1), "input": batch["input"][i:i + 1], "target": batch["target"][i:i + 1]}
+        q = {**episode_rows(batch, i, 1), "input": batch["input"][i:i + 1],
+             "input_enclosed": batch["input_enclosed"][i:i + 1], "target": batch["target"][i:i + 1]}
         outer = _loss(model, fast, q, cfg, amp)
         grads = torch.autograd.grad(outer, list(fast.values()), allow_unused=True)
         present = [g for g in grads if g is not None]
