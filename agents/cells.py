@@ -17,7 +17,7 @@ from agents.adapter import AdapterSlice
 from agents.views import PromptedViews
 from data.arc import MAX_SIDE
 from data.canvas import NUM_CLASSES, grid_extent, one_hot
-from data.enclosed import enclosed_background
+from data.enclosed import enclosed_map
 from engine.precision import Float32LayerNorm
 
 
@@ -69,14 +69,14 @@ class CellEmbedding(nn.Module):
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
                 enclosed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """enclosed: [B, S, S] bool, the canvas's enclosed background (data/enclosed.py) as the batch
-        carries it; computed here when not given."""
+        carries it; computed here when not given (on the host: a GPU's canvas is copied there)."""
         h, w = grid_extent(input_canvas)
         x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, one_hot(input_canvas)
         viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)
         if enclosed is None:
-            enclosed = enclosed_background(input_canvas, h, w)
+            enclosed = enclosed_map(input_canvas)
         return x + self.view_embed(viewed) + enclosed[..., None].to(x.dtype) * self.enclosed_embed, viewed
 
     def adapter_parameters(self) -> list[nn.Parameter]:

@@ -14,15 +14,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import agents.cells
 import training
+from data.enclosed import enclosed_map
 from engine.loop import epoch_windows
 from tests.conftest import ROOT
 from training.step import train_step
 
 VALUE_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive",
-               "is_nonzero", "equal", "repeat_interleave", "masked_scatter", "bincount", "histc",
-               # a custom op is one call here, its insides unseen: the flood fill tests torch.equal in a loop
-               "enclosed_background"}
+               "is_nonzero", "equal", "repeat_interleave", "masked_scatter", "bincount", "histc"}
 
 
 class HostSyncs(TorchDispatchMode):
@@ -53,14 +53,20 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
-def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, small_cfg, state_and_batches):
+def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, small_cfg, state_and_batches,
+                                                                        monkeypatch):
+    """Counted by the operations above, and one more: the enclosed background's flood fill runs on
+    the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it."""
     cfg = small_cfg(amp=amp, grad_accum=2)
     state, batches = state_and_batches(cfg, 2)
     train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below
+    computed = []
+    monkeypatch.setattr(agents.cells, "enclosed_map", lambda canvas: computed.append(canvas) or enclosed_map(canvas))
     counter = HostSyncs()
     with counter:
         train_step(state, batches, cfg)
     assert dict(counter.sites) == EXPECTED
+    assert not computed, "the agent computed the enclosed background of a batch that carries it"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

