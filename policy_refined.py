@@ -120,7 +120,9 @@ class PolicyRefiner(nn.Module):
         mean = base + mu.to(base.dtype) @ basis.T
         if which == "mean":
             return mean[None], None
-        noise = torch.randn(mu.shape, generator=self.noise).to(mu.device, non_blocking=True)
+        # pinned on a GPU machine: a copy from pageable memory may hold the host until it is done
+        noise = torch.randn(mu.shape, generator=self.noise, pin_memory=mu.device.type == "cuda")
+        noise = noise.to(mu.device, non_blocking=True)
         action = mu + std * noise
         sampled = base + action.to(base.dtype) @ basis.T
         refined = torch.stack([sampled, mean]) if which == "sampled+mean" else sampled[None]
