@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from engine.distributed import Dist
+from engine.loop import host_to_device
 
 # What the agent may be given as the refined prompt, by name (ArcModel.forward).
 REFINEMENTS = ("mean", "sampled", "zero", "sampled+mean")
@@ -120,9 +121,7 @@ class PolicyRefiner(nn.Module):
         mean = base + mu.to(base.dtype) @ basis.T
         if which == "mean":
             return mean[None], None
-        # pinned on a GPU machine: a copy from pageable memory may hold the host until it is done
-        noise = torch.randn(mu.shape, generator=self.noise, pin_memory=mu.device.type == "cuda")
-        noise = noise.to(mu.device, non_blocking=True)
+        noise = host_to_device(torch.randn(mu.shape, generator=self.noise), mu.device)
         action = mu + std * noise
         sampled = base + action.to(base.dtype) @ basis.T
         refined = torch.stack([sampled, mean]) if which == "sampled+mean" else sampled[None]

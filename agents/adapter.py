@@ -21,9 +21,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from agents.views import VIEWS_IN_FRAME
+from agents.views import views_in_frame
 from data.arc import NUM_COLOURS
 from data.canvas import NUM_CLASSES
+from engine.loop import host_to_device
 
 
 @dataclass
@@ -55,7 +56,7 @@ class AdapterSlice:
         dihedral [B] int64 in 0..7, colours [B, 10] int64 (colour k is shown as colours[:, k])."""
         gate_bias = self.gate_bias
         if gate_bias.shape[1]:  # agents without views have no gate
-            views = VIEWS_IN_FRAME.to(dihedral.device)[dihedral]  # [B, V]
+            views = views_in_frame(dihedral.device)[dihedral]  # [B, V]
             gate_bias = torch.zeros_like(gate_bias).scatter(1, views, gate_bias)
         markers = torch.arange(NUM_COLOURS, NUM_CLASSES, device=colours.device).expand(len(colours), -1)
         classes = torch.cat([colours, markers], 1)  # [B, 12]: class k is shown as classes[:, k]
@@ -144,5 +145,5 @@ class TaskAdapters(nn.Module):
         if aug_ids is None:
             raise ValueError("an adapter with a row per view needs each sample's augmentation id")
         index = {a: k for k, a in enumerate(self.view_ids)}
-        view = torch.tensor([index.get(a, 0) for a in aug_ids], dtype=slot.dtype, device=slot.device)
+        view = host_to_device(torch.tensor([index.get(a, 0) for a in aug_ids], dtype=slot.dtype), slot.device)
         return slot * len(self.view_ids) + view

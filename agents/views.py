@@ -25,6 +25,8 @@ relation stream, and `views=False` turns them off.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import nn
@@ -60,6 +62,12 @@ def _views_in_frames() -> torch.Tensor:
 
 
 VIEWS_IN_FRAME = _views_in_frames()
+
+
+@functools.cache
+def views_in_frame(device: torch.device) -> torch.Tensor:
+    """VIEWS_IN_FRAME on `device`, copied there once (an adapter reads it every forward)."""
+    return VIEWS_IN_FRAME.to(device)
 
 
 def content_box(canvas: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -15,8 +15,17 @@ from engine.checkpoint import rng_state, set_rng_state
 from engine.precision import flush_denormals
 
 
+def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device`, without holding the host: a copy to a GPU goes through pinned memory (one from
+    pageable memory waits for the work queued before it, as a synchronization would)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()  # itself when pinned already (the loader pins its batches on a GPU machine)
+    return t.to(device, non_blocking=True)
+
+
 def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """The batch's tensors on `device` (host_to_device), its other values as they are."""
+    return {k: host_to_device(v, device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
 def seed_everything(seed: int) -> None:

@@ -36,7 +36,7 @@ from data.augment import view_ids
 from data.demo_episodes import DemoEpisodes
 from data.episodes import EpisodeDataset
 from engine.config import Config
-from engine.loop import to_device
+from engine.loop import host_to_device, to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
 from evaluation.task_batch import TaskWeights, batches_shared_weights, fit_together
@@ -116,7 +116,8 @@ def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAd
                  amp: MixedPrecision) -> torch.Tensor:
     """Each row's loss on every demo episode of its task, unaugmented -> [slots] float32 on the CPU."""
     batch, of = demos.every(rows)
-    return _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg, amp).float().cpu()
+    return _row_losses(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), slots, cfg,
+                       amp).float().cpu()
 
 
 @torch.no_grad()
@@ -127,7 +128,7 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
     at an eighth of the cost."""
     for views in sorted({1, cfg.eval.ttt_stop_views}):
         batch, of = demos.every(rows, views)
-        batch, pred = _predict(model, prompts, adapters, to_device(batch, device), of.to(device), amp)
+        batch, pred = _predict(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), amp)
         if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
             return False
     return True
@@ -166,8 +167,8 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
         tried += 1
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
         with dropped_changes(model, masks.draw if masks is not None else None):
-            loss = _row_losses(model, prompts, adapters, to_device(batch, device), of.to(device), slots, cfg,
-                               amp).sum()
+            loss = _row_losses(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), slots,
+                               cfg, amp).sum()
         amp.backward(loss)
         result = amp.step(optimizer, clip)
         taken += result is not None and result.stepped

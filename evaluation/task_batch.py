@@ -35,7 +35,7 @@ from torch.func import functional_call, grad, vmap
 
 from data.demo_episodes import DemoEpisodes
 from engine.config import Config
-from engine.loop import to_device
+from engine.loop import host_to_device, to_device
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs, warmed_factor
 from evaluation.ttt_dropout import DropoutMasks, change_shapes, dropped_changes
@@ -201,7 +201,7 @@ def _stacked_draws(model: ArcModel, prompts: QwenFeatures | None, demos: list[De
         views = [a.aug_id for a in batch["augmentation"]]
         batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
         batches.append({name: v for name, v in batch.items() if torch.is_tensor(v)})
-        of = of.to(device)
+        of = host_to_device(of, device)
         rows.append(adapters[k].rows(of, views) if adapters[k] is not None else of)
         if adapters[k] is not None:
             slices.append(tuple(vars(adapters[k].at(rows[-1])).values()))

@@ -34,6 +34,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from data.text import TEXT_FORMAT_VERSION
+from engine.loop import host_to_device
 from prompt.qwen_encoder import EncoderStats, QwenTextEncoder
 
 
@@ -183,13 +184,12 @@ class PromptCache:
         """Each task's mean of its keys' features -> ([B, hidden] float32, zeros for a task without
         keys; present [B] bool), on the cache's device. One stack of every row and one index_add,
         whatever B: a fixed handful of kernels on a GPU, where a stack and a mean a task would be
-        two launches each; the indices cross to the device in one pinned copy."""
+        two launches each; the indices cross to the device in one copy (engine.loop.host_to_device)."""
         rows = [by_key[k] for task in tasks for k in task]
         owner = [i for i, task in enumerate(tasks) for _ in task]
         counts = [max(len(task), 1) for task in tasks]
         present = [int(bool(task)) for task in tasks]
-        index = torch.tensor(owner + counts + present, dtype=torch.int64, pin_memory=self.device.type == "cuda")
-        index = index.to(self.device, non_blocking=True)
+        index = host_to_device(torch.tensor(owner + counts + present, dtype=torch.int64), self.device)
         owner_t, counts_t, present_t = index.split([len(owner), len(tasks), len(tasks)])
         sums = torch.zeros(len(tasks), self.encoder.hidden_size, device=self.device)
         if rows:
