@@ -9,9 +9,9 @@ timed as the loop runs it (next batch from the loader, `train_step`, the logger)
 same windows: with the prompt cache cold, then warm (a long run's steady state); a third pass
 under torch.profiler splits the warm `train_step` into its `record_function` phases (step/prompt,
 forward, backward (with DDP's reduction), optimizer, rl). The bare agent is one forward and backward of the agent
-alone on the same batch (doubled, as the step runs both refinements) with a fixed prompt, timed
-right after each warm step: loop overhead = 1 - bare / whole warm step, everything that is not the
-agent's own arithmetic.
+alone on the same batch (doubled, as the step runs both refinements) with a fixed prompt and the
+enclosed-background map the loader made (data/enclosed.py), timed right after each warm step: loop
+overhead = 1 - bare / whole warm step, everything that is not the agent's own arithmetic.
 """
 
 from __future__ import annotations
