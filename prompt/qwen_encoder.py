@@ -23,6 +23,7 @@ from torch import nn
 
 from engine.config import QwenCfg
 from engine.errors import ConfigError
+from engine.loop import host_to_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TINY = "tiny"
@@ -210,14 +211,15 @@ class QwenTextEncoder(nn.Module):
 
     def _pooled(self, texts: list[str], device: torch.device) -> torch.Tensor:
         """One trunk forward: texts -> pooled rows [len(texts), hidden] in the trunk's dtype."""
-        tokens = self.tokenizer(texts, padding=True, return_tensors="pt").to(device)
+        tokens = self.tokenizer(texts, padding=True, return_tensors="pt")
+        tokens_read = int(tokens["attention_mask"].numpy().sum())  # counted before the copy: on a GPU a read waits
+        tokens = {k: host_to_device(v, device) for k, v in tokens.items()}
         mask = tokens["attention_mask"]
         # The trunk computes in its own dtype (--qwen_dtype) under any caller's autocast: the cache key
         # names that dtype, so a feature must not depend on which call encoded it first (training
         # encodes outside autocast, validation predicts inside --amp's).
         with torch.autocast(device.type, enabled=False):
             hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask).last_hidden_state
-        tokens_read = int(mask.sum())
         self.stats.tokens += tokens_read
         if hidden.requires_grad:
             self.stats.tokens_with_grad += tokens_read

@@ -94,3 +94,16 @@ def test_on_a_gpu_a_step_synchronizes_only_where_the_invariants_need_it(amp, sma
         f"{w.filename[len(str(ROOT)) + 1:]}:{linecache.getline(w.filename, w.lineno).strip()}"
         for w in caught if "synchronizing" in str(w.message))
     assert dict(sites) == EXPECTED
+
+
+def test_encoding_demo_texts_reads_the_device_only_inside_the_qwen_trunk(small_cfg, state_and_batches):
+    """A prompt cache miss or a trainable Qwen's refresh encodes texts inside a step: the suite's own
+    lines read nothing back (the tokens are counted on the host); transformers' Qwen2 may, inside
+    its forward (its attention mask checks), which is not the suite's to change."""
+    state, (batch,) = state_and_batches(small_cfg(), 1)
+    texts = [text for task in batch["demo_texts"] for text in task]
+    counter = HostSyncs()
+    with counter:
+        state.model.qwen.encode(texts)
+    trunk = 'prompt/qwen_encoder.py:hidden = self.trunk(input_ids=tokens["input_ids"], attention_mask=mask)'
+    assert {site.removesuffix(".last_hidden_state") for site in counter.sites} <= {trunk}, dict(counter.sites)
