@@ -136,14 +136,18 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
 
 def device_activity(events, steps: int) -> dict[str, float]:
     """What a profiled step asked of the device, per step: "kernels" (launches), "gpu busy" (seconds
-    of kernel time) and "syncs" (calls that block the host until the device is done: stream, event
-    and device synchronizations; a device-to-host copy synchronizes inside cudaMemcpy*). None of
-    them exist on a CPU (zeros): there the step is host time only."""
+    of kernel time), "syncs" (calls that may block the host until the device is done: stream, event
+    and device synchronizations, and the cudaMemcpy* calls, inside which a device-to-host copy
+    waits; a copy from pinned memory to the device does not) and "sync wait" (seconds the host
+    spent inside those calls: what they cost). None of them exist on a CPU (zeros): there the step
+    is host time only."""
     launches = sum(e.count for e in events if "LaunchKernel" in e.key)
-    syncs = sum(e.count for e in events if "Synchronize" in e.key or e.key.startswith("cudaMemcpy"))
+    blocking = [e for e in events if "Synchronize" in e.key or e.key.startswith("cudaMemcpy")]
     busy = sum(e.self_device_time_total for e in events  # kernels and copies, not the phases' annotated spans
                if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation)
-    return {"kernels": launches / steps, "gpu busy": busy / 1e6 / steps, "syncs": syncs / steps}
+    return {"kernels": launches / steps, "gpu busy": busy / 1e6 / steps,
+            "syncs": sum(e.count for e in blocking) / steps,
+            "sync wait": sum(e.cpu_time_total for e in blocking) / 1e6 / steps}
 
 
 def main() -> None:

@@ -90,6 +90,8 @@ def test_the_recipes_section_profiles_each_gpu_config(tmp_path, capsys):
     assert [(r["recipe"], r["Qwen"]) for r in rows] == [("configs/gpu-1.toml", "tiny lora, refresh 2"),
                                                         ("configs/gpu-8.toml", "tiny full, refresh 2")]
     assert all(r["step warm ms"] > 0 and r["episodes/s"] > 0 and r["forward host ms"] > 0 for r in rows)
+    # a CPU launches no kernel and waits for no device
+    assert all(r["kernels/step"] == r["syncs/step"] == r["sync wait ms/step"] == 0 for r in rows)
 
 
 def test_the_batch_section_stops_at_the_first_micro_batch_out_of_memory(tmp_path, monkeypatch):

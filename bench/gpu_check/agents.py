@@ -77,4 +77,5 @@ def measure(check: Check, agent: str, variant: str, side: int, steps: int, warmu
         **{f"{phase.removeprefix('step/')} host ms": round(1e3 * r["phases"].get(phase, 0.0), 1)
            for phase in PHASES},
         "kernels/step": round(r["phases"]["kernels"]), "GPU busy": f"{r['phases']['gpu busy'] / warm:.0%}",
-        "syncs/step": round(r["phases"]["syncs"], 1)}
+        "syncs/step": round(r["phases"]["syncs"], 1),
+        "sync wait ms/step": round(1e3 * r["phases"]["sync wait"], 2)}

@@ -71,4 +71,5 @@ def measure(check: Check, path: str, steps: int, warmup: int, log_dir: Path) -> 
         "episodes/s": round(episodes / warm, 1), "loader ms": round(1e3 * r["warm"]["data"], 1),
         **{f"{phase.removeprefix('step/')} host ms": round(1e3 * phases.get(phase, 0.0), 1) for phase in PHASES},
         "kernels/step": round(phases["kernels"]), "GPU busy": f"{phases['gpu busy'] / warm:.0%}",
-        "syncs/step": round(phases["syncs"], 1), "peak GiB": round(peak, 1) if peak is not None else "n/a"}
+        "syncs/step": round(phases["syncs"], 1), "sync wait ms/step": round(1e3 * phases["sync wait"], 2),
+        "peak GiB": round(peak, 1) if peak is not None else "n/a"}
