@@ -11,7 +11,7 @@ import torch
 
 from data.arc import ArcTask
 from data.augment import view_ids
-from data.episodes import EpisodeDataset, collate, training_episodes
+from data.episodes import EpisodeDataset, collate, training_episodes, with_enclosed
 
 
 class DemoEpisodes:
@@ -40,8 +40,8 @@ class DemoEpisodes:
         self.rng = np.random.default_rng(self.seed)
 
     def sample(self, index: int, aug: int) -> dict:
-        if (index, aug) not in self.samples:
-            self.samples[(index, aug)] = self.dataset[(index, aug)]
+        if (index, aug) not in self.samples:  # with its enclosed maps: every step draws from the same few
+            self.samples[(index, aug)] = with_enclosed(self.dataset[(index, aug)])
         return self.samples[(index, aug)]
 
     def draw(self, rows: dict[int, int], per_row: int) -> tuple[dict, torch.Tensor]:

@@ -210,6 +210,26 @@ class EpisodeDataset(Dataset):
         return torch.from_numpy(canvases)
 
 
+def with_enclosed(sample: dict) -> dict:
+    """The sample with the enclosed-background maps of its input canvases (`input_enclosed` [S, S],
+    `context_enclosed` [n, S, S] bool with context demos): for a sample drawn again and again, as
+    a task's adaptation draws its demo episodes, computed once (data.demo_episodes)."""
+    maps = {"input_enclosed": enclosed_map(sample["input"][None])[0]}
+    if "context_input" in sample:
+        maps["context_enclosed"] = enclosed_map(sample["context_input"])
+    return {**sample, **maps}
+
+
+def _enclosed(samples: list[dict], key: str, side: int, canvases: torch.Tensor) -> torch.Tensor:
+    """The batch's `key` map ("input_enclosed" or "context_enclosed") of its cut `canvases`: the
+    samples' own cut to `side` where every sample carries one (`with_enclosed`: a grid and its
+    markers fit the cut, so its edge is the same), else computed on the host (data/enclosed.py)."""
+    if all(key in s for s in samples):
+        join = torch.stack if key == "input_enclosed" else torch.cat  # [S, S] a sample; [n, S, S]
+        return join([s[key][..., :side, :side] for s in samples])
+    return enclosed_map(canvases)
+
+
 def collate(samples: list[dict], side: int | None = None) -> dict:
     """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
     side S among them (a larger one: the samples' canvases hold it).
@@ -231,13 +251,13 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     batch["colours"] = torch.tensor([s["augmentation"].colours for s in samples], dtype=torch.int64)
     for k in ("input", "target"):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
-    batch["input_enclosed"] = enclosed_map(batch["input"])  # here, on the host: data/enclosed.py says why
+    batch["input_enclosed"] = _enclosed(samples, "input_enclosed", side, batch["input"])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
     if "context_input" in samples[0]:
         for k in ("context_input", "context_target"):
             batch[k] = torch.cat([s[k][:, :side, :side] for s in samples])
-        batch["context_enclosed"] = enclosed_map(batch["context_input"])
+        batch["context_enclosed"] = _enclosed(samples, "context_enclosed", side, batch["context_input"])
         batch["context_owner"] = torch.cat([torch.full((len(s["context_input"]),), i, dtype=torch.int64)
                                             for i, s in enumerate(samples)])
     return batch

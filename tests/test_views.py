@@ -5,12 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+import training
 from agents.adapter import AdapterSlice
 from agents.conv_agent import FiLMConvAgent
 from agents.views import NUM_VIEWS, SCALES, PromptedViews, view_canvases, views_fitting
 from data.arc import ArcPair
 from data.augment import Augmentation, dihedral
 from data.canvas import encode, grid_extent
+from data.demo_episodes import DemoEpisodes
 from data.enclosed import enclosed_map
 from data.features import crop_to_content
 from data.synthetic import _fill_enclosed, _outlines, gravity
@@ -199,3 +201,19 @@ def test_the_model_reads_the_enclosed_background_its_batch_carries(small_cfg, st
     computed = model(alone, "sampled+mean")
     assert torch.equal(carried.logits, computed.logits)
     assert torch.equal(carried.latent_step, computed.latent_step)
+
+
+def test_the_maps_a_task_s_demo_samples_carry_are_those_of_the_cut_batch(small_cfg):
+    """Adaptation draws a task's few demo samples every step, so each sample's enclosed maps are
+    computed once (data.demo_episodes) and cut with the batch: the same maps as of the cut canvases,
+    for grids placed away from the corner and for the context demos."""
+    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", latent_step_lr=0.1, latent_step_demos=2,
+                    place_shift=4)
+    eval_set = training.build_data(cfg, torch.device("cpu")).eval_set
+    tasks = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())[:3]
+    demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
+    batch, _ = demos.draw({0: 0, 1: 1, 2: 2}, 8)
+    assert all("input_enclosed" in s for s in demos.samples.values())
+    assert batch["input_enclosed"].any() and batch["input"].shape[-1] < demos.sample(0, 0)["input"].shape[-1]
+    assert torch.equal(batch["input_enclosed"], enclosed_map(batch["input"]))
+    assert torch.equal(batch["context_enclosed"], enclosed_map(batch["context_input"]))
