@@ -195,16 +195,22 @@ def _stacked_draws(model: ArcModel, prompts: QwenFeatures | None, demos: list[De
     prompt features, stacked along a leading task axis -> (batch {name: [K, B, ...]}, the adapter
     rows of each sample as AdapterSlice's tensors [K, B, ...], or None without adapters: the tasks
     have one each or none; the row of its task's adapter each sample reads [K, B] int64)."""
-    batches, slices, rows = [], [], []
-    for k, d in enumerate(demos):
-        batch, of = d.draw({0: 0}, per_task)
+    draws = [d.draw({0: 0}, per_task) for d in demos]
+    # stacked on the host and copied once, and every task's prompt features in one read of the cache:
+    # a fixed count of copies and lookups a step, whatever the number of tasks
+    stacked = to_device({name: torch.stack([batch[name] for batch, _ in draws])
+                         for name, v in draws[0][0].items() if torch.is_tensor(v)}, device)
+    tasks_by_samples = stacked["numeric"].shape[:2]
+    flat = model.encode_prompts({"demo_texts": [t for batch, _ in draws for t in batch["demo_texts"]],
+                                 "numeric": stacked["numeric"].flatten(0, 1)}, prompts, 0, training=False)
+    stacked.update({name: flat[name].unflatten(0, tasks_by_samples) for name in ("qwen", "qwen_present")
+                    if name in flat})
+    of = host_to_device(torch.stack([of for _, of in draws]), device)
+    rows, slices = [], []
+    for k, (batch, _) in enumerate(draws):
         views = [a.aug_id for a in batch["augmentation"]]
-        batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
-        batches.append({name: v for name, v in batch.items() if torch.is_tensor(v)})
-        of = host_to_device(of, device)
-        rows.append(adapters[k].rows(of, views) if adapters[k] is not None else of)
+        rows.append(adapters[k].rows(of[k], views) if adapters[k] is not None else of[k])
         if adapters[k] is not None:
             slices.append(tuple(vars(adapters[k].at(rows[-1])).values()))
-    stacked = {name: torch.stack([b[name] for b in batches]) for name in batches[0]}
     return (stacked, tuple(torch.stack(parts) for parts in zip(*slices, strict=True)) if slices else None,
             torch.stack(rows))
