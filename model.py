@@ -164,7 +164,7 @@ class ArcModel(nn.Module):
         enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
-        for canvas in (inputs, enclosed) if enclosed is not None else (inputs,):
+        for canvas in [c for c in (inputs, enclosed) if c is not None]:
             torch._dynamo.mark_static(canvas, 1)
             torch._dynamo.mark_static(canvas, 2)
         if self.cuda_graphs:  # each call a step of its own: its replay reuses the graph's output buffers

@@ -50,5 +50,6 @@ def enclosed_background(canvas: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.
 def enclosed_map(canvas: torch.Tensor) -> torch.Tensor:
     """canvas [B, S, S] int64 on any device -> [B, S, S] bool on the same device: each canvas's
     `enclosed_background`, computed on the host."""
-    h, w = (x.cpu().numpy() for x in grid_extent(canvas))
-    return torch.from_numpy(enclosed_background(canvas.cpu().numpy(), h, w)).to(canvas.device)
+    host = canvas.cpu()  # one copy from a GPU, then everything on the host
+    h, w = (x.numpy() for x in grid_extent(host))
+    return torch.from_numpy(enclosed_background(host.numpy(), h, w)).to(canvas.device)
