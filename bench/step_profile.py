@@ -38,8 +38,9 @@ SAME_SIZE_RULES = "recolour,flip,rotate,transpose,gravity"  # outputs as large a
 PHASES = ("step/prompt", "step/forward", "step/backward", "step/optimizer", "step/rl")
 
 
-def case_config(agent: str, side: int, **flags) -> Config:
-    return Config.from_flags(agent=agent, data="synthetic:200", synthetic_size=SIZES[side],
+def case_config(agent: str, side: int, tasks: int = 200, **flags) -> Config:
+    """The default configuration with `agent` on `tasks` synthetic tasks of one grid size (side `side`)."""
+    return Config.from_flags(agent=agent, data=f"synthetic:{tasks}", synthetic_size=SIZES[side],
                              synthetic_rules=SAME_SIZE_RULES, synthetic_eval_rules=SAME_SIZE_RULES, **flags)
 
 

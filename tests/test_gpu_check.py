@@ -14,6 +14,7 @@ from bench.gpu_check import seeds
 from bench.gpu_check.arc import ONE_GPU_RECIPE, run_child
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import markdown_table
+from engine.config import AgentCfg
 from tests.conftest import ROOT
 
 DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16", "--arc_minutes", "0.05", "--arc_tasks", "1",
@@ -130,7 +131,17 @@ def test_an_agent_case_that_fails_records_its_error_and_the_others_run(tmp_path,
     assert [(r["agent"], r["variant"], r.get("error")) for r in section["rows"]] == [
         (a, v, "RuntimeError: CUDA graphs: capture failed" if v == "graphs" else None)
         for a in agents.AGENTS for v in ("fp32", "graphs")]
-    assert section["error"].startswith("3 case(s) failed: conv/graphs, transformer/graphs, loop_vit/graphs")
+    assert section["error"].startswith("3 case(s) failed: conv/graphs/8, transformer/graphs/8, loop_vit/graphs/8")
+
+
+def test_the_default_agent_runs_first_at_every_micro_batch_the_others_at_the_first():
+    """A section cut by its budget has measured the default agent; only it pays for more batches."""
+    from bench.gpu_check import agents
+
+    assert AgentCfg().agent == "conv"
+    assert agents.cases(("fp32", "graphs"), (8, 64)) == [
+        ("conv", "fp32", 8), ("conv", "fp32", 64), ("conv", "graphs", 8), ("conv", "graphs", 64),
+        ("transformer", "fp32", 8), ("transformer", "graphs", 8), ("loop_vit", "fp32", 8), ("loop_vit", "graphs", 8)]
 
 
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):

@@ -69,16 +69,36 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
     ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
     ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile,graphs")
+    ap.add_argument("--agent_batches", default="8", help="micro-batches the default agent is timed at (the others: "
+                                                         "the first)")
     ap.add_argument("--adapt_tasks", type=int, default=16, help="tasks of the adaptation section (its largest K)")
+    ap.add_argument("--adapt_steps", type=int, help="the adaptation section's --ttt_steps (default: the recipe's); "
+                                                    "fewer price K's memory and ratio in less time")
+    ap.add_argument("--arc_set", action="append", default=[], metavar="FLAG=VALUE",
+                    help="a flag of fixed.py for the ARC run over the recipe's (repeatable): --arc_set adapt_tasks=8")
+    ap.add_argument("--budgets", default="", metavar="SECTION=SECONDS,...",
+                    help="seconds in which a section may start cases, over the shares of --minutes "
+                         f"({', '.join(f'{k} {v:g}' for k, v in BUDGET_SHARES.items())}; the others: until --minutes)")
     ap.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak (default: by its name)")
     args = ap.parse_args(argv)
     if args.re_arc and not Path(args.re_arc).exists():
         ap.error(f"--re_arc {args.re_arc}: no such file or folder (RE-ARC's re_arc.zip or its unpacked folder)")
+    budgeted = ",".join(b.split("=")[0] for b in args.budgets.split(",") if b)
     for name, given, known in (("--sections", args.sections, SECTIONS), ("--agent_variants", args.agent_variants,
-                                                                         agents.VARIANTS)):
-        unknown = set(given.split(",")) - set(known)
+                                                                         agents.VARIANTS),
+                               ("--budgets", budgeted, SECTIONS)):
+        unknown = set(given.split(",")) - set(known) - {""}
         if unknown:
             ap.error(f"{name} {given}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
+    try:
+        args.agent_batches = tuple(int(b) for b in args.agent_batches.split(","))
+        args.budgets = {k: float(v) for k, v in (b.split("=") for b in args.budgets.split(",") if b)}
+    except ValueError:
+        ap.error(f"--agent_batches {args.agent_batches} / --budgets {args.budgets}: give integers "
+                 "(8,64) / SECTION=SECONDS pairs (agents=90,batch=30)")
+    bad = [s for s in args.arc_set if "=" not in s or not s.split("=")[0]]
+    if bad:
+        ap.error(f"--arc_set {bad[0]}: give FLAG=VALUE, a flag of fixed.py without its dashes (adapt_tasks=8)")
     return args
 
 
@@ -99,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     check = Check(torch.device(args.device), args.tiny, Path(args.out), time.monotonic() + 60 * args.minutes,
-                  {name: share * 60 * args.minutes for name, share in BUDGET_SHARES.items()})
+                  {**{name: share * 60 * args.minutes for name, share in BUDGET_SHARES.items()}, **args.budgets})
     report = Report(check.out, header(check))
     wanted = args.sections.split(",")
     arc_run = None
@@ -112,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             elif name == "qwen":
                 qwen.run(check, section)
             elif name == "agents":
-                agents.run(check, section, tuple(args.agent_variants.split(",")), args.peak_tflops)
+                agents.run(check, section, tuple(args.agent_variants.split(",")), args.peak_tflops,
+                           args.agent_batches)
             elif name == "arc":
                 usable = check.seconds_left() - ARC_STARTUP_S - arc.GRACE_SECONDS
                 minutes = min(args.arc_minutes, (usable - ARC_VALIDATION_S) / 60)
@@ -121,9 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     minutes = max(minutes, 0.05)
                     eval_minutes = max(min(ARC_VALIDATION_S, usable - 60 * minutes), 1.0) / 60
-                    arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc)
+                    arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc,
+                                      args.arc_set)
             elif name == "adaptation":
-                adaptation.run(check, section, args.adapt_tasks)
+                adaptation.run(check, section, args.adapt_tasks, args.adapt_steps)
             elif name == "batch":
                 batch.run(check, section)
             elif name == "recipes":

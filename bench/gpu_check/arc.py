@@ -19,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.gpu_check.context import RECIPE, RECIPE_QWEN, Check
@@ -75,8 +76,9 @@ def training_data(re_arc: str | None) -> str:
 
 
 def run(check: Check, section: Section, minutes: float, eval_minutes: float, tasks: int,
-        re_arc: str | None = None) -> Path | None:
-    """Train for `minutes`, then validate within `eval_minutes`; -> the run folder when it saved a
+        re_arc: str | None = None, overrides: Sequence[str] = ()) -> Path | None:
+    """Train for `minutes`, then validate within `eval_minutes`, the recipe's flags changed by
+    `overrides` ("adapt_tasks=8": fixed.py's flags, last); -> the run folder when it saved a
     checkpoint, else None."""
     run_dir = check.out / "arc_run"
     argv = [sys.executable, "fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
@@ -84,7 +86,8 @@ def run(check: Check, section: Section, minutes: float, eval_minutes: float, tas
             *(TINY_SIZES if check.tiny else ()), "--epochs", "1000", "--max_minutes", f"{minutes:g}",
             "--val_every", "end", "--eval_tasks", str(tasks), "--eval_minutes", f"{eval_minutes:g}",
             "--run_dir", str(run_dir),
-            "--prompt_cache_dir", str(check.out / "arc_prompt_cache")]
+            "--prompt_cache_dir", str(check.out / "arc_prompt_cache"),
+            *(arg for flag in overrides for arg in ("--" + flag.split("=", 1)[0], flag.split("=", 1)[1]))]
     section.notes += [f"`{' '.join(argv[1:])}`", CPU_REFERENCE]
     log = check.out / "arc_run.log"
     code, stopped = run_child(check, argv, log, reserve=GRACE_SECONDS)
