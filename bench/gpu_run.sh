@@ -1,59 +1,67 @@
 #!/bin/sh
-# The prepared run for a lent GPU (docs/gpu.md): every check docs/gpu.md lists, in its order, then a
-# short training run of the one-GPU recipe and its validation, in two parts of about five minutes,
-# so a machine lent for fifteen can run each and still run one again. Each part writes its figures
-# as its sections end (runs/gpu-run/PART/gpu_check.md), and copies the reports and logs to $OUT
-# when the device tool gave one (what comes back from the machine).
+# The prepared run for a lent GPU (docs/gpu.md): the checks docs/gpu.md lists, in its order, then a
+# short training run of the one-GPU recipe and its validation, in one call of about seven minutes,
+# so a machine lent for fifteen can run it and still run a part again. Every step runs under its own
+# `timeout`, the check's sections write their figures as they end (runs/gpu-run/STEP/gpu_check.md),
+# and the reports and logs are copied to $OUT (what the device tool brings back) whatever stopped.
 #
-#   sh bench/gpu_run.sh checks   # seeds; agents fp32 / graphs / compile at micro-batch 8 and 64; the
-#                                # recipes' steps; K tasks adapted together, 1 ... 16; micro-batches
-#                                # until one does not fit; the CUDA-only tests           (about 5 min)
-#   sh bench/gpu_run.sh arc      # configs/gpu-1.toml trained on ARC-AGI-1 + RE-ARC (runs/re_arc.zip,
-#                                # carried), validated on the first 50 evaluation tasks under
-#                                # --eval_minutes, with the largest K the checks part fitted (5 min)
+#   sh bench/gpu_run.sh          # all of it: seeds + agents in fp32 at micro-batch 8 and 64 (1 min);
+#                                # the recipes' steps, K tasks adapted together (1 ... 16), micro-
+#                                # batches until one does not fit (3 min); the CUDA-only tests; then
+#                                # configs/gpu-1.toml trained on ARC-AGI-1 + RE-ARC (runs/re_arc.zip,
+#                                # carried) and validated on the first 50 evaluation tasks under
+#                                # --eval_minutes with the largest K that fitted (3 min)
+#   sh bench/gpu_run.sh compiled # the default agent with --compile and CUDA graphs: each compile takes
+#                                # minutes on an H100 (docs/results.md), so it is a call of its own
 #
 # Carry gpu-wheels/ (make gpu-wheels) and runs/re_arc.zip with the tree. EXTRA="--device cpu --tiny"
-# runs both parts on a CPU at tiny sizes (PYTHON=.venv/bin/python), as tests/test_gpu_check.py does.
+# runs it on a CPU at tiny sizes (PYTHON=.venv/bin/python), as tests/test_gpu_check.py does.
 set -u
-part=${1:?"bench/gpu_run.sh: name a part: checks or arc"}
 PYTHON=${PYTHON:-python3}
 dest=runs/gpu-run
 mkdir -p "$dest"
+status=0
 
-keep() {  # the part's reports and logs, to $OUT (flat: the device tool returns few files, two folders down)
+check() {  # STEP SECONDS ARGS...: one gpu-check call, its report in $dest/STEP, its output in $dest/STEP.log
+    step=$1 seconds=$2
+    shift 2
+    timeout "$seconds" make gpu-check PYTHON="$PYTHON" OUT="$dest/$step" ARGS="$* ${EXTRA:-}" \
+        >"$dest/$step.log" 2>&1 || status=1
+}
+
+keep() {  # reports and logs to $OUT, flat (the device tool returns few files, two folders down)
     [ -n "${OUT:-}" ] || return 0
-    for f in "$@"; do [ -f "$f" ] && cp "$f" "$OUT/$part-$(basename "$f")"; done
+    for f in "$@"; do [ -f "$dest/$f" ] && cp "$dest/$f" "$OUT/$(echo "$f" | tr / -)"; done
     return 0
 }
 
-case $part in
-checks)
-    make gpu-check PYTHON="$PYTHON" OUT="$dest/checks" ARGS="--minutes 4 \
-        --sections seeds,agents,recipes,adaptation,batch --agent_variants fp32,graphs,compile --agent_batches 8,64 \
-        --budgets seeds=20,agents=75,recipes=30,adaptation=50,batch=25 --adapt_tasks 16 --adapt_steps 5 ${EXTRA:-}" \
-        >"$dest/checks.log" 2>&1
-    status=$?
+case ${1:-all} in
+all)
+    check checks 80 --minutes 1.2 --sections seeds,agents --agent_variants fp32 --agent_batches 8,64 \
+        --budgets seeds=20,agents=40
+    keep checks/gpu_check.md
+    check recipes 170 --minutes 2.5 --sections recipes,adaptation,batch --budgets recipes=20,adaptation=45,batch=20 \
+        --adapt_tasks 16 --adapt_steps 5
+    keep recipes/gpu_check.md recipes/gpu_check.json recipes.log
     # the CUDA-only tests: a step's host synchronizations under torch.cuda.set_sync_debug_mode, the
     # prompt cache's entries on the GPU (skipped on a CPU)
-    PYTHONPATH="$PWD/.gpu-site" timeout 90 "$PYTHON" -m pytest -p no:cacheprovider -q -k on_a_gpu \
+    PYTHONPATH="$PWD/.gpu-site" timeout 60 "$PYTHON" -m pytest -p no:cacheprovider -q -k on_a_gpu \
         tests/test_host_syncs.py tests/test_prompt_cache.py >"$dest/pytest.log" 2>&1 || status=1
-    keep "$dest/checks/gpu_check.md" "$dest/checks/gpu_check.json" "$dest/checks.log" "$dest/pytest.log"
+    keep pytest.log
+    k=$("$PYTHON" -c "import sys; from pathlib import Path; from bench.gpu_check.adaptation import largest_k; \
+print(largest_k(Path(sys.argv[1])))" "$dest/recipes/gpu_check.json" 2>/dev/null) || k=1
+    check arc 190 --minutes 3 --sections arc --arc_eval_minutes 1 --arc_tasks 50 --re_arc runs/re_arc.zip \
+        --arc_set adapt_tasks="$k"
+    keep arc/gpu_check.md arc/arc_run.log arc.log
     ;;
-arc)
-    k=1
-    if [ -f "$dest/checks/gpu_check.json" ]; then
-        k=$("$PYTHON" -c "import sys; from pathlib import Path; from bench.gpu_check.adaptation import largest_k; \
-print(largest_k(Path(sys.argv[1])))" "$dest/checks/gpu_check.json") || k=1
-    fi
-    make gpu-check PYTHON="$PYTHON" OUT="$dest/arc" RE_ARC=runs/re_arc.zip ARGS="--minutes 5 --sections arc \
-        --arc_tasks 50 --arc_set adapt_tasks=$k ${EXTRA:-}" >"$dest/arc.log" 2>&1
-    status=$?
-    keep "$dest/arc/gpu_check.md" "$dest/arc/gpu_check.json" "$dest/arc.log" "$dest/arc/arc_run.log"
+compiled)
+    check compiled 400 --minutes 5 --sections agents --agent_variants graphs,compile --budgets agents=240
+    keep compiled/gpu_check.md compiled.log
     ;;
 *)
-    echo "bench/gpu_run.sh: unknown part $part: name checks or arc" >&2
+    echo "bench/gpu_run.sh: unknown part $1: name all or compiled" >&2
     exit 2
     ;;
 esac
-cat "$dest/$part.log"
+tail -n 3 "$dest"/*.log
 exit $status

@@ -49,7 +49,7 @@ SECTIONS = {"seeds": "The seeds' failures on the device", "qwen": "Qwen at its r
 # recipes, adaptation and batch each fill a check's minutes: named when wanted
 DEFAULT_SECTIONS = ("seeds", "qwen", "agents", "arc", "ttt-curve")
 ARC_STARTUP_S = 45  # the ARC run's start: its data (RE-ARC's examples), the recipe's model, the first batches
-ARC_VALIDATION_S = 120  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
+ARC_VALIDATION_MINUTES = 2.0  # the ARC run's --eval_minutes, at most: the held-out loss and the tasks' adaptation
 MIN_ARC_MINUTES = 0.5
 # shares of --minutes in which a section may start its cases (8 minutes: 60, 90 and 120 s), so the
 # ARC run keeps at least half of the check
@@ -64,6 +64,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, default=8.0, help="the whole check's time limit")
     ap.add_argument("--sections", default=",".join(DEFAULT_SECTIONS), help=f"some of {','.join(SECTIONS)}")
     ap.add_argument("--arc_minutes", type=float, default=4.0, help="ARC training time at most")
+    ap.add_argument("--arc_eval_minutes", type=float, default=ARC_VALIDATION_MINUTES,
+                    help="the ARC run's --eval_minutes at most")
     ap.add_argument("--arc_tasks", type=int, default=100, help="evaluation tasks the ARC run validates on")
     ap.add_argument("--re_arc", help="RE-ARC's re_arc.zip or folder: the ARC run trains on it too (carry it there)")
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
@@ -136,12 +138,12 @@ def main(argv: list[str] | None = None) -> int:
                            args.agent_batches)
             elif name == "arc":
                 usable = check.seconds_left() - ARC_STARTUP_S - arc.GRACE_SECONDS
-                minutes = min(args.arc_minutes, (usable - ARC_VALIDATION_S) / 60)
+                minutes = min(args.arc_minutes, (usable - 60 * args.arc_eval_minutes) / 60)
                 if minutes < MIN_ARC_MINUTES and not check.tiny:
                     section.error = f"out of time: {check.seconds_left():.0f} s left of --minutes {args.minutes:g}"
                 else:
                     minutes = max(minutes, 0.05)
-                    eval_minutes = max(min(ARC_VALIDATION_S, usable - 60 * minutes), 1.0) / 60
+                    eval_minutes = max(min(60 * args.arc_eval_minutes, usable - 60 * minutes), 1.0) / 60
                     arc_run = arc.run(check, section, minutes, eval_minutes, args.arc_tasks, args.re_arc,
                                       args.arc_set)
             elif name == "adaptation":
