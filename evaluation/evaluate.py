@@ -113,12 +113,42 @@ def describe(cfg: Config) -> str:
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted{proposed}"
 
 
+def episodes_by_task(dataset: EpisodeDataset) -> dict[str, list[int]]:
+    """Each task's episode indices in `dataset` (a test input each)."""
+    by_task: dict[str, list[int]] = defaultdict(list)
+    for i, ep in enumerate(dataset.episodes):
+        by_task[ep.task.task_id].append(i)
+    return by_task
+
+
+def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_ids: list[str], cfg: Config,
+                   world_size: int) -> list[list[list[str]]]:
+    """The groups of tasks each process adapts and scores together, process by process: its share of
+    `task_ids` (every `world_size`-th), in groups of `--adapt_tasks` (one where tasks share weights
+    and are not batched together), one canvas side a group when batched together."""
+    together = batches_shared_weights(cfg)
+    size = 1 if cfg.eval.trains_shared_weights and not together else cfg.eval.adapt_tasks
+    if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
+        sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset, cfg.eval.ttt_views) for t in task_ids}
+        side_of = sides.__getitem__
+    else:
+        def side_of(t: str) -> int:
+            return max(dataset.sides[i] for i in by_task[t])
+    return [task_groups(task_ids[r::world_size], side_of, size, together) for r in range(world_size)]
+
+
+def count_groups(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
+    """How many groups this process would score for `task_ids`: what a validation that scores them
+    in a later call passes to the first as `groups_after`, so one deadline is shared by both."""
+    return len(process_groups(dataset, episodes_by_task(dataset), task_ids, cfg, dist.world_size)[dist.rank])
+
+
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
                 desc: str | None = None, chooser: AttemptChooser | None = None,
                 on_candidates: Callable[[int, Candidates], None] | None = None,
                 journal: Journal | None = None, deadline: Deadline | None = None,
-                submission: SubmissionFile | None = None) -> TaskScores:
+                submission: SubmissionFile | None = None, groups_after: int = 0) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
     are gathered, so every process returns them all).
 
@@ -130,23 +160,15 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     input this process scores, after its attempts. `journal` (evaluation/journal.py): a group whose
     tasks it holds is read from it, not scored again; each task scored is appended to it. `deadline`
     (evaluation/deadline.py, --eval_minutes): each group's adaptation steps and views planned to fit
-    the time left. `submission` (evaluation/submission.py): rewritten after each group."""
+    its share of the time left, shared with `groups_after` groups of this process that a later call
+    scores under the same deadline (`count_groups`). `submission` (evaluation/submission.py):
+    rewritten after each group."""
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")
-    by_task: dict[str, list[int]] = defaultdict(list)
-    for i, ep in enumerate(dataset.episodes):
-        by_task[ep.task.task_id].append(i)
-    together = batches_shared_weights(cfg)
-    size = 1 if cfg.eval.trains_shared_weights and not together else cfg.eval.adapt_tasks
-    if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
-        sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset, cfg.eval.ttt_views) for t in task_ids}
-        side_of = sides.__getitem__
-    else:
-        def side_of(t: str) -> int:
-            return max(dataset.sides[i] for i in by_task[t])
+    by_task = episodes_by_task(dataset)
     # every process knows every process's groups, so all make the same number of agreement calls
-    groups_of = [task_groups(task_ids[r::dist.world_size], side_of, size, together) for r in range(dist.world_size)]
+    groups_of = process_groups(dataset, by_task, task_ids, cfg, dist.world_size)
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
     scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop, chooser=chooser,
@@ -168,7 +190,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 for t in group:
                     restore(journal.done[t], scores)
             else:
-                done = scorer.score(group, deadline, groups_left=len(mine) - slot)
+                done = scorer.score(group, deadline, groups_left=len(mine) - slot + groups_after)
                 if done is None:  # stopped during its adaptation: nothing of it is kept
                     continue
                 scores = scores.merged(done)

@@ -75,3 +75,24 @@ def test_an_evaluation_under_a_deadline_ends_in_time_with_a_complete_submission(
     submission = json.loads((tmp_path / "submission.json").read_text())
     assert sum(map(len, submission.values())) == sum(len(t.test) for t in
                                                       training.build_data(cfg, CPU).splits.evaluation)
+
+
+def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks(small_cfg, tmp_path, monkeypatch):
+    """The final validation scores its first --val_tasks, then the rest, in two calls: the first
+    call's groups are planned knowing the rest's (on an H200 the first 16 of 50 tasks took the
+    whole budget and the other 34 were predicted unadapted), and the budget holds for both."""
+    plans = []
+    plan = Deadline.plan
+
+    def spy(self, ttt_steps, views, groups_left, pairs, tasks=1):
+        plans.append(groups_left)
+        return plan(self, ttt_steps, views, groups_left, pairs, tasks)
+
+    monkeypatch.setattr(Deadline, "plan", spy)
+    cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, ttt_check_every=0,
+                    eval_minutes=0.05, run_dir=str(tmp_path / "run"))
+    summary = training.train(cfg, CPU)
+    tasks = int(summary["eval/tasks"])
+    assert tasks == 3 and plans == [3, 2, 1]  # one task a group: the first is planned as one of three
+    assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks
+    assert summary["eval/ttt_steps_per_task"] < 1000

@@ -184,6 +184,33 @@ def test_a_section_starts_no_case_past_the_checks_minutes(tmp_path, monkeypatch)
     assert "not run, the check's --minutes were spent: 4, 8" in section["notes"]
 
 
+def test_a_check_stopped_from_outside_keeps_every_finished_case(tmp_path, monkeypatch):
+    """The device call's limit kills the check mid-section (the first GPU run lost a section that
+    way): the report already holds the section's finished cases, marked unfinished. --budgets
+    gives the batch section seconds of its own."""
+    from bench.gpu_check import batch
+
+    def measure(check, cfg, *args):
+        if cfg.data.batch_size == 8:
+            raise KeyboardInterrupt  # what a kill looks like from inside: nothing after it runs
+        return {"step ms": 1.0, "loader ms": 1.0, "episodes/s": 2.0, "peak GiB": "n/a"}
+
+    monkeypatch.setattr(batch, "measure", measure)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "batch",
+                        "--budgets", "batch=60"])
+    section = report(tmp_path)["batch"]
+    assert [r["micro-batch"] for r in section["rows"]] == [2, 4] and not section["finished"]
+    assert "## Micro-batches that fill the GPU (unfinished)" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_budgets_name_known_sections_in_seconds(tmp_path, capsys):
+    for bad, said in (("batsh=30", "unknown batsh"), ("batch=soon", "SECTION=SECONDS")):
+        with pytest.raises(SystemExit) as exit_:
+            gpu_check.main(["--out", str(tmp_path), "--budgets", bad])
+        assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_unknown_sections_are_refused_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         gpu_check.main(["--out", str(tmp_path), "--sections", "seeds,qwn"])

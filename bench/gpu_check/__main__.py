@@ -104,12 +104,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def header(check: Check) -> dict:
-    if check.device.type == "cuda":
-        device = f"{torch.cuda.get_device_name(check.device)} (CUDA {torch.version.cuda})"
+def header(device: torch.device, tiny: bool) -> dict:
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
     else:
-        device = f"CPU ({torch.get_num_threads()} threads)"
-    return {"device": device + (", tiny sizes" if check.tiny else ""), "torch": torch.__version__,
+        name = f"CPU ({torch.get_num_threads()} threads)"
+    return {"device": name + (", tiny sizes" if tiny else ""), "torch": torch.__version__,
             "python": sys.version.split()[0], "date": datetime.date.today().isoformat()}
 
 
@@ -120,13 +120,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{torch.version.cuda}); run it on a GPU machine, or with --device cpu --tiny for the dry run",
               file=sys.stderr)
         return 2
-    check = Check(torch.device(args.device), args.tiny, Path(args.out), time.monotonic() + 60 * args.minutes,
-                  {**{name: share * 60 * args.minutes for name, share in BUDGET_SHARES.items()}, **args.budgets})
-    report = Report(check.out, header(check))
+    out = Path(args.out)
+    device = torch.device(args.device)
+    report = Report(out, header(device, args.tiny))
+    check = Check(device, args.tiny, out, time.monotonic() + 60 * args.minutes,
+                  {**{name: share * 60 * args.minutes for name, share in BUDGET_SHARES.items()}, **args.budgets},
+                  after_case=report.write)
     wanted = args.sections.split(",")
     arc_run = None
     for name in (n for n in SECTIONS if n in wanted):
         section = Section(name, SECTIONS[name])
+        report.add(section)  # in the report while it runs: each finished case is written (check.after_case)
         started = time.perf_counter()
         try:
             if name == "seeds":
@@ -158,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                 arc.ttt_curve(check, section, arc_run, args.curve_tasks, args.curve_marks)
         except Exception as err:  # recorded in the report and the exit code; the next section runs
             section.error = one_line(err)
-        section.seconds = time.perf_counter() - started
-        report.add(section)
+        section.seconds, section.finished = time.perf_counter() - started, True
+        report.write()
         print(f"{name}: {'FAILED' if section.failed else 'ok'}, {len(section.rows)} rows, {section.seconds:.0f} s"
               + (f" ({section.error})" if section.error else ""), flush=True)
     failed = [s.name for s in report.sections if s.failed]

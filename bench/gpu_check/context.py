@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,9 @@ class Check:
     out: Path
     deadline: float  # time.monotonic() by which the whole check must be done
     budgets: dict[str, float] = field(default_factory=dict)  # seconds a section may start cases in
+    # called after each case a section runs through `budgeted`: the report rewritten with its rows so
+    # far, so a check stopped from outside (the device call's limit) keeps every finished case
+    after_case: Callable[[], None] = lambda: None
 
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
@@ -43,6 +46,7 @@ class Check:
                                      + ", ".join("/".join(map(str, c)) for c in cases[i:]))
                 return
             yield case
+            self.after_case()
 
     def clock(self) -> float:
         return clock(self.device)

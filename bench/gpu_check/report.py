@@ -1,5 +1,6 @@
 """The check's report: `gpu_check.json` and `gpu_check.md` in the output folder, both rewritten
-(atomically) after every section, so a check cut short still leaves every finished section."""
+(atomically) as a section starts, after each of its cases and as it ends, so a check cut short
+still leaves every finished case."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class Section:
     notes: list[str] = field(default_factory=list)
     error: str | None = None
     seconds: float = 0.0
+    finished: bool = False  # False while it runs, and in the report of a check stopped from outside
 
     @property
     def failed(self) -> bool:
@@ -68,7 +70,7 @@ class Report:
         lines = [f"# GPU check: {self.header['device']}", "",
                  ", ".join(f"{k} {v}" for k, v in self.header.items() if k != "device"), ""]
         for s in self.sections:
-            lines += [f"## {s.title} ({s.seconds:.0f} s)", ""]
+            lines += [f"## {s.title} ({f'{s.seconds:.0f} s' if s.finished else 'unfinished'})", ""]
             lines += markdown_table(s.rows)
             lines += [""] + [f"{note}  " for note in s.notes]
             if s.error:
