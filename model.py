@@ -135,7 +135,9 @@ class ArcModel(nn.Module):
         is. adapter: each sample's rows of a per-task adapter (agents/adapter.py); its latent is
         added to every refinement. The latent step starts from the last refinement asked for (the
         mean in training's "sampled+mean") and its delta is added to all of them."""
-        prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"))
+        demos = tuple(batch[k] for k in ("context_input", "context_target", "context_owner")) \
+            if "context_input" in batch else None
+        prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"), demos)
         if self.task_embedding is not None:  # row -1: a task never trained on has none
             rows = batch["task_row"]
             prompt = prompt + self.task_embedding(rows.clamp_min(0)) * (rows >= 0).unsqueeze(-1).to(prompt.dtype)
@@ -275,7 +277,8 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
         qwen = QwenTextEncoder.load(cfg.qwen, seed=seed)
     prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
                               qwen_dim=qwen.hidden_size if qwen is not None else 0,
-                              use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation)
+                              use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation,
+                              demo_channels=cfg.prompt.demo_stream, demo_side=cfg.agent.canvas_side)
     policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,
                            rank=cfg.prompt.rl_rank, seed=seed, noise_seed=noise_seed)
     agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)

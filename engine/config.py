@@ -165,11 +165,23 @@ class PromptCfg:
                                       "training, validation and adaptation alike; the step size starts here and is "
                                       "learned (0: off; see prompt/latent_step.py)")
     latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample")
+    demo_stream: int = flag(0, "channels of the demo stream, a prompt stream that reads each context demo's input and "
+                               "output grids cell by cell and learns end to end (prompt/demo_stream.py; 0: off)")
+    demo_stream_demos: int = flag(4, "context demos the demo stream reads at most per sample")
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("prompt_dim", "rl_rank", "latent_step_demos"), non_negative=("latent_step_lr",))
-        if not (self.use_qwen or self.use_numeric or self.use_relation):
-            raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric or --use_relation")
+        _check(self, at_least_one=("prompt_dim", "rl_rank", "latent_step_demos", "demo_stream_demos"),
+               non_negative=("latent_step_lr", "demo_stream"))
+        if not (self.use_qwen or self.use_numeric or self.use_relation or self.demo_stream):
+            raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric, --use_relation or "
+                              "--demo_stream")
+
+    @property
+    def context_demos(self) -> int:
+        """The context demos each sample carries for the model to read (the latent step's and the demo
+        stream's, the more of the two; 0 when neither is on)."""
+        return max(self.latent_step_demos if self.latent_step_lr > 0 else 0,
+                   self.demo_stream_demos if self.demo_stream else 0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -446,7 +458,8 @@ class RunCfg:
 # adapters): a checkpoint holds them, and --resume builds the model from them (training/cli.py).
 MODEL_FLAGS = frozenset({"agent", "agent_channels", "agent_layers", "agent_cycles", "agent_patch", "input_views",
                          "canvas_side", "prompt_dim", "use_qwen", "use_numeric", "use_relation", "fuse", "rl_rank",
-                         "task_embedding", "latent_step_lr", "latent_step_demos", "qwen_model", "qwen_train",
+                         "task_embedding", "latent_step_lr", "latent_step_demos", "demo_stream", "demo_stream_demos",
+                         "qwen_model", "qwen_train",
                          "qwen_dtype", "qwen_pooling", "lora_rank", "lora_alpha"})
 
 SECTIONS = {"data": DataCfg, "qwen": QwenCfg, "prompt": PromptCfg, "agent": AgentCfg, "loss": LossCfg,

@@ -53,12 +53,13 @@ EXPECTED = {
     'foreach=True))': 1}
 
 
-@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
-def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, small_cfg, state_and_batches,
-                                                                        monkeypatch):
+@pytest.mark.parametrize("amp,demo_stream", [("off", 0), ("bf16", 0), ("fp16", 0), ("off", 16)])
+def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, demo_stream, small_cfg,
+                                                                        state_and_batches, monkeypatch):
     """Counted by the operations above, and one more: the enclosed background's flood fill runs on
-    the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it."""
-    cfg = small_cfg(amp=amp, grad_accum=2)
+    the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it.
+    The demo stream (its demos carried in the batch) reads nothing either."""
+    cfg = small_cfg(amp=amp, grad_accum=2, demo_stream=demo_stream)
     state, batches = state_and_batches(cfg, 2)
     train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below
     computed = []

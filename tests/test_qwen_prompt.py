@@ -18,18 +18,21 @@ from prompt import PromptCache, QwenTextEncoder, with_qwen_features
 from prompt.qwen_encoder import tiny_qwen2, tiny_tokenizer
 
 
-def test_query_output_never_reaches_the_prompt(arc_folder):
+@pytest.mark.parametrize("demo_stream", [0, 16])
+def test_query_output_never_reaches_the_prompt(arc_folder, demo_stream):
     """docs/invariants.md #8: one pair of a training task gets another output, in the task itself,
     before its episodes are built; the episode whose query is that pair then has another target and
     nothing else changed, its prompt bit-identical (under the identity and an augmentation). Built
     from the changed task, a leave-one-out that kept the query among its own demos would show; the
-    difficulty scale is the real one, so a leak into the controls would too."""
+    difficulty scale is the real one, so a leak into the controls would too. With the demo stream
+    the samples carry their context demos' grids, which the comparison covers too."""
     tasks = load_folder_split(arc_folder / "training")
     episodes = training_episodes(tasks)
     scale = DifficultyScale(np.array([episode_difficulty(e) for e in episodes]))
     assert len({scale.percentile(episode_difficulty(e)) for e in episodes}) > 3
     torch.manual_seed(0)
-    model = build_model(Config.from_flags(prompt_dim=32, agent_channels=16)).eval()
+    cfg = Config.from_flags(prompt_dim=32, agent_channels=16, demo_stream=demo_stream)
+    model = build_model(cfg).eval()
     cache = PromptCache(model.qwen, refresh=10)
     checked = 0
     for task in tasks:
@@ -42,7 +45,7 @@ def test_query_output_never_reaches_the_prompt(arc_folder):
             pick = [[e for e in training_episodes((t,)) if e.where == where] for t in (task, changed)]
             if not pick[0]:
                 continue  # a task with one demo has no leave-one-out episode
-            a, b = EpisodeDataset(pick[0], scale), EpisodeDataset(pick[1], scale)
+            a, b = (EpisodeDataset(p, scale, context_demos=cfg.prompt.context_demos) for p in pick)
             for aug in (0, 1234):
                 sa, sb = a[(0, aug)], b[(0, aug)]
                 assert not torch.equal(sa["target"], sb["target"])
@@ -52,6 +55,7 @@ def test_query_output_never_reaches_the_prompt(arc_folder):
                     prompts = [model(with_qwen_features(collate([x]), cache, 0, training=False)).prompt
                                for x in (sa, sb)]
                 assert torch.equal(*prompts), (task.task_id, where)
+                assert ("context_input" in sa) == bool(demo_stream)
                 checked += 1
     assert checked >= 40
 

@@ -1,0 +1,68 @@
+"""The demo stream: a prompt stream that reads each context demo as grids and learns end to end.
+
+    demo d of sample b: input canvas [S, S], output canvas [S, S] (the same cells: a demo's grids
+    are placed alike, data/canvas.py)
+      -> each cell: embed_in(input class) + embed_out(output class) + its position   [S, S, C]
+      -> `layers` residual blocks (GroupNorm, GELU, 3 x 3 convolution, dilations 1, 2, 4, ...)
+      -> mean and max over the cells either grid covers (not padding)                 [2C]
+      -> mean over sample b's demos -> Linear                                          [P]
+
+The hand-made relation features summarise a demo in 129 fixed numbers; this stream computes its
+summary from the cells, so training decides what of a demo is worth carrying to the prompt. It reads
+the demos the batch carries (`--demo_stream_demos` of each sample's context, data/episodes.py):
+never the query pair, whose output is the target (leave-one-out in training and in test-time
+training; an evaluation task's test pairs are never context). A sample without a context demo has
+no demo stream, and the prompt fuses its other streams.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from agents.cells import CellPosition
+from data.canvas import NUM_CLASSES, PAD
+
+
+class DemoStream(nn.Module):
+    def __init__(self, *, channels: int, prompt_dim: int, layers: int = 3, side: int = 30):
+        """`channels` C of the cells, `layers` residual blocks, `side`: the largest canvas side."""
+        super().__init__()
+        if channels % 8:
+            raise ValueError(f"demo stream channels {channels}: a multiple of 8 (its GroupNorm's groups)")
+        self.embed_in = nn.Embedding(NUM_CLASSES, channels)
+        self.embed_out = nn.Embedding(NUM_CLASSES, channels)
+        self.position = CellPosition(channels, side)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.GroupNorm(8, channels), nn.GELU(),
+                                                  nn.Conv2d(channels, channels, 3, padding=2 ** i, dilation=2 ** i))
+                                    for i in range(layers))
+        self.out = nn.Linear(2 * channels, prompt_dim)
+
+    def forward(self, context_input: torch.Tensor, context_target: torch.Tensor, owner: torch.Tensor,
+                samples: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """context_input, context_target [N, S, S] int64 (N demos of the batch's samples), owner [N]
+        int64 (each demo's sample, in [0, samples)). -> (features [samples, P] float32 or the autocast
+        dtype, present [samples] bool: the sample has at least one demo)."""
+        covered = (context_input != PAD) | (context_target != PAD)  # [N, S, S]
+        h = self.embed_in(context_input) + self.embed_out(context_target)  # [N, S, S, C]
+        h = h + self.position(context_input, *_extent(covered))
+        h = h.permute(0, 3, 1, 2)  # [N, C, S, S]
+        for block in self.blocks:
+            h = h + block(h)
+        mask = covered.unsqueeze(1).to(h.dtype)  # [N, 1, S, S]
+        mean = (h * mask).sum((2, 3)) / mask.sum((2, 3)).clamp_min(1.0)
+        top = h.masked_fill(mask == 0, torch.finfo(h.dtype).min).amax((2, 3))
+        per_demo = self.out(torch.cat([mean, top], dim=-1))  # [N, P]
+        total = per_demo.new_zeros(samples, per_demo.shape[-1]).index_add_(0, owner, per_demo)
+        ones = torch.ones(len(owner), device=owner.device)
+        count = torch.zeros(samples, device=owner.device).index_add_(0, owner, ones)
+        return total / count.clamp_min(1.0).unsqueeze(-1).to(total.dtype), count > 0
+
+
+def _extent(covered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each demo's covered height and width [N] int64 (rows and columns up to the last covered cell),
+    what CellPosition measures the far edges from."""
+    rows = covered.any(2)  # [N, S]
+    cols = covered.any(1)
+    index = torch.arange(1, covered.shape[1] + 1, device=covered.device)
+    return (rows * index).amax(1), (cols * index).amax(1)
