@@ -5,10 +5,11 @@
 For every test pair of the run's evaluation tasks (and of the training tasks it held out), the
 held-out loss before adaptation (evaluation/heldout.py: nats a cell, the identity view) with its own
 prompt, then with one stream of the prompt taken from the pair `SHIFT` places on in the set (always
-another task's): the relation features, the numeric features, the demo texts (the Qwen stream), or
-all three. The query input, its canvas and the target stay the pair's own. What the loss rises by is
-what that stream carries about the task; nothing rising means the agent predicts from the query
-input alone. Each swap is paired with the pair's own loss: B - A with its 95% interval over tasks
+another task's): the relation features, the numeric features, the demo texts (the Qwen stream), the
+demos' grids (the demo stream, `--demo_stream`, when the run has one), or all of them. The query
+input, its canvas and the target stay the pair's own. What the loss rises by is what that stream
+carries about the task; nothing rising means the agent predicts from the query input alone. Each
+swap is paired with the pair's own loss: B - A with its 95% interval over tasks
 (evaluation/intervals.py). `--untrained`: the weights as built with the run's flags, for beside.
 """
 
@@ -27,6 +28,16 @@ from evaluation.intervals import METHOD, beyond_noise, paired
 
 STREAMS = {"relation features": ("relation",), "numeric features": ("numeric",),
            "demo texts (Qwen)": ("demo_texts",), "all three": ("relation", "numeric", "demo_texts")}
+# the demo stream's: each context demo's grids (prompt/demo_stream.py), with their enclosed maps
+DEMO_GRIDS = ("context_input", "context_target", "context_enclosed")
+
+
+def streams(cfg: Config) -> dict[str, tuple[str, ...]]:
+    """The swaps a run's prompt has: the three fixed streams, and with a demo stream its demos' grids
+    and all four."""
+    if not cfg.prompt.demo_stream:
+        return STREAMS
+    return {**STREAMS, "demo grids (demo stream)": DEMO_GRIDS, "all four": STREAMS["all three"] + DEMO_GRIDS}
 
 
 class SwappedPrompt:
@@ -45,7 +56,9 @@ class SwappedPrompt:
         index, view = item
         sample = self.dataset[item]
         other = self.dataset[(self.donor[index], view)]
-        return {**sample, **{k: other[k] for k in self.fields}}
+        # a field a sample may lack (an enclosed map collate computes when absent) goes with the donor's
+        return {**{k: v for k, v in sample.items() if k not in self.fields}, **{k: other[k] for k in self.fields
+                                                                                  if k in other}}
 
 
 def donors(dataset: EpisodeDataset) -> list[int]:
@@ -83,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
         base = by_pair(own, fitted)
         print(f"| {name} | its own | {sum(base.values()) / len(base):.3f} | | |", flush=True)
         donor = donors(fitted)
-        for label, fields in STREAMS.items():
+        for label, fields in streams(cfg).items():
             swapped = pair_losses(state.model, state.prompts, SwappedPrompt(fitted, donor, fields), episodes, views=1,
                                   cfg=cfg, device=CPU)
             d = paired(base, by_pair(swapped, fitted))
