@@ -46,10 +46,11 @@ from prompt import QwenFeatures
 
 def batches_shared_weights(cfg: Config) -> bool:
     """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together
-    (else one task at a time): it trains them, and nothing it trains ties the tasks of a step (fp16's
-    one loss scale would)."""
+    (else one task at a time): it trains them, nothing it trains ties the tasks of a step (fp16's
+    one loss scale would), and its samples carry no context demos (the demo stream's and the latent
+    step's: tasks of different demo counts give batches vmap cannot stack)."""
     e = cfg.eval
-    return e.trains_shared_weights and cfg.optim.amp != "fp16"
+    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.prompt.context_demos
 
 
 @dataclass

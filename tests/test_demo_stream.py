@@ -66,11 +66,11 @@ def test_the_training_loss_reaches_the_demo_stream(small_cfg, state_and_batches)
 
 
 def test_a_run_with_the_demo_stream_trains_adapts_and_resumes(small_cfg, tmp_path):
-    """End to end: training, validation with test-time training, and --resume building the same
-    stream from the checkpoint's flags."""
-    cfg = small_cfg(demo_stream=16, demo_stream_demos=2, eval_tasks=1, run_dir=str(tmp_path / "run"))
-    summary = training.train(cfg, CPU)
-    assert summary["steps"] == 3 and summary["eval/tasks"] == 1
+    """End to end: training, validation with test-time training of several tasks, and --resume
+    building the same stream from the checkpoint's flags."""
+    cfg = small_cfg(demo_stream=16, demo_stream_demos=2, eval_tasks=0, run_dir=str(tmp_path / "run"))
+    summary = training.train(cfg, CPU)  # 3 evaluation tasks, one at a time (task_batch.batches_shared_weights)
+    assert summary["steps"] == 3 and summary["eval/tasks"] == 3
     checkpoint = find_checkpoint(str(tmp_path / "run"))
     flags = {**model_flags_of(checkpoint, {}), "data": cfg.data.data, "prompt_dim": 32, "agent_channels": 16}
     assert flags["demo_stream"] == 16 and flags["demo_stream_demos"] == 2

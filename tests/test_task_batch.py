@@ -148,7 +148,7 @@ def test_what_ties_the_tasks_of_a_step_adapts_one_task_at_a_time(small_cfg):
     assert batches_shared_weights(cfg)
     for flags in (dict(amp="bf16"), dict(ttt_dropout=0.1), dict(ttt_view_rows=True)):
         assert batches_shared_weights(cfg.replace(**flags))
-    for flags in (dict(amp="fp16"), dict(ttt_params="task")):
+    for flags in (dict(amp="fp16"), dict(ttt_params="task"), dict(demo_stream=16), dict(latent_step_lr=0.1)):
         assert not batches_shared_weights(cfg.replace(**flags))
 
 
