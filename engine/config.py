@@ -33,8 +33,17 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 RANKINGS = ("votes", "logprob", "hedged", "learned")
 
 
-def flag(default, help: str, choices: tuple | None = None):  # noqa: A002 - mirrors argparse
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+def flag(default, help: str, choices: tuple | None = None, *, model: bool = False,  # noqa: A002 - mirrors argparse
+         result_free: bool = False):
+    """A command-line flag. What it is, declared once, here: `model`, it builds the model's weights
+    (a checkpoint holds it, and --resume builds the model from it: MODEL_FLAGS); `result_free`, it
+    cannot change a validated task's result once the weights are given (training's own, and where
+    and when validation writes: a journal ignores it, RESULT_FREE); neither, it can change a task's
+    result. tests/test_config.py holds each declaration to what the flag does."""
+    if model and result_free:
+        raise ValueError("a flag that builds the model changes a task's result")
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "model": model,
+                                                        "result_free": result_free})
 
 
 def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
@@ -66,17 +75,19 @@ class DataCfg:
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
     re_arc_sets: int = flag(8, "re-arc:<path>: demo sets drawn per task from its generated examples (each a training "
-                               "task of --re_arc_demos demos and one query)")
-    re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set")
+                               "task of --re_arc_demos demos and one query)", result_free=True)
+    re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set", result_free=True)
     hold_out_tests: int = flag(0, "leave the test pairs of the first N training tasks out of training (their demos "
                                   "still train), so make bench-recipe can score pairs training never saw")
-    batch_size: int = flag(8, "episodes per micro-batch")
+    batch_size: int = flag(8, "episodes per micro-batch", result_free=True)
     train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
                                             "out among them); their test outputs never do")
-    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes")
+    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes",
+                         result_free=True)
     augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
-                                 "encodes each (demo, augmentation) once ever (0: a fresh one every time)")
-    permute_background: bool = flag(False, "let augmentation permute colour 0 too")
+                                 "encodes each (demo, augmentation) once ever (0: a fresh one every time)",
+                             result_free=True)
+    permute_background: bool = flag(False, "let augmentation permute colour 0 too", result_free=True)
     canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
                               "from the demos), bucket (cut to the smallest of 8, 12, 16, 20, 25, 30, ... holding "
                               "it: a compiled agent sees a few shapes) or full (always 30x30)", CANVAS_MODES)
@@ -87,10 +98,10 @@ class DataCfg:
     place_validation: bool = flag(True, "validation and test-time training place grids too (false: only training "
                                         "does; validation's views are unplaced)")
     size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
-                                 "size (0: off)")
-    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1")
-    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on")
-    num_workers: int = flag(0, "DataLoader worker processes")
+                                 "size (0: off)", result_free=True)
+    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True)
+    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True)
+    num_workers: int = flag(0, "DataLoader worker processes", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos", "place_scale"),
@@ -120,19 +131,20 @@ class QwenCfg:
     """The Qwen2 trunk that reads the demo texts, and the cache of its features."""
 
     qwen_model: str = flag("tiny", "tiny (built-in, untrained), random:Qwen/Qwen2.5-0.5B or -1.5B (the "
-                                 "published shape, untrained), a Hugging Face id, or a local folder")
-    qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"))
+                                 "published shape, untrained), a Hugging Face id, or a local folder", model=True)
+    qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"), model=True)
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
-                           ("float32", "bfloat16", "float16"))
+                           ("float32", "bfloat16", "float16"), model=True)
     qwen_pooling: str = flag("mean", "pooling of a demo's Qwen states: mean of its tokens, or the last token",
-                             ("mean", "last"))
+                             ("mean", "last"), model=True)
     qwen_encode_batch: int = flag(16, "demo texts per Qwen forward")
     max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)")
-    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora")
-    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora")
-    prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N micro-batches")
+    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora", model=True)
+    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora", model=True)
+    prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N micro-batches",
+                               result_free=True)
     prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
-                                     "beside the run folder; 'none': memory only)")
+                                     "beside the run folder; 'none': memory only)", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("qwen_encode_batch", "lora_rank", "lora_alpha", "prompt_refresh"),
@@ -152,22 +164,24 @@ class QwenCfg:
 class PromptCfg:
     """The hybrid prompt and its refinement."""
 
-    prompt_dim: int = flag(256, "prompt width P")
-    use_qwen: bool = flag(True, "Qwen text stream of the prompt")
-    use_numeric: bool = flag(True, "15 numeric task features stream of the prompt")
-    use_relation: bool = flag(True, "demo input/output relation features stream of the prompt")
-    fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES)
-    rl_rank: int = flag(8, "rank of the RL head's prompt delta")
+    prompt_dim: int = flag(256, "prompt width P", model=True)
+    use_qwen: bool = flag(True, "Qwen text stream of the prompt", model=True)
+    use_numeric: bool = flag(True, "15 numeric task features stream of the prompt", model=True)
+    use_relation: bool = flag(True, "demo input/output relation features stream of the prompt", model=True)
+    fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES, model=True)
+    rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True)
     task_embedding: bool = flag(False, "a learned embedding per training task (with --train_on_eval_demos, per "
-                                       "evaluation task too) added to the prompt; a task never trained on gets none")
+                                       "evaluation task too) added to the prompt; a task never trained on gets none",
+                                model=True)
     latent_step_lr: float = flag(0.0, "LPN's latent step, inside the model: before a query is predicted, its refined "
                                       "prompt takes one gradient step on the agent's loss on its context demos, in "
                                       "training, validation and adaptation alike; the step size starts here and is "
-                                      "learned (0: off; see prompt/latent_step.py)")
-    latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample")
+                                      "learned (0: off; see prompt/latent_step.py)", model=True)
+    latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample", model=True)
     demo_stream: int = flag(0, "channels of the demo stream, a prompt stream that reads each context demo's input and "
-                               "output grids cell by cell and learns end to end (prompt/demo_stream.py; 0: off)")
-    demo_stream_demos: int = flag(4, "context demos the demo stream reads at most per sample")
+                               "output grids cell by cell and learns end to end (prompt/demo_stream.py; 0: off)",
+                            model=True)
+    demo_stream_demos: int = flag(4, "context demos the demo stream reads at most per sample", model=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("prompt_dim", "rl_rank", "latent_step_demos", "demo_stream_demos"),
@@ -188,15 +202,16 @@ class PromptCfg:
 class AgentCfg:
     """The grid agent."""
 
-    agent: str = flag("conv", "grid agent: a name in agents/__init__.py's AGENTS")
-    agent_channels: int = flag(64, "channels (model width) of the agent")
+    agent: str = flag("conv", "grid agent: a name in agents/__init__.py's AGENTS", model=True)
+    agent_channels: int = flag(64, "channels (model width) of the agent", model=True)
     agent_layers: int = flag(3, "layers, of an agent built of layers (an agent that reads no layer count refuses "
-                                "another value)")
-    agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops")
-    agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas")
+                                "another value)", model=True)
+    agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True)
+    agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas", model=True)
     input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
                                    "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
-                                   "directions, and which background cells are enclosed (see agents/views.py)")
+                                   "directions, and which background cells are enclosed (see agents/views.py)",
+                             model=True)
     compile: bool = flag(False, "torch.compile the agent, with --canvas bucket or full (compiled at its first batch, "
                                  "again once for a second batch size and for each canvas side, within --max_minutes; "
                                  "logged as time/compile_seconds; see make bench-step)")
@@ -205,7 +220,7 @@ class AgentCfg:
                                         "steps the kernel launches bound; a CPU compiles it as default)",
                              COMPILE_MODES)
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
-                                "long): room beyond 30 for the grids --place_scale and --place_shift place")
+                                "long): room beyond 30 for the grids --place_scale and --place_shift place", model=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles", "agent_patch"))
@@ -217,9 +232,10 @@ class AgentCfg:
 class LossCfg:
     """The training loss (loss_function.py) and the RL reward."""
 
-    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)")
-    mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)")
-    reward_scale: float = flag(5.0, "RL reward = scale * (target log-lik with the sampled - with the mean refinement)")
+    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)", result_free=True)
+    mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)", result_free=True)
+    reward_scale: float = flag(5.0, "RL reward = scale * (target log-lik with the sampled - with the mean refinement)",
+                               result_free=True)
     label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference")
     kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)")
     lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)")
@@ -238,32 +254,36 @@ class LossCfg:
 class OptimCfg:
     """Optimizers, mixed precision and accumulation."""
 
-    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement")
-    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)")
-    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)")
-    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)")
+    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement", result_free=True)
+    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)", result_free=True)
+    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)", result_free=True)
+    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True)
     lr_schedule: str = flag("constant", "every training learning rate over the run: constant, or cosine from its "
                                         "base down to a tenth at the end of --epochs or --max_minutes, whichever "
-                                        "comes first", LR_SCHEDULES)
-    weight_decay: float = flag(0.01, "AdamW weight decay")
+                                        "comes first", LR_SCHEDULES, result_free=True)
+    weight_decay: float = flag(0.01, "AdamW weight decay", result_free=True)
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
-    grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too")
+    grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too",
+                           result_free=True)
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
                     AMP_MODES)
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
-    grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB")
+    grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB",
+                                 result_free=True)
     fsdp: bool = flag(False, "shard weights, gradients and AdamW state over the processes with FSDP2 (a trainable "
-                             "Qwen layer by layer; engine/fsdp.py); DDP replicates them otherwise")
+                             "Qwen layer by layer; engine/fsdp.py); DDP replicates them otherwise", result_free=True)
     meta_steps: int = flag(0, "training through adaptation (training/meta_step.py): Adam steps of a copy of the "
                               "--meta_params weights on each meta episode's context demos before its query's loss "
-                              "adds its first-order gradient (0: off)")
-    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt (each one at a time)")
-    meta_demos: int = flag(3, "--meta_steps: context demos a meta episode adapts on at most")
-    meta_lr: float = flag(1e-3, "--meta_steps: the inner Adam's learning rate (test-time training's default)")
+                              "adds its first-order gradient (0: off)", result_free=True)
+    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt (each one at a time)",
+                           result_free=True)
+    meta_demos: int = flag(3, "--meta_steps: context demos a meta episode adapts on at most", result_free=True)
+    meta_lr: float = flag(1e-3, "--meta_steps: the inner Adam's learning rate (test-time training's default)",
+                          result_free=True)
     meta_params: str = flag("all", "--meta_steps: the weights the inner steps adapt (as --ttt_params names them)",
-                            TTT_PARAMS)
+                            TTT_PARAMS, result_free=True)
     meta_weight: float = flag(1.0, "--meta_steps: weight of the meta episodes' mean query gradient beside the "
-                                   "training loss's")
+                                   "training loss's", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum", "meta_tasks", "meta_demos"),
@@ -282,21 +302,22 @@ class EvalCfg:
 
     val_every: str = flag("epoch", "when to validate during training: epoch (after each epoch but the last), N "
                                    "(every N optimizer steps), Mmin (every M minutes of training) or end (none: only "
-                                   "the final validation); each starts from a saved checkpoint")
+                                   "the final validation); each starts from a saved checkpoint", result_free=True)
     val_tasks: int = flag(16, "tasks each validation during training scores: the first N evaluation tasks, the "
-                              "same every time (0: all)")
+                              "same every time (0: all)", result_free=True)
     val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "
-                                 "this share of the training time so far (the first one always runs)")
+                                 "this share of the training time so far (the first one always runs)", result_free=True)
     eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N, 0 for all, or -1: "
                                "all when they are expected to take no longer than the training did (--eval_only: "
-                               "all), else the --val_tasks ones")
+                               "all), else the --val_tasks ones", result_free=True)
     eval_batch_size: int = flag(32, "episodes per validation batch")
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md): at each validation before adaptation "
                                     "on --heldout_tasks evaluation tasks and every held-out training pair (one forward "
                                     "a pair), and after each task's adaptation over its voted views")
     heldout_tasks: int = flag(-1, "evaluation tasks the held-out loss before adaptation covers, the first N (0: all; "
                                   "-1: all with the tiny Qwen or on a GPU, else those the validation scores, so a "
-                                  "CPU run with a real-sized Qwen does not encode 400 tasks' demos first)")
+                                  "CPU run with a real-sized Qwen does not encode 400 tasks' demos first)",
+                              result_free=True)
     eval_augments: int = flag(8, "validation: views (identity + dihedral x colour augmentations) voted over for "
                                  "the two attempts")
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "
@@ -313,16 +334,17 @@ class EvalCfg:
     enumerate_floor: float = flag(8.0, "--enumerate proposes no grid more than this many nats a view below its "
                                        "shape's most probable one (below 8 cuts off near misses 512 reaches)")
     chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
-                                    "held-out test pair whose target is among its candidates")
-    chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate")
+                                    "held-out test pair whose target is among its candidates", result_free=True)
+    chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate", result_free=True)
     chooser_votes_prior: float = flag(2.0, "--train_chooser: the chooser starts as the votes' ranking, its logit of "
                                            "the candidate ranked r by votes -this x log(1 + r), and learns where "
                                            "leaving it pays (0: it starts from nothing)")
     chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries of its "
                                    "generated pairs of each held-out task join the task's test pairs as the "
                                    "chooser's inputs (more inputs whose answer is deep, at little cost: a task "
-                                   "adapts once for all its inputs)")
-    chooser_queries: int = flag(4, "--train_chooser with --chooser_re_arc: generated pairs a held-out task")
+                                   "adapts once for all its inputs)", result_free=True)
+    chooser_queries: int = flag(4, "--train_chooser with --chooser_re_arc: generated pairs a held-out task",
+                                result_free=True)
     latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
                                 "(0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
@@ -357,16 +379,16 @@ class EvalCfg:
     adapt_tasks: int = flag(16, "tasks adapted together (batched): latent search, --ttt_params task, and the shared "
                                 "weights' test-time training (tasks of one canvas side, each as alone; one at a time "
                                 "with --amp fp16)")
-    submission: str = flag("", "write the ARC Prize submission JSON of the last validation here")
+    submission: str = flag("", "write the ARC Prize submission JSON of the last validation here", result_free=True)
     eval_minutes: float = flag(0.0, "the final validation and --eval_only end within this many wall-clock minutes "
                                     "(plus one task): adaptation steps and views are cut to fit the pace measured, "
                                     "and tasks left at the deadline are predicted unadapted (0: no limit; "
-                                    "evaluation/deadline.py)")
+                                    "evaluation/deadline.py)", result_free=True)
     journal: bool = flag(True, "the final validation and --eval_only write each task's result to a journal in the "
                                "run folder as it finishes; the same command run again after a stop continues "
-                               "from it (evaluation/journal.py)")
+                               "from it (evaluation/journal.py)", result_free=True)
     new_deadline: bool = flag(False, "a validation continued from its journal gets the whole --eval_minutes again "
-                                     "(by default it gets what the first start left)")
+                                     "(by default it gets what the first start left)", result_free=True)
 
     @property
     def trains_shared_weights(self) -> bool:
@@ -428,24 +450,26 @@ class RunCfg:
     and the checkpoint names (`step_00000010` is the 10th optimizer step); `--max_batches` counts
     micro-batches of an epoch."""
 
-    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)")
-    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)")
+    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True)
+    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True)
     max_minutes: float = flag(0.0, "stop after this many minutes of training (validations during training not "
-                                   "counted), then save and run the final validation (0: no limit)")
+                                   "counted), then save and run the final validation (0: no limit)", result_free=True)
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
     seed: int = flag(0, "seed of every random number in the run")
-    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)")
-    run_name: str = flag("arc", "name part of the default run folder")
+    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True)
+    run_name: str = flag("arc", "name part of the default run folder", result_free=True)
     resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
-                           "one checkpoint folder")
-    eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones) into a new run folder")
+                           "one checkpoint folder", result_free=True)
+    eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones) into a new run folder",
+                           result_free=True)
     train_chooser: bool = flag(False, "only train the attempt chooser of the checkpoint --resume names, on the test "
-                                      "pairs its run held out (--hold_out_tests), and save it into that checkpoint")
-    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps")
-    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)")
-    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)")
+                                      "pairs its run held out (--hold_out_tests), and save it into that checkpoint",
+                               result_free=True)
+    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True)
+    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)", result_free=True)
+    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True)
     max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
-                                          "skipped for non-finite loss or gradients")
+                                          "skipped for non-finite loss or gradients", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),
@@ -454,13 +478,6 @@ class RunCfg:
             raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
 
 
-# The flags that build a model's weights (its agent, prompt streams and heads, Qwen's shape and
-# adapters): a checkpoint holds them, and --resume builds the model from them (training/cli.py).
-MODEL_FLAGS = frozenset({"agent", "agent_channels", "agent_layers", "agent_cycles", "agent_patch", "input_views",
-                         "canvas_side", "prompt_dim", "use_qwen", "use_numeric", "use_relation", "fuse", "rl_rank",
-                         "task_embedding", "latent_step_lr", "latent_step_demos", "demo_stream", "demo_stream_demos",
-                         "qwen_model", "qwen_train",
-                         "qwen_dtype", "qwen_pooling", "lora_rank", "lora_alpha"})
 
 SECTIONS = {"data": DataCfg, "qwen": QwenCfg, "prompt": PromptCfg, "agent": AgentCfg, "loss": LossCfg,
             "optim": OptimCfg, "eval": EvalCfg, "run": RunCfg}
@@ -477,6 +494,9 @@ def _section_of() -> dict[str, str]:
     return owner
 
 
+# what each flag declared (flag() above)
+MODEL_FLAGS = frozenset(f.name for c in SECTIONS.values() for f in dataclasses.fields(c) if f.metadata["model"])
+RESULT_FREE = frozenset(f.name for c in SECTIONS.values() for f in dataclasses.fields(c) if f.metadata["result_free"])
 SECTION_OF = _section_of()
 
 

@@ -1,8 +1,10 @@
-"""Validation as ARC Prize scores it: attempts by augmentation voting, optional test-time training.
+"""Validation as ARC Prize scores it: per-task adaptation, views, two attempts, the metrics.
 
 For each evaluation test input the model predicts under K reversible augmentations (the identity
-first); every prediction is mapped back with the exact inverse and the distinct candidates are
-ranked by votes, ties broken by mean log-probability; the top two are attempts 1 and 2.
+first); every prediction is mapped back with the exact inverse and the distinct candidates become
+two attempts by `--attempt_ranking` (evaluation/scoring.py: votes with ties broken by mean
+log-probability, the log-probability summed over the views, the two hedged, or the learned
+chooser of evaluation/choice.py).
 
 With test-time training (evaluation/adaptation.py), each task is predicted by weights adapted to its
 demos, restored bit for bit after. A task's test outputs are read to score its attempts and to

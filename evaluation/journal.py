@@ -29,36 +29,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.config import Config
+from engine.config import RESULT_FREE, Config
 from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from evaluation.scores import TaskScores
 
-# The flags that cannot change a validated task's result once the weights are given (their digest is
-# in the identity): training's own (its data order, steps, optimizer, the training loss's weights,
-# the chooser's training, logging and checkpoints) and where validation writes and when it runs.
-# Every other flag is in a journal's identity; tests/test_journal.py walks them all: a flag outside
-# this list changes the identity, and one inside leaves a small validation's attempts as they were.
-RESULT_FREE = frozenset({
-    # data: what training draws and how fast
-    "batch_size", "easy_warmup", "easy_later", "num_workers", "size_buckets", "augment", "augment_pool",
-    "permute_background", "re_arc_sets", "re_arc_demos",
-    # qwen: the training-time prompt cache
-    "prompt_refresh", "prompt_cache_dir",
-    # loss: the training loss's mix and the RL reward (adaptation reads the EFE terms only)
-    "efe_weight", "mean_weight", "reward_scale",
-    # optim: training's optimizer, schedule, reduction and meta steps (adaptation reads clip, amp, fp16_init_scale)
-    "agent_lr", "qwen_lr", "rl_lr", "task_embedding_lr", "lr_schedule", "weight_decay", "grad_accum",
-    "grad_bucket_mb", "fsdp", "meta_steps", "meta_tasks", "meta_demos", "meta_lr", "meta_params", "meta_weight",
-    # eval: when validation runs, which tasks, where it writes, its budget; the chooser's training
-    "val_every", "val_tasks", "val_share", "eval_tasks", "submission", "journal", "eval_minutes", "new_deadline",
-    "heldout_tasks",  # the loss before adaptation, not journaled
-    "chooser_epochs", "chooser_lr", "chooser_re_arc", "chooser_queries",
-    # run: training's length, the run's files and logging
-    "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "resume", "eval_only", "train_chooser",
-    "log_every", "save_every", "keep_checkpoints", "max_consecutive_skips",
-})
 
 
 def weights_digest(model: torch.nn.Module) -> str:

@@ -1,4 +1,5 @@
-"""ARC Prize scoring: two ranked attempts per test input, chosen by votes over augmentations.
+"""ARC Prize scoring: two ranked attempts per test input, chosen from the candidates the views gave
+by votes, log-probability or both (`Candidates.attempts`, `--attempt_ranking`).
 
 Per test pair: shape_acc, cell_acc (0 if the shape is wrong), changed_cell_acc (cell accuracy on
 the cells where the target differs from the input; 0 if the shape is wrong), exact (attempt 1),

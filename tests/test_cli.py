@@ -13,6 +13,7 @@ from agents import AGENTS
 from engine.config import SECTION_OF, SECTIONS, Config, DataCfg, LossCfg
 from engine.errors import ConfigError
 from tests.conftest import ROOT
+from training.cli import parse
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,14 @@ def test_stop_views_must_be_among_the_views_adaptation_trains_on():
     assert Config.from_flags(ttt_stop_views=16, ttt_views=32).eval.ttt_stop_views == 16
 
 
-def test_compile_on_a_fit_canvas_is_refused(run_cli):
-    out = run_cli("--compile")
+def test_compile_takes_the_bucketed_canvas_unless_a_fit_one_is_asked_for(run_cli, capsys):
+    """--compile alone: the bucketed canvas, said in one line; --canvas fit given with it: refused."""
+    cfg = parse(["--compile"], "fixed.py", "")
+    assert cfg.data.canvas == "bucket" and cfg.agent.compile
+    assert capsys.readouterr().err == ("fixed.py: --compile runs on --canvas bucket (a handful of canvas sides, each "
+                                       "compiled once; --canvas full for one)\n")
+    assert parse(["--compile", "--canvas", "full"], "fixed.py", "").data.canvas == "full"
+    out = run_cli("--compile", "--canvas", "fit")
     assert out.returncode == 2 and "--compile needs --canvas bucket or full" in out.stderr
 
 

@@ -15,6 +15,7 @@ import training
 from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
 from engine.precision import MixedPrecision
 from tests.conftest import ROOT
+from training.step import train_step
 
 
 @pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
@@ -180,3 +181,19 @@ finish_run(run, logger, 0.0, 3, {{f"eval/metric_{{i}}": float(i) for i in range(
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1 and "File too large" in out.stderr, out.stderr[-1000:]
     assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith("events.out.tfevents")]
+
+
+def test_the_rl_head_learns_in_a_window_whose_main_step_is_skipped(small_cfg, state_and_batches):
+    """A non-finite gradient in the agent skips the main step (its weights untouched); the RL head,
+    whose inputs and rewards are the finite micro-batch's and detached, still takes its own step."""
+    cfg = small_cfg(grad_accum=1)
+    state, batches = state_and_batches(cfg, 1)
+    weight = next(state.model.agent.parameters())
+    weight.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+    agent_before = weight.detach().clone()
+    head = [p for group in state.rl_optimizer.param_groups for p in group["params"]]
+    head_before = [p.detach().clone() for p in head]
+    stats = train_step(state, batches, cfg)
+    assert stats["amp/stepped"] == 0 and stats["amp/nonfinite_losses"] == 0
+    assert torch.equal(weight, agent_before)
+    assert any(not torch.equal(p, b) for p, b in zip(head, head_before, strict=True))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tomllib
 import typing
@@ -114,6 +115,12 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     parser.set_defaults(**from_recipe)
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
+    if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in {**from_recipe, **given_flags(argv)}:
+        # a compiled agent needs few canvas sides: the default canvas gives up to 29, the bucketed one a handful
+        flags["canvas"] = "bucket"
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{prog}: --compile runs on --canvas bucket (a handful of canvas sides, each compiled once; "
+                  "--canvas full for one)", file=sys.stderr)
     if flags["resume"]:
         checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
         flags.update(model_flags_of(checkpoint, {**from_recipe, **given_flags(argv)}))

@@ -26,7 +26,10 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
     stats["amp/stepped"] = float(result is not None and result.stepped)
     if result is not None:
         stats.update({"grad/norm": result.grad_norm, "grad/qwen_norm": result.group_norms["qwen"]})
-    # The RL head learns after the main step, from detached tensors, with its own optimizer.
+    # The RL head learns after the main step, from detached tensors, with its own optimizer; also
+    # when the main step was skipped for non-finite gradients (an fp16 overflow, a poisoned weight's
+    # gradient): its inputs and rewards come from the window's finite micro-batches only, and the
+    # main gradients are not its (tests/test_loop_faults.py).
     if infos:
         info = RLInfo(torch.cat([x.head_input for x in infos]), torch.cat([x.action for x in infos]))
         with record_function("step/rl"):
