@@ -85,19 +85,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.re_arc and not Path(args.re_arc).exists():
         ap.error(f"--re_arc {args.re_arc}: no such file or folder (RE-ARC's re_arc.zip or its unpacked folder)")
-    budgeted = ",".join(b.split("=")[0] for b in args.budgets.split(",") if b)
-    for name, given, known in (("--sections", args.sections, SECTIONS), ("--agent_variants", args.agent_variants,
-                                                                         agents.VARIANTS),
-                               ("--budgets", budgeted, SECTIONS)):
-        unknown = set(given.split(",")) - set(known) - {""}
-        if unknown:
-            ap.error(f"{name} {given}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
     try:
         args.agent_batches = tuple(int(b) for b in args.agent_batches.split(","))
         args.budgets = {k: float(v) for k, v in (b.split("=") for b in args.budgets.split(",") if b)}
     except ValueError:
         ap.error(f"--agent_batches {args.agent_batches} / --budgets {args.budgets}: give integers "
                  "(8,64) / SECTION=SECONDS pairs (agents=90,batch=30)")
+    for name, given, known in (("--sections", args.sections.split(","), SECTIONS),
+                               ("--agent_variants", args.agent_variants.split(","), agents.VARIANTS),
+                               ("--budgets", args.budgets, SECTIONS)):
+        unknown = set(given) - set(known)
+        if unknown:
+            ap.error(f"{name} {','.join(given)}: unknown {', '.join(sorted(unknown))}; choose from {', '.join(known)}")
     bad = [s for s in args.arc_set if "=" not in s or not s.split("=")[0]]
     if bad:
         ap.error(f"--arc_set {bad[0]}: give FLAG=VALUE, a flag of fixed.py without its dashes (adapt_tasks=8)")
