@@ -26,6 +26,7 @@ from torch import nn
 
 from agents import build_agent
 from agents.adapter import AdapterSlice, TaskAdapters
+from agents.context import DemoSlots, pack_demos
 from agents.views import views_fitting
 from data.arc import ArcPair
 from data.episodes import CTRL_DIM
@@ -128,9 +129,9 @@ class ArcModel(nn.Module):
         task_row [B] int64 (with a task embedding), dihedral [B] and colours [B, 10] int64 (with an
         adapter: each sample's augmentation, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
-        (prompt.with_qwen_features); with a latent step, context_input, context_target [N, S, S]
-        int64, context_enclosed [N, S, S] bool and context_owner [N] int64 (each sample's context
-        demos, data.episodes.collate).
+        (prompt.with_qwen_features); with a latent step, a demo stream or an agent that reads demos in
+        context, context_input, context_target [N, S, S] int64, context_enclosed [N, S, S] bool and
+        context_owner [N] int64 (each sample's context demos, data.episodes.collate).
         refinement: a name of policy_refined.REFINEMENTS, or a refined prompt [B, P] given as it
         is. adapter: each sample's rows of a per-task adapter (agents/adapter.py); its latent is
         added to every refinement. The latent step starts from the last refinement asked for (the
@@ -164,17 +165,29 @@ class ArcModel(nn.Module):
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
         enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
+        context = self._demo_slots(batch, b, k) if self.agent.context_demos else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
-        for canvas in [c for c in (inputs, enclosed) if c is not None]:
-            torch._dynamo.mark_static(canvas, 1)
-            torch._dynamo.mark_static(canvas, 2)
+        canvases = [inputs, enclosed] + ([context.input, context.output] if context is not None else [])
+        for canvas in [c for c in canvases if c is not None]:
+            torch._dynamo.mark_static(canvas, canvas.dim() - 2)
+            torch._dynamo.mark_static(canvas, canvas.dim() - 1)
         if self.cuda_graphs:  # each call a step of its own: its replay reuses the graph's output buffers
             torch.compiler.cudagraph_mark_step_begin()
-        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter, enclosed)
+        # only an agent that reads demos in context is given them (agents/contract.py)
+        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter, enclosed,
+                            **({"context": context} if context is not None else {}))
         if self.cuda_graphs:  # so the next call's replay cannot overwrite what this one returns
             logits = logits.clone()
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
+
+    def _demo_slots(self, batch: dict, samples: int, repeats: int) -> DemoSlots:
+        """The batch's context demos in the agent's slots, read once for its `repeats` refinements."""
+        if "context_input" not in batch:
+            raise ValueError("this model's agent reads each sample's context demos (--agent_context_demos), and the "
+                             "batch has none: build its EpisodeDataset with context_demos > 0")
+        return pack_demos(batch["context_input"], batch["context_target"], batch["context_owner"], samples=samples,
+                          slots=self.agent.context_demos, repeats=repeats)
 
     def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
         """A fresh per-task adapter with `slots` rows, sized for this model, on its device."""

@@ -61,6 +61,7 @@ class LoopViTAgent(nn.Module):
                  cycles: int = 1, patch: int = 2, views: bool = True, canvas_side: int = MAX_SIDE):
         super().__init__()
         self.prefix, self.patch, self.num_blocks, self.channels = prefix, patch, layers, channels
+        self.context_demos = 0  # it reads no demos in context (--agent_context_demos is refused)
         self.num_views = NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
         self.to_tokens = nn.Conv2d(channels, channels, patch, stride=patch)

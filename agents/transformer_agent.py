@@ -3,7 +3,8 @@
 The prompt enters as `prefix` extra tokens, through the cells' input embedding (agents/cells.py)
 and through the generated output layer. `cycles` > 1 runs the same block stack again on its own
 output plus the input embedding (weight-tied recurrent refinement), a cheap way to deepen the
-computation without more parameters.
+computation without more parameters. With `--agent_context_demos` the cells read the demos
+(agents/context.py) after every layer.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import nn
 
 from agents.adapter import AdapterSlice, residual_update
 from agents.cells import CellEmbedding, PromptedOutput
+from agents.context import ContextRead, DemoMemory, DemoSlots
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
@@ -28,9 +30,10 @@ class TransformerAgent(nn.Module):
     [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = HEADS, prefix: int = 4,
-                 cycles: int = 1, views: bool = True, canvas_side: int = MAX_SIDE):
+                 cycles: int = 1, views: bool = True, canvas_side: int = MAX_SIDE, context_demos: int = 0):
         super().__init__()
         self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
+        self.context_demos = context_demos
         self.num_views = NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
@@ -39,19 +42,24 @@ class TransformerAgent(nn.Module):
         block.norm1, block.norm2 = Float32LayerNorm(channels), Float32LayerNorm(channels)  # engine/precision.py: why
         self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
+        self.memory = DemoMemory(channels, context_demos) if context_demos else None
+        self.reads = nn.ModuleList(ContextRead(channels, heads) for _ in range(layers if context_demos else 0))
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> TransformerAgent:
-        refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles"))
+        refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles",
+                                              "agent_context_demos"))
         if cfg.agent_channels % HEADS:
             raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by its {HEADS} attention heads, "
                               f"got {cfg.agent_channels}")
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
-                   cycles=cfg.agent_cycles, views=cfg.input_views, canvas_side=cfg.canvas_side)
+                   cycles=cfg.agent_cycles, views=cfg.input_views, canvas_side=cfg.canvas_side,
+                   context_demos=cfg.agent_context_demos)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
-                enclosed: torch.Tensor | None = None) -> torch.Tensor:
+                enclosed: torch.Tensor | None = None, context: DemoSlots | None = None) -> torch.Tensor:
         cells, viewed = self.cells(input_canvas, prompt, adapter, enclosed)
+        memory = self.memory(context, self.cells) if self.memory is not None else None
         cells = cells.flatten(1, 2)  # [B, S*S, C]
         prefix = self.prompt_tokens(prompt).reshape(input_canvas.shape[0], self.prefix, -1)
         x = torch.cat([prefix.to(cells.dtype), cells], 1)
@@ -60,6 +68,8 @@ class TransformerAgent(nn.Module):
             x = x if cycle == 0 else x + start
             for i, layer in enumerate(self.blocks.layers):  # what nn.TransformerEncoder does, plus the adapter
                 x = residual_update(layer(x), adapter, i, channels_first=False)
+                if memory is not None:  # the cells read, the prefix tokens do not
+                    x = torch.cat([x[:, :self.prefix], self.reads[i](x[:, self.prefix:], *memory, context.repeats)], 1)
         h = x[:, self.prefix:].reshape(input_canvas.shape + (-1,))
         return self.head(h, prompt, viewed, adapter)
 
@@ -69,7 +79,8 @@ class TransformerAgent(nn.Module):
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the layers and the output layer (with one cycle, the backward pass
         stops halfway)."""
-        return [*self.blocks.layers[self.num_blocks // 2:].parameters(), *self.head.parameters()]
+        return [*self.blocks.layers[self.num_blocks // 2:].parameters(), *self.reads[self.num_blocks // 2:].parameters(),
+                *self.head.parameters()]
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: prefix tokens, the cells' prompt input and view

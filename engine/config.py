@@ -219,11 +219,15 @@ class AgentCfg:
                                         "the agent's forward and backward each replayed as one CUDA graph, for "
                                         "steps the kernel launches bound; a CPU compiles it as default)",
                              COMPILE_MODES)
+    agent_context_demos: int = flag(0, "in-context reading: the agent's query cells attend to the cells of up to this "
+                                       "many of each sample's context demos, with positions for row, column, pair "
+                                       "and input/output (agents/context.py; 0: off)", model=True)
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place", model=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles", "agent_patch"))
+        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles", "agent_patch"),
+               non_negative=("agent_context_demos",))
         if self.canvas_side < 30:
             raise ConfigError(f"--canvas_side must be at least 30 (an ARC grid's largest side), got {self.canvas_side}")
 
@@ -520,6 +524,10 @@ class Config:
             raise ConfigError("--compile needs --canvas bucket or full: --canvas fit shows the agent up to 29 "
                               "canvas sides, each a compile of its own")
 
+        if self.agent.agent_context_demos and (self.prompt.latent_step_lr > 0 or self.optim.meta_steps):
+            # both call the agent on the context demos themselves, which have no context of their own to read
+            raise ConfigError("--agent_context_demos does not take --latent_step_lr > 0 or --meta_steps: both predict "
+                              "the context demos, which have no demos of their own to read")
         if self.optim.meta_steps and self.prompt.latent_step_lr > 0:
             raise ConfigError("--meta_steps does not take --latent_step_lr > 0: the inner steps' context demos have "
                               "no context of their own for the latent step to read")
@@ -539,6 +547,12 @@ class Config:
                               "together and meta steps swap the agent's weights, which a CUDA graph holds by address")
         if self.optim.fsdp and self.agent.compile:
             raise ConfigError("--fsdp does not take --compile (a compiled agent under FSDP2 is untested here)")
+
+    @property
+    def context_demos(self) -> int:
+        """The context demos each sample carries for the model to read: the most the prompt's streams
+        (PromptCfg.context_demos) or the agent (--agent_context_demos) read; 0 when nothing does."""
+        return max(self.prompt.context_demos, self.agent.agent_context_demos)
 
     @classmethod
     def from_flags(cls, **flags) -> Config:

@@ -50,7 +50,7 @@ def batches_shared_weights(cfg: Config) -> bool:
     one loss scale would), and its samples carry no context demos (the demo stream's and the latent
     step's: tasks of different demo counts give batches vmap cannot stack)."""
     e = cfg.eval
-    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.prompt.context_demos
+    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.context_demos
 
 
 @dataclass

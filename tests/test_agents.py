@@ -138,7 +138,7 @@ def test_each_agent_refuses_the_options_it_cannot_take_where_it_is_built():
 class ThrowawayAgent(torch.nn.Module):
     """Registered by the test below only: an agent with a rule of its own about the shared options."""
 
-    num_blocks, num_views = 1, 0
+    num_blocks, num_views, context_demos = 1, 0, 0
 
     def __init__(self, channels: int):
         super().__init__()

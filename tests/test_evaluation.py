@@ -61,7 +61,7 @@ class CopyAgent(torch.nn.Module):
     """A real agent that predicts its input canvas exactly: voting over any views must map every
     prediction back to the query input itself."""
 
-    num_blocks, channels, num_views = 0, 1, 0
+    num_blocks, channels, num_views, context_demos = 0, 1, 0, 0
 
     def __init__(self):
         super().__init__()

@@ -53,13 +53,16 @@ EXPECTED = {
     'foreach=True))': 1}
 
 
-@pytest.mark.parametrize("amp,demo_stream", [("off", 0), ("bf16", 0), ("fp16", 0), ("off", 16)])
-def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, demo_stream, small_cfg,
+@pytest.mark.parametrize("amp,reader", [("off", {}), ("bf16", {}), ("fp16", {}), ("off", {"demo_stream": 16}),
+                                        ("off", {"agent_context_demos": 2})],
+                         ids=["off", "bf16", "fp16", "demo stream", "in context"])
+def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, reader, small_cfg,
                                                                         state_and_batches, monkeypatch):
     """Counted by the operations above, and one more: the enclosed background's flood fill runs on
     the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it.
-    The demo stream (its demos carried in the batch) reads nothing either."""
-    cfg = small_cfg(amp=amp, grad_accum=2, demo_stream=demo_stream)
+    The demo stream and in-context reading (their demos carried in the batch, packed into slots on
+    the device) read nothing either."""
+    cfg = small_cfg(amp=amp, grad_accum=2, **reader)
     state, batches = state_and_batches(cfg, 2)
     train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below
     computed = []

@@ -71,7 +71,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     task_rows = task_index if cfg.prompt.task_embedding else None
     # each sample carries its context demos when the model reads them (the latent step, the demo
     # stream) or training adapts on them (--meta_steps; validation's episodes need none then)
-    context_demos = cfg.prompt.context_demos
+    context_demos = cfg.context_demos
     train_context = context_demos or (cfg.optim.meta_demos if cfg.optim.meta_steps else 0)
     placing = Placing(side=cfg.agent.canvas_side, max_scale=d.place_scale, max_shift=d.place_shift)
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
