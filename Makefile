@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
 
 setup: $(STAMP)
 
@@ -137,6 +137,10 @@ bench-step: $(STAMP)
 
 bench-qwen: $(STAMP)
 	$(PY) -m bench.qwen_shapes
+
+# what the grid text format costs the Qwen stream in tokens, against shorter formats
+bench-text-tokens: $(STAMP)
+	$(PY) -m bench.grid_text_tokens
 
 bench-reduce: $(STAMP)
 	$(PY) -m bench.grad_reduction

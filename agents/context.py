@@ -77,7 +77,8 @@ class DemoMemory(nn.Module):
                              "EpisodeDataset built with context_demos > 0)")
         b, d, s, _ = demos.input.shape
         flat = demos.input.flatten(0, 1)  # [B*D, S, S]
-        tokens = cells.embed(flat) + cells.position(flat, *grid_extent(flat)) + self.embed_out(demos.output.flatten(0, 1))
+        tokens = cells.embed(flat) + cells.position(flat, *grid_extent(flat))  # as a query cell's
+        tokens = tokens + self.embed_out(demos.output.flatten(0, 1))
         tokens = tokens.unflatten(0, (b, d)) + self.slot[:d, None, None, :].to(tokens.dtype)  # [B, D, S, S, C]
         covered = ((demos.input != PAD) | (demos.output != PAD)) & demos.present[..., None, None]
         memory = torch.cat([self.no_demo.to(tokens.dtype).expand(b, 1, -1), tokens.reshape(b, d * s * s, -1)], 1)
@@ -103,7 +104,8 @@ class ContextRead(nn.Module):
         b, m, c = memory.shape
         n, h = x.shape[1], self.heads
         # the R copies of sample b ask the same memory: one attention of R*N queries per sample
-        q = self.query(self.norm(x)).view(repeats, b, n, h, c // h).permute(1, 3, 0, 2, 4).reshape(b, h, repeats * n, -1)
+        q = self.query(self.norm(x)).view(repeats, b, n, h, c // h)
+        q = q.permute(1, 3, 0, 2, 4).reshape(b, h, repeats * n, c // h)
         k, v = self.key_value(memory).to(q.dtype).view(b, m, 2, h, c // h).permute(2, 0, 3, 1, 4)
         read = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])
         read = read.view(b, h, repeats, n, c // h).permute(2, 0, 3, 1, 4).reshape(repeats * b, n, c)

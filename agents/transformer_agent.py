@@ -79,8 +79,8 @@ class TransformerAgent(nn.Module):
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the layers and the output layer (with one cycle, the backward pass
         stops halfway)."""
-        return [*self.blocks.layers[self.num_blocks // 2:].parameters(), *self.reads[self.num_blocks // 2:].parameters(),
-                *self.head.parameters()]
+        half = self.num_blocks // 2
+        return [*self.blocks.layers[half:].parameters(), *self.reads[half:].parameters(), *self.head.parameters()]
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: prefix tokens, the cells' prompt input and view

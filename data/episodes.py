@@ -107,7 +107,9 @@ class EpisodeDataset(Dataset):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "bucket" to the smallest of
         CANVAS_BUCKETS holding it, "full" keeps 30x30 (the placing's side with placed views).
-        `fit_target`: False for evaluation episodes, whose side must not depend on their output.
+        `fit_target`: False for evaluation episodes, whose side must not depend on their output and
+        whose samples carry no target at all: their outputs stay in the tasks, where the scorer reads
+        them, so nothing that predicts or adapts a task is handed one (docs/invariants.md #8).
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
         `context_demos`: each sample also carries up to this many of its (augmented) context demos
         as grids, for a model's latent step (prompt/latent_step.py); they fit the episode's side.
@@ -116,7 +118,7 @@ class EpisodeDataset(Dataset):
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
-        self.permute_background, self.context_demos = permute_background, context_demos
+        self.permute_background, self.context_demos, self.fit_target = permute_background, context_demos, fit_target
         self.task_rows, self.placing = task_rows or {}, placing
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
@@ -152,10 +154,6 @@ class EpisodeDataset(Dataset):
         numeric, relation, demo_texts = self.described(index, aug, query_in)
         sample = {
             "input": torch.from_numpy(self.encode(query_in, placement)),
-            # a test input without a known output (a task to predict) gets a target of PAD only,
-            # which no loss counts and nothing reads: the scorer skips its metrics
-            "target": torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
-                                       else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64)),
             "numeric": numeric,
             "relation": relation,
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
@@ -167,6 +165,10 @@ class EpisodeDataset(Dataset):
             "where": ep.where,
             "augmentation": aug,
         }
+        if self.fit_target:  # a loss's: training, held-out and demo episodes; a test input without a known
+            # output (a task to predict) gets a target of PAD only, which no loss counts
+            sample["target"] = torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
+                                                else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64))
         if self.context_demos:
             demos = aug.pairs(ep.context)[:self.context_demos]
             sample["context_input"] = self.canvases([p.input for p in demos], placement)
@@ -234,7 +236,8 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
     side S among them (a larger one: the samples' canvases hold it).
 
-    Returns: input, target [B, S, S] int64 (S <= the placing's canvas side, 30 by default);
+    Returns: input [B, S, S] int64 (S <= the placing's canvas side, 30 by default), and target
+    [B, S, S] int64 where the samples carry one (not an evaluation set's);
     input_enclosed [B, S, S] bool (the input's enclosed background, data/enclosed.py);
     numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
@@ -242,14 +245,14 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     `context_demos`), context_input, context_target [N, S, S] int64, context_enclosed [N, S, S] bool
     and context_owner [N] int64
     (the sample each of the N demos belongs to, in sample order).
-    An evaluation target can be cut by S (its side is predicted without it); scoring reads the grids.
+    An evaluation sample carries no target (its side is predicted without it); scoring reads the grids.
     """
     side = side or max(s["side"] for s in samples)
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
     batch["task_row"] = torch.tensor([s["task_row"] for s in samples], dtype=torch.int64)
     batch["dihedral"] = torch.tensor([s["augmentation"].dihedral for s in samples], dtype=torch.int64)
     batch["colours"] = torch.tensor([s["augmentation"].colours for s in samples], dtype=torch.int64)
-    for k in ("input", "target"):
+    for k in ("input", "target") if "target" in samples[0] else ("input",):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
     batch["input_enclosed"] = _enclosed(samples, "input_enclosed", side, batch["input"])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):

@@ -120,6 +120,11 @@ class MixedPrecision:
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
     @property
+    def scales_loss(self) -> bool:
+        """Whether a loss scaler runs (fp16): its skipped steps are then its search for a scale."""
+        return self.scaler is not None
+
+    @property
     def scale(self) -> float:
         return self.scaler.get_scale() if self.scaler is not None else 1.0
 

@@ -38,9 +38,10 @@ from data.episodes import EpisodeDataset
 from engine.config import Config
 from engine.loop import host_to_device, to_device
 from engine.precision import MixedPrecision
-from engine.schedule import set_lrs, warmed_factor
+from engine.schedule import set_lrs
 from evaluation.task_batch import TaskWeights, batches_shared_weights, fit_together
 from evaluation.ttt_dropout import DropoutMasks, dropped_changes
+from evaluation.ttt_policy import TTTPolicy
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
 from prompt import QwenFeatures
@@ -80,12 +81,6 @@ class AdaptedTasks:
 def aug_ids(batch: dict) -> list[int]:
     """The augmentation id of each sample of a collated batch."""
     return [a.aug_id for a in batch["augmentation"]]
-
-
-def _set_step_lr(optimizer: torch.optim.Optimizer, base: list[float], step: int, steps: int, schedule: str,
-                 warmup: float) -> None:
-    """Every group's lr for this step: its base lr (`base`, in group order) under the warm-up and schedule."""
-    set_lrs(optimizer, base, warmed_factor(schedule, step, steps, warmup))
 
 
 def _predict(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
@@ -135,20 +130,15 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 
 
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
-         demos: DemoEpisodes, rows: dict[int, int], *, steps: int, schedule: str, clip: float, check_every: int,
-         cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool], warmup: float = 0.0,
-         dropout: float = 0.0,
-         observe: Callable[[int], None] = lambda steps: None, enough: Callable[[], bool] = lambda: False) -> int:
-    """The one adaptation loop: Adam on `groups` (parameters of the model or of `adapters`, each
-    group's lr under `schedule`; gradients reach exactly those parameters), on `--ttt_batch_size`
-    random demo episodes per row ({adapter row: its task}) a step, the loss summed over rows of each
-    row's mean, so every row moves as if it were trained alone (Adam works per element; `clip` > 0
-    clips the global norm), the lr warmed up over the first `warmup` fraction of `steps`, each step's
-    residual blocks dropping `dropout` of their change (evaluation/ttt_dropout.py), under `amp`
-    (the adaptation's one mixed-precision routine: under fp16 its scaler skips a step with
-    non-finite gradients). Stops early once every row's demos are solved
-    (checked before the first step and every `check_every`; 0: never), when `enough()` says the time
-    for it is spent (--eval_minutes), or when `stop()` says so.
+         demos: DemoEpisodes, rows: dict[int, int], policy: TTTPolicy, *, cfg: Config, device: torch.device,
+         amp: MixedPrecision, dropout: float = 0.0, observe: Callable[[int], None] = lambda steps: None) -> int:
+    """The one-task adaptation loop under `policy` (evaluation/ttt_policy.py: steps, early stop, lr,
+    clip, a non-finite gradient): Adam on `groups` (parameters of the model or of `adapters`, each
+    group's base lr; gradients reach exactly those parameters), on `--ttt_batch_size` random demo
+    episodes per row ({adapter row: its task}) a step, the loss summed over rows of each row's mean,
+    so every row moves as if it were trained alone (Adam works per element; the clip is the global
+    norm's), each step's residual blocks dropping `dropout` of their change
+    (evaluation/ttt_dropout.py), under `amp` (the adaptation's one mixed-precision routine).
     `observe(steps)` is called before the first step and after each, `steps` counting the steps tried.
     -> the steps taken: those applied, a step the scaler skipped not counted."""
     chosen = {id(p) for group in groups for p in group["params"]}
@@ -160,19 +150,20 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     tried = taken = 0
     observe(tried)
     masks = DropoutMasks(dropout, demos.seed, device) if dropout else None
-    while tried < steps and not stop() and not enough() and not (
-            check_every and tried % check_every == 0 and _solves_demos(model, prompts, adapters, demos, rows, cfg,
-                                                                        device, amp)):
-        _set_step_lr(optimizer, base, tried, steps, schedule, warmup)
+    while policy.goes_on(tried) and not (
+            policy.checks(tried) and _solves_demos(model, prompts, adapters, demos, rows, cfg, device, amp)):
+        set_lrs(optimizer, base, policy.lr_factor(tried))
         tried += 1
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
         with dropped_changes(model, masks.draw if masks is not None else None):
             loss = _row_losses(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), slots,
                                cfg, amp).sum()
         amp.backward(loss)
-        result = amp.step(optimizer, clip)
+        result = amp.step(optimizer, policy.clip)
         taken += result is not None and result.stepped
         observe(tried)
+        if result is not None and not result.stepped and not amp.scales_loss:
+            break  # a gradient that is not finite, not the fp16 scaler's search: the policy ends the task here
     return taken
 
 
@@ -225,8 +216,7 @@ def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     _starts(model, adapters, usable, per_task, cfg)
     if e.latent_steps:
         _fit(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
-             steps=e.latent_steps, schedule="constant", clip=0.0, check_every=0, cfg=cfg, device=device, amp=amp,
-             stop=stop)
+             TTTPolicy(e.latent_steps, stop=stop), cfg=cfg, device=device, amp=amp)
     loss = _demo_losses(model, prompts, adapters, demos, rows, len(tasks) * per_task, cfg, device, amp)
     if per_task == 1:
         return adapters, loss
@@ -276,7 +266,8 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     together = e.trains_shared_weights and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
         raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 or context demos (--demo_stream, "
-                         f"--latent_step_lr) adapts the shared weights one task at a time, got {len(tasks)} tasks")
+                         f"--latent_step_lr, --agent_context_demos) adapts the shared weights one task at a time, got "
+                         f"{len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
     if together:
@@ -307,11 +298,10 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
                 result.adapters = _per_view(model, result.adapters, len(tasks), cfg)
             groups, clip = _test_time_groups(model, result.adapters, cfg)
             demos.restart_draws()
-            steps = _fit(model, prompts, result.adapters, groups, demos, rows, steps=e.ttt_steps,
-                                schedule=e.ttt_schedule, warmup=e.ttt_warmup, dropout=e.ttt_dropout, clip=clip,
-                                check_every=e.ttt_check_every, cfg=cfg, device=device, amp=amp, stop=stop,
-                                enough=enough,
-                                observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+            policy = TTTPolicy.test_time(e, clip, stop, enough)
+            steps = _fit(model, prompts, result.adapters, groups, demos, rows, policy, cfg=cfg, device=device,
+                         amp=amp, dropout=e.ttt_dropout,
+                         observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
             result.steps.update({t.task_id: steps for t in tasks})
             loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:
@@ -341,9 +331,9 @@ def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[A
         weights.load(k)
         return _solves_demos(model, prompts, kept[k], demos[k], {0: 0}, cfg, device, amp)
 
-    weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, steps=e.ttt_steps, clip=clip,
-                                  cfg=cfg, device=device, amp=amp, stop=stop, enough=enough, observe=observe,
-                                  solves=solves)
+    policy = TTTPolicy.test_time(e, clip, stop, enough)
+    weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, policy, cfg=cfg, device=device,
+                                  amp=amp, observe=observe, solves=solves)
     result.weights = weights
     if any(a is not None for a in kept):  # a task of one demo was not searched: a fresh row, which changes nothing
         # (with rows per view every task has its own)

@@ -37,8 +37,9 @@ from data.demo_episodes import DemoEpisodes
 from engine.config import Config
 from engine.loop import host_to_device, to_device
 from engine.precision import MixedPrecision
-from engine.schedule import set_lrs, warmed_factor
+from engine.schedule import set_lrs
 from evaluation.ttt_dropout import DropoutMasks, change_shapes, dropped_changes
+from evaluation.ttt_policy import TTTPolicy
 from loss_function import adaptation_loss
 from model import AdapterSlice, ArcModel, TaskAdapters
 from prompt import QwenFeatures
@@ -69,21 +70,18 @@ class TaskWeights:
 
 
 def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.Parameter],
-                 demos: list[DemoEpisodes], adapters: list[TaskAdapters | None], *, steps: int, clip: float,
-                 cfg: Config, device: torch.device, amp: MixedPrecision, stop: Callable[[], bool],
-                 enough: Callable[[], bool], observe: Callable[[int], None],
+                 demos: list[DemoEpisodes], adapters: list[TaskAdapters | None], policy: TTTPolicy, *, cfg: Config,
+                 device: torch.device, amp: MixedPrecision, observe: Callable[[int], None],
                  solves: Callable[[int, TaskWeights], bool]) -> tuple[TaskWeights, list[int]]:
-    """Test-time training of `params` for K tasks together, task k on its demos `demos[k]` (one task
-    each, every pool of one side) read with its adapter `adapters[k]` (one row, fixed; with
-    `--ttt_view_rows` a row per view, every task's, whose latents train with the weights and end
-    written back into it; None without one). Adam at `--ttt_lr` under `--ttt_schedule` and
-    `--ttt_warmup`, `clip` > 0 clipping each task's own gradient norm, `--ttt_batch_size` episodes a
-    task a step, `--ttt_dropout` masks from each task's own stream. `solves(k, weights)` says whether
-    task k's demos are exact under its copy and adapter (checked before the first step and every
-    `--ttt_check_every`); a solved task keeps that copy. A task whose gradient is not finite keeps
-    its copy from before that step and stops (alone, that step would be skipped and training go on).
-    `stop`, `enough` and `observe` as adaptation._fit's. -> (each task's adapted copy, the steps
-    each took)."""
+    """Test-time training of `params` for K tasks together under `policy` (evaluation/ttt_policy.py,
+    as one task alone: steps, early stop, lr, each task's own clip, a non-finite gradient ending that
+    task), task k on its demos `demos[k]` (one task each, every pool of one side) read with its
+    adapter `adapters[k]` (one row, fixed; with `--ttt_view_rows` a row per view, every task's, whose
+    latents train with the weights and end written back into it; None without one). Adam at
+    `--ttt_lr`, `--ttt_batch_size` episodes a task a step, `--ttt_dropout` masks from each task's own
+    stream. `solves(k, weights)` says whether task k's demos are exact under its copy and adapter; a
+    solved or stopped task keeps its copy. `observe` as adaptation._fit's. -> (each task's adapted
+    copy, the steps each took)."""
     e = cfg.eval
     k_tasks = len(demos)
     names = {id(p): name for name, p in model.named_parameters()}
@@ -95,73 +93,96 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
         keys.append(LATENT)
         stacks = [*stacks, torch.stack([a.latent.detach() for a in adapters])]
     optimizer = torch.optim.Adam(stacks, lr=e.ttt_lr, fused=True)
-    masks = [DropoutMasks(e.ttt_dropout, d.seed, device) for d in demos] if e.ttt_dropout else None
-    shapes: list[torch.Size] | None = None  # each block call's change, the same for every task of one side
+    task_grads = _TaskGradients(model, prompts, demos, adapters, cfg, device, amp)
     active = [bool(d.episodes[0]) for d in demos]  # a task of one demo has no episode to train on
     kept: dict[int, list[torch.Tensor]] = {}  # a task stopped: its copy as it stopped
     taken = [0] * k_tasks
-    task_grad = grad(_task_loss(model, cfg))
 
-    def latents_into_adapters(ks: list[int]) -> None:
-        if e.ttt_view_rows:
-            with torch.no_grad():
-                for k in ks:
-                    adapters[k].latent.copy_(stacks[-1][k])
-
-    def stopped(k: int) -> None:
+    def stop_task(k: int) -> None:
         active[k] = False
         kept[k] = [s[k].clone() for s in stacks]
 
     tried = 0
     observe(tried)
-    while tried < steps and any(active) and not stop() and not enough():
-        if e.ttt_check_every and tried % e.ttt_check_every == 0:
+    while policy.goes_on(tried) and any(active):
+        if policy.checks(tried):
             for k in [k for k in range(k_tasks) if active[k]]:
-                latents_into_adapters([k])
+                _latents_into_adapters(stacks, adapters, [k], e.ttt_view_rows)
                 if solves(k, weights):
-                    stopped(k)
+                    stop_task(k)
             if not any(active):
                 break
-        set_lrs(optimizer, [e.ttt_lr], warmed_factor(e.ttt_schedule, tried, steps, e.ttt_warmup))
+        set_lrs(optimizer, [e.ttt_lr], policy.lr_factor(tried))
         tried += 1
         ks = [k for k in range(k_tasks) if active[k]]
-        batch, slices, rows = _stacked_draws(model, prompts, [demos[k] for k in ks], [adapters[k] for k in ks],
-                                             cfg.eval.ttt_batch_size, device)
-        everyone = len(ks) == k_tasks
-        copies = {key: s if everyone else s[ks] for key, s in zip(keys, stacks, strict=True)}
-        drawn = None
-        if masks is not None:
-            if shapes is None:  # one task's forward, outside vmap
-                first = ({key: c[0] for key, c in copies.items()}, {name: v[0] for name, v in batch.items()},
-                         None if slices is None else tuple(t[0] for t in slices), rows[0], None)
-                shapes = change_shapes(model, partial(_task_loss(model, cfg), *first))
-            drawn = [torch.stack([masks[k].draw(shape) for k in ks]) for shape in shapes]
-        with amp.autocast():
-            grads = vmap(task_grad, in_dims=(0, 0, 0 if slices is not None else None, 0, 0 if drawn else None),
-                         randomness="error")(copies, batch, slices, rows, drawn)
-        # each active task's own gradient norm [len(ks)], as clip_grad_norm_ takes it over one task's weights
-        norms = torch.stack([g.reshape(len(ks), -1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
-        finite = torch.isfinite(norms).tolist()  # one host sync a step, as amp.step's norm
-        scale = (clip / (norms + 1e-6)).clamp(max=1.0) if clip > 0 else torch.ones_like(norms)
-        for key, s in zip(keys, stacks, strict=True):
-            # contiguous, as the stack is: vmap returns gradients in whatever strides its rules chose,
-            # and fused Adam reads a gradient's memory in its parameter's layout (measured: a [K, 30, C]
-            # embedding gradient moved task 0's rows by the other tasks' gradients)
-            g = (grads[key] * scale.view(-1, *([1] * (grads[key].dim() - 1))).to(grads[key].dtype)).contiguous()
-            s.grad = g if everyone else torch.zeros_like(s).index_copy_(0, torch.tensor(ks, device=s.device), g)
-        for k, ok in zip(ks, finite, strict=True):
-            if ok:
-                taken[k] += 1
-            else:  # a non-finite gradient: the task keeps its copy from before this step
-                stopped(k)
+        grads = task_grads(ks, {key: s if len(ks) == k_tasks else s[ks] for key, s in zip(keys, stacks, strict=True)})
+        for k, finite in zip(ks, _set_clipped(grads, stacks, keys, ks, policy), strict=True):
+            taken[k] += finite
+            if not finite:  # the policy: the task keeps its copy from before this step
+                stop_task(k)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         observe(tried)
     for k, copy in kept.items():
         for s, c in zip(stacks, copy, strict=True):
             s[k] = c
-    latents_into_adapters([k for k in range(k_tasks) if adapters[k] is not None])
+    _latents_into_adapters(stacks, adapters, [k for k in range(k_tasks) if adapters[k] is not None], e.ttt_view_rows)
     return weights, taken
+
+
+def _latents_into_adapters(stacks: list[torch.Tensor], adapters: list[TaskAdapters | None], ks: list[int],
+                           view_rows: bool) -> None:
+    """With --ttt_view_rows: tasks ks' trained view latents (the last stack) written into their adapters."""
+    if view_rows:
+        with torch.no_grad():
+            for k in ks:
+                adapters[k].latent.copy_(stacks[-1][k])
+
+
+class _TaskGradients:
+    """One step's gradient of each active task under its own copy: (ks, copies {key: [len(ks), ...]})
+    -> {key: [len(ks), ...]}, vmapped over the tasks, each drawing its own episodes and dropout masks."""
+
+    def __init__(self, model: ArcModel, prompts: QwenFeatures | None, demos: list[DemoEpisodes],
+                 adapters: list[TaskAdapters | None], cfg: Config, device: torch.device, amp: MixedPrecision):
+        self.model, self.prompts, self.demos, self.adapters = model, prompts, demos, adapters
+        self.cfg, self.device, self.amp = cfg, device, amp
+        e = cfg.eval
+        self.masks = [DropoutMasks(e.ttt_dropout, d.seed, device) for d in demos] if e.ttt_dropout else None
+        self.shapes: list[torch.Size] | None = None  # each block call's change, the same for every task of one side
+        self.grad = grad(_task_loss(model, cfg))
+
+    def __call__(self, ks: list[int], copies: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        batch, slices, rows = _stacked_draws(self.model, self.prompts, [self.demos[k] for k in ks],
+                                             [self.adapters[k] for k in ks], self.cfg.eval.ttt_batch_size, self.device)
+        drawn = None
+        if self.masks is not None:
+            if self.shapes is None:  # one task's forward, outside vmap
+                first = ({key: c[0] for key, c in copies.items()}, {name: v[0] for name, v in batch.items()},
+                         None if slices is None else tuple(t[0] for t in slices), rows[0], None)
+                self.shapes = change_shapes(self.model, partial(_task_loss(self.model, self.cfg), *first))
+            drawn = [torch.stack([self.masks[k].draw(shape) for k in ks]) for shape in self.shapes]
+        with self.amp.autocast():
+            return vmap(self.grad, in_dims=(0, 0, 0 if slices is not None else None, 0, 0 if drawn else None),
+                        randomness="error")(copies, batch, slices, rows, drawn)
+
+
+def _set_clipped(grads: dict[str, torch.Tensor], stacks: list[torch.Tensor], keys: list[str], ks: list[int],
+                 policy: TTTPolicy) -> list[bool]:
+    """Active tasks ks' gradients, each clipped by its own norm under `policy`, set on the stacks
+    (zero for the tasks not active) -> whether each task's gradient is finite (one host read a step,
+    as amp.step's norm)."""
+    # each active task's own gradient norm [len(ks)], as clip_grad_norm_ takes it over one task's weights
+    norms = torch.stack([g.reshape(len(ks), -1).float().pow(2).sum(1) for g in grads.values()]).sum(0).sqrt()
+    finite = torch.isfinite(norms).tolist()
+    scale = policy.clip_factor(norms)
+    for key, s in zip(keys, stacks, strict=True):
+        # contiguous, as the stack is: vmap returns gradients in whatever strides its rules chose,
+        # and fused Adam reads a gradient's memory in its parameter's layout (measured: a [K, 30, C]
+        # embedding gradient moved task 0's rows by the other tasks' gradients)
+        g = (grads[key] * scale.view(-1, *([1] * (grads[key].dim() - 1))).to(grads[key].dtype)).contiguous()
+        s.grad = g if len(ks) == len(s) else torch.zeros_like(s).index_copy_(0, torch.tensor(ks, device=s.device), g)
+    return finite
 
 
 LATENT = "adapter.latent"  # the stacked copies' key of each task's view latents (not a model parameter)

@@ -16,9 +16,11 @@ from data.augment import Augmentation
 from data.canvas import EOG, NUM_CLASSES
 from data.demo_episodes import DemoEpisodes
 from engine.precision import MixedPrecision
-from evaluation.adaptation import _row_losses, _set_step_lr, _solves_demos, _starts, adapted
+from engine.schedule import set_lrs
+from evaluation.adaptation import _row_losses, _solves_demos, _starts, adapted
 from evaluation.evaluate import first_tasks
 from evaluation.scoring import Candidates, grid_logprob
+from evaluation.ttt_policy import TTTPolicy
 from prompt import with_qwen_features
 
 CPU = torch.device("cpu")
@@ -385,14 +387,14 @@ def test_cosine_schedule_takes_every_group_from_its_lr_towards_zero():
     base = [1e-2, 0.1]
     seen = []
     for step in range(10):
-        _set_step_lr(optimizer, base, step, 10, "cosine", 0.0)
+        set_lrs(optimizer, base, TTTPolicy(10, "cosine").lr_factor(step))
         seen.append([g["lr"] for g in optimizer.param_groups])
     seen = np.array(seen)
     np.testing.assert_allclose(seen[0], base)
     np.testing.assert_allclose(seen[5], np.array(base) / 2)
     assert (np.diff(seen, axis=0) < 0).all() and (0 < seen[-1]).all() and (seen[-1] < 0.03 * np.array(base)).all()
     np.testing.assert_allclose(seen[:, 1] / seen[:, 0], 10.0)
-    _set_step_lr(optimizer, base, 7, 10, "constant", 0.0)
+    set_lrs(optimizer, base, TTTPolicy(10, "constant").lr_factor(7))
     assert [g["lr"] for g in optimizer.param_groups] == base
 
 

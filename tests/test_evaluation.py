@@ -124,6 +124,30 @@ def test_test_time_training_changes_predictions_and_never_reads_test_outputs(sma
     assert run_eval(state, changed, ttt).submission == adapted
 
 
+def test_nothing_that_predicts_or_adapts_an_evaluation_task_is_handed_a_test_output(small_cfg, tmp_path, monkeypatch):
+    """Invariant #8 by structure: an evaluation sample carries no target, and every batch the model
+    is given in a validation (the start search, test-time training, the attempts) and by the
+    held-out loss holds targets of demo episodes only (the query a demo, `where` train[i])."""
+    from evaluation.heldout import pair_losses, target_fitted
+
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=2, ttt_check_every=1, adapt_tasks=1)
+    assert "target" not in eval_set[(0, 0)] and "target" in target_fitted(eval_set)[(0, 0)]
+    given = []
+    real = type(state.model).forward
+
+    def recording(model, batch, *args, **kwargs):
+        given.append(("target" in batch, list(batch["where"])))
+        return real(model, batch, *args, **kwargs)
+    monkeypatch.setattr(type(state.model), "forward", recording)
+    run_eval(state, eval_set, cfg)
+    pair_losses(state.model, state.prompts, target_fitted(eval_set), list(range(len(eval_set))), views=1, cfg=cfg,
+                device=CPU)
+    with_targets = [w for has, wheres in given if has for w in wheres]
+    queries = [w for has, wheres in given if not has for w in wheres]
+    assert with_targets and all(w.startswith("train[") for w in with_targets)
+    assert sum(w.startswith("test[") for w in queries) >= 2 * len(eval_set)  # the attempts' and the loss's
+
+
 def sentinel_tasks(tasks):
     """The tasks with every test output replaced by a grid no demo holds (colour 7, 1 x 29)."""
     return tuple(dataclasses.replace(t, test=tuple(ArcPair(p.input, np.full((1, 29), 7)) for p in t.test))

@@ -36,8 +36,9 @@ RULES = {"flip": np.fliplr, "recolour": lambda g: np.where(g == 1, 2, g), "turn"
          "copy": lambda g: g.copy()}
 
 
-def adapt_alone_and_together(cfg, state, eval_set, tasks):
-    """Each task's (steps, demo loss, candidates' mean log-probabilities) adapted alone and together."""
+def adapt_alone_and_together(cfg, state, eval_set, tasks, observe=None):
+    """Each task's (steps, demo loss, candidates' mean log-probabilities) adapted alone and together
+    (`observe` given to each adaptation)."""
     model, prompts = state.model, state.prompts
     episodes = {t.task_id: i for i, t in enumerate(tasks)}  # one test pair a task
     test_set = EpisodeDataset(evaluation_episodes(tuple(tasks)), eval_set.scale, fit_target=False)
@@ -50,9 +51,9 @@ def adapt_alone_and_together(cfg, state, eval_set, tasks):
 
     alone = {}
     for task in tasks:
-        with adapted(model, prompts, [task], test_set, cfg=cfg, device=CPU) as result:
+        with adapted(model, prompts, [task], test_set, cfg=cfg, device=CPU, observe=observe) as result:
             alone[task.task_id] = outcome(result, task)
-    with adapted(model, prompts, tasks, test_set, cfg=cfg, device=CPU) as result:
+    with adapted(model, prompts, tasks, test_set, cfg=cfg, device=CPU, observe=observe) as result:
         assert result.weights is not None
         together = {t.task_id: outcome(result, t) for t in tasks}
     return alone, together
@@ -178,3 +179,34 @@ def test_a_task_whose_gradient_is_not_finite_keeps_its_weights_and_the_others_go
     assert alone["flip"][0] == together["flip"][0] == 4
     for task_id in ("flip", "copy"):
         assert together[task_id][1] == pytest.approx(alone[task_id][1], rel=1e-4, abs=1e-5)
+
+
+def test_a_gradient_turning_non_finite_ends_the_task_there_alone_and_together(small_cfg, monkeypatch):
+    """The one policy of evaluation/ttt_policy.py in both loops: the third step's loss is NaN (the
+    fourth's would not be); alone and together each task ends after two steps with the weights two
+    steps give (what --ttt_steps 2 predicts), where skipping the step and going on would take a third."""
+    import evaluation.adaptation
+    import evaluation.task_batch
+
+    real = evaluation.task_batch.adaptation_loss
+    armed = []
+
+    def poisoned(*args, cfg):
+        return real(*args, cfg=cfg) * (float("nan") if armed else 1.0)
+
+    def third_step_nan(steps, result):
+        if steps == 2:
+            armed.append(True)
+        else:
+            armed.clear()
+    for module in (evaluation.task_batch, evaluation.adaptation):
+        monkeypatch.setattr(module, "adaptation_loss", poisoned)
+    flags = dict(ttt_lr=3e-3, ttt_check_every=0, view_starts=False, ttt_schedule="constant", ttt_warmup=0.0)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, **flags)
+    tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
+    alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks, observe=third_step_nan)
+    two, _ = adapt_alone_and_together(cfg.replace(ttt_steps=2), state, eval_set, tasks)
+    for task_id, (steps, _, logps) in two.items():
+        assert steps == alone[task_id][0] == together[task_id][0] == 2
+        np.testing.assert_allclose(alone[task_id][2], logps, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(together[task_id][2], logps, rtol=1e-4, atol=1e-5)

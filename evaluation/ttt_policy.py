@@ -1,0 +1,60 @@
+"""One policy for test-time training, whether one task adapts alone (evaluation/adaptation.py `_fit`)
+or several together (evaluation/task_batch.py `fit_together`): both loops ask it every step.
+
+- Steps: at most `steps`; none once `stop()` asks (the caller discards the result) or `enough()`
+  says the time is spent (--eval_minutes: the tasks are predicted as adapted so far).
+- Early stop: before the first step and every `check_every` (0: never) the demos are predicted; a
+  task whose every leave-one-out demo comes out exact stops, as it is.
+- Learning rate: each group's own, times the warm-up over the first `warmup` fraction of `steps`
+  and `schedule` (engine/schedule.py).
+- Clip: `clip` > 0 scales a task's gradient to that global norm at most (clip_grad_norm_'s rule).
+- A gradient that is not finite: the step is not applied, and the task's adaptation ends with its
+  weights from before it (what the task learned so far is kept; a draw that gave a NaN would give
+  it again). Under --amp fp16 the scaler's skipped steps are its search for a loss scale, not a
+  fault: adaptation goes on (fp16 adapts one task at a time, task_batch.batches_shared_weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EvalCfg
+from engine.schedule import warmed_factor
+
+
+@dataclass(frozen=True)
+class TTTPolicy:
+    steps: int
+    schedule: str = "constant"
+    warmup: float = 0.0
+    clip: float = 0.0
+    check_every: int = 0
+    stop: Callable[[], bool] = lambda: False
+    enough: Callable[[], bool] = lambda: False
+
+    @classmethod
+    def test_time(cls, e: EvalCfg, clip: float, stop: Callable[[], bool], enough: Callable[[], bool]) -> TTTPolicy:
+        """Test-time training's: --ttt_steps, --ttt_schedule, --ttt_warmup, --ttt_check_every, `clip`."""
+        return cls(e.ttt_steps, e.ttt_schedule, e.ttt_warmup, clip, e.ttt_check_every, stop, enough)
+
+    def goes_on(self, tried: int) -> bool:
+        """Whether step `tried` + 1 is taken (the demos' check aside)."""
+        return tried < self.steps and not self.stop() and not self.enough()
+
+    def checks(self, tried: int) -> bool:
+        """Whether the demos are checked before step `tried` + 1."""
+        return bool(self.check_every) and tried % self.check_every == 0
+
+    def lr_factor(self, tried: int) -> float:
+        """What every group's lr is multiplied by in step `tried` + 1."""
+        return warmed_factor(self.schedule, tried, self.steps, self.warmup)
+
+    def clip_factor(self, norms: torch.Tensor) -> torch.Tensor:
+        """Each task's gradient norm [K] float32 -> what its gradient is multiplied by [K] float32:
+        clip / (norm + 1e-6) where that is below 1, as torch.nn.utils.clip_grad_norm_ does."""
+        if self.clip <= 0:
+            return torch.ones_like(norms)
+        return (self.clip / (norms + 1e-6)).clamp(max=1.0)
