@@ -17,8 +17,8 @@ from bench.gpu_check.report import markdown_table
 from engine.config import AgentCfg
 from tests.conftest import ROOT
 
-DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16", "--arc_minutes", "0.05", "--arc_tasks", "1",
-           "--curve_tasks", "1", "--curve_marks", "0,1"]
+DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16,context", "--arc_minutes", "0.05",
+           "--arc_tasks", "1", "--curve_tasks", "1", "--curve_marks", "0,1"]
 
 
 def report(out) -> dict:
@@ -47,8 +47,11 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     assert [r["mode"] for r in sections["qwen"]["rows"]] == ["frozen", "lora", "full"]
     assert all(r["tokens"] > 0 and r["tokens/s"] > 0 for r in sections["qwen"]["rows"])
     agents = sections["agents"]["rows"]
-    assert [(r["agent"], r["variant"]) for r in agents] == [(a, v) for a in ("conv", "transformer", "loop_vit")
-                                                            for v in ("fp32", "bf16")]
+    assert [(r["agent"], r["variant"]) for r in agents] == [
+        ("conv", "fp32"), ("conv", "bf16"), ("conv", "context"), ("transformer", "fp32"), ("transformer", "bf16"),
+        ("transformer", "context"), ("loop_vit", "fp32"), ("loop_vit", "bf16")]
+    plain, reading = (next(r for r in agents if (r["agent"], r["variant"]) == ("conv", v)) for v in ("fp32", "context"))
+    assert reading["agent GFLOP"] > plain["agent GFLOP"]  # the reads' projections, at least
     assert all(r["agent GFLOP"] > 0 and r["bare agent ms"] > 0 and r["step warm ms"] > 0 for r in agents)
     (arc,) = sections["arc"]["rows"]
     assert arc["eval tasks"] == 1 and arc["steps"] > 0 and 0 <= arc["pass@2"] <= arc["oracle"] <= 1
@@ -142,6 +145,10 @@ def test_the_default_agent_runs_first_at_every_micro_batch_the_others_at_the_fir
     assert agents.cases(("fp32", "graphs"), (8, 64)) == [
         ("conv", "fp32", 8), ("conv", "fp32", 64), ("conv", "graphs", 8), ("conv", "graphs", 64),
         ("transformer", "fp32", 8), ("transformer", "graphs", 8), ("loop_vit", "fp32", 8), ("loop_vit", "graphs", 8)]
+    # in-context reading only where the agent takes it
+    assert agents.cases(("fp32", "context"), (8,)) == [
+        ("conv", "fp32", 8), ("conv", "context", 8), ("transformer", "fp32", 8), ("transformer", "context", 8),
+        ("loop_vit", "fp32", 8)]
 
 
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):

@@ -70,7 +70,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--re_arc", help="RE-ARC's re_arc.zip or folder: the ARC run trains on it too (carry it there)")
     ap.add_argument("--curve_tasks", type=int, default=20, help="evaluation tasks of bench.ttt_curve")
     ap.add_argument("--curve_marks", default="0,10,30,60", help="bench.ttt_curve's --marks")
-    ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS), help="some of fp32,bf16,compile,graphs")
+    ap.add_argument("--agent_variants", default=",".join(agents.VARIANTS),
+                    help=f"some of {','.join(agents.VARIANTS)}")
     ap.add_argument("--agent_batches", default="8", help="micro-batches the default agent is timed at (the others: "
                                                          "the first)")
     ap.add_argument("--adapt_tasks", type=int, default=16, help="tasks of the adaptation section (its largest K)")
