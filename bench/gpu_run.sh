@@ -44,7 +44,7 @@ sizes)
     keep sizes/gpu_check.md sizes/gpu_check.json sizes.log
     ;;
 checks)
-    check checks 150 --minutes 2 --sections seeds,agents --agent_variants fp32 --agent_batches 8,64 \
+    check checks 150 --minutes 2 --sections seeds,agents --agent_variants fp32,context --agent_batches 8,64 \
         --budgets seeds=20,agents=60
     keep checks/gpu_check.md
     # the CUDA-only tests: a step's host synchronizations under torch.cuda.set_sync_debug_mode, the
