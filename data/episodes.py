@@ -2,7 +2,8 @@
 
 Training episodes: leave-one-out over the demos of every training task (one demo is the query, the
 others the context) plus the test pairs of training tasks with all demos as context. Evaluation
-episodes: the test pairs of evaluation tasks; their outputs are read by the scorer only.
+episodes: the test pairs of evaluation tasks; their samples carry no target (the outputs stay in the
+tasks, read by the scorer, the held-out loss and the report's pictures: never handed to the model).
 
 Everything the prompt sees (demo texts, numeric and relation features, control vector) is computed
 from the context demos and the query INPUT; the query output only becomes the training target.

@@ -300,8 +300,9 @@ class _GroupScorer:
         return out
 
     def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:
-        """Test input `i`'s metrics under every ranking, and the copy baseline's, into `out`; the scorer
-        is the only reader of a test output. One without a known output is only counted."""
+        """Test input `i`'s metrics under every ranking, and the copy baseline's, into `out`, read from
+        the task's outputs (an evaluation batch carries none: docs/invariants.md #8). One without a
+        known output is only counted."""
         ep = self.dataset.episodes[i]
         if not ep.query.answered:  # a task to predict: its attempts, nothing to score
             out.unanswered.add(i)

@@ -68,3 +68,17 @@ def test_only_the_registry_names_the_agents():
             named = re.findall(rf"[\"']{name}[\"']", text)
             allowed = 1 if name == default and path == ROOT / "engine" / "config.py" else 0
             assert len(named) <= allowed, f"{path.relative_to(ROOT)} names the agent {name!r}"
+
+
+def test_no_function_of_the_core_runs_over_60_lines():
+    """The core (every part but bench/ and tests/) reads in an afternoon: a function longer than 60
+    lines is split where its steps are (docstring and comments count)."""
+    long = []
+    for path, part in modules():
+        if part == "bench":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                            f"({node.end_lineno - node.lineno + 1} lines)")
+    assert not long, long
