@@ -291,7 +291,8 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
     prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
                               qwen_dim=qwen.hidden_size if qwen is not None else 0,
                               use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation,
-                              demo_channels=cfg.prompt.demo_stream, demo_side=cfg.agent.canvas_side)
+                              demo_channels=cfg.prompt.demo_stream, demo_side=cfg.agent.canvas_side,
+                              demo_demos=cfg.prompt.demo_stream_demos)
     policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,
                            rank=cfg.prompt.rl_rank, seed=seed, noise_seed=noise_seed)
     agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)

@@ -45,10 +45,8 @@ def pack_demos(context_input: torch.Tensor, context_target: torch.Tensor, owner:
     [N, S, S] int64, owner [N] int64 in sample order) -> the first `slots` demos of each of the
     `samples` samples in fixed slots. Shapes depend on (samples, slots, S) only, and nothing is read
     back to the host (a compiled agent and a CUDA graph see one shape)."""
-    n, side = context_input.shape[0], context_input.shape[-1]
-    index = torch.arange(n, device=owner.device)
-    first = torch.full((samples,), n, dtype=torch.int64, device=owner.device).scatter_reduce(0, owner, index, "amin")
-    slot = index - first[owner]
+    side = context_input.shape[-1]
+    slot = demo_index(owner, samples)
     spare = samples * slots  # the row that takes the demos past `slots`, dropped below
     row = torch.where(slot < slots, owner * slots + slot, torch.full_like(slot, spare))
 
@@ -58,6 +56,15 @@ def pack_demos(context_input: torch.Tensor, context_target: torch.Tensor, owner:
 
     present = torch.zeros(spare + 1, dtype=torch.bool, device=owner.device).index_fill_(0, row, True)
     return DemoSlots(placed(context_input), placed(context_target), present[:spare].view(samples, slots), repeats)
+
+
+def demo_index(owner: torch.Tensor, samples: int) -> torch.Tensor:
+    """owner [N] int64 (each demo's sample, in sample order) -> [N] int64: each demo's place among
+    its sample's demos (0 for the first), computed on the device."""
+    n = owner.shape[0]
+    index = torch.arange(n, device=owner.device)
+    first = torch.full((samples,), n, dtype=torch.int64, device=owner.device).scatter_reduce(0, owner, index, "amin")
+    return index - first[owner]
 
 
 class DemoMemory(nn.Module):

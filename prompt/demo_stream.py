@@ -21,13 +21,17 @@ import torch
 from torch import nn
 
 from agents.cells import CellPosition
+from agents.context import demo_index
 from data.canvas import NUM_CLASSES, PAD
 
 
 class DemoStream(nn.Module):
-    def __init__(self, *, channels: int, prompt_dim: int, layers: int = 3, side: int = 30):
-        """`channels` C of the cells, `layers` residual blocks, `side`: the largest canvas side."""
+    def __init__(self, *, channels: int, prompt_dim: int, layers: int = 3, side: int = 30, demos: int | None = None):
+        """`channels` C of the cells, `layers` residual blocks, `side`: the largest canvas side,
+        `demos`: the demos of a sample it reads at most (`--demo_stream_demos`; the batch may carry
+        more, for an agent that reads more in context; None: all)."""
         super().__init__()
+        self.demos = demos
         if channels % 8:
             raise ValueError(f"demo stream channels {channels}: a multiple of 8 (its GroupNorm's groups)")
         self.embed_in = nn.Embedding(NUM_CLASSES, channels)
@@ -53,9 +57,12 @@ class DemoStream(nn.Module):
         mean = (h * mask).sum((2, 3)) / mask.sum((2, 3)).clamp_min(1.0)
         top = h.masked_fill(mask == 0, torch.finfo(h.dtype).min).amax((2, 3))
         per_demo = self.out(torch.cat([mean, top], dim=-1))  # [N, P]
-        total = per_demo.new_zeros(samples, per_demo.shape[-1]).index_add_(0, owner, per_demo)
-        ones = torch.ones(len(owner), device=owner.device)
-        count = torch.zeros(samples, device=owner.device).index_add_(0, owner, ones)
+        read = torch.ones(len(owner), device=owner.device)  # [N]: 1 for the demos this stream reads
+        if self.demos is not None:
+            read = (demo_index(owner, samples) < self.demos).to(read.dtype)
+        total = per_demo.new_zeros(samples, per_demo.shape[-1]).index_add_(0, owner, per_demo * read[:, None].to(
+            per_demo.dtype))
+        count = torch.zeros(samples, device=owner.device).index_add_(0, owner, read)
         return total / count.clamp_min(1.0).unsqueeze(-1).to(total.dtype), count > 0
 
 

@@ -29,9 +29,11 @@ def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
 class QwenHybridPrompt(nn.Module):
     def __init__(self, *, prompt_dim: int = 256, numeric_in_dim: int = NUMERIC_DIM, fuse: str = "mean",
                  qwen_dim: int = 0, use_numeric: bool = True, use_relation: bool = True,
-                 relation_in_dim: int = RELATION_DIM, demo_channels: int = 0, demo_side: int = 30):
+                 relation_in_dim: int = RELATION_DIM, demo_channels: int = 0, demo_side: int = 30,
+                 demo_demos: int | None = None):
         """`qwen_dim`: hidden size of the Qwen trunk whose pooled features arrive (0: no Qwen stream);
-        `demo_channels`: the demo stream's width (0: none), `demo_side` its largest canvas side."""
+        `demo_channels`: the demo stream's width (0: none), `demo_side` its largest canvas side,
+        `demo_demos` the demos of a sample it reads at most (None: all the batch carries)."""
         super().__init__()
         if fuse not in FUSE_MODES:
             raise ValueError(f"fuse={fuse!r}: choose one of {', '.join(FUSE_MODES)}")
@@ -41,8 +43,8 @@ class QwenHybridPrompt(nn.Module):
         self.qwen_proj = nn.Linear(qwen_dim, prompt_dim) if qwen_dim else None
         self.numeric_mlp = _mlp(numeric_in_dim, prompt_dim) if use_numeric else None
         self.relation_mlp = _mlp(relation_in_dim, prompt_dim) if use_relation else None
-        self.demo_stream = DemoStream(channels=demo_channels, prompt_dim=prompt_dim, side=demo_side) \
-            if demo_channels else None
+        self.demo_stream = DemoStream(channels=demo_channels, prompt_dim=prompt_dim, side=demo_side,
+                                      demos=demo_demos) if demo_channels else None
         self.norm = Float32LayerNorm(prompt_dim)
 
     def forward(self, numeric: torch.Tensor, relation: torch.Tensor, qwen: torch.Tensor | None = None,

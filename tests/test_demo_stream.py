@@ -76,3 +76,16 @@ def test_a_run_with_the_demo_stream_trains_adapts_and_resumes(small_cfg, tmp_pat
     assert flags["demo_stream"] == 16 and flags["demo_stream_demos"] == 2
     data, state = training.load_run(Config.from_flags(**flags), checkpoint, CPU)
     assert state.model.prompt.demo_stream is not None and data.eval_set.context_demos == 2
+
+
+def test_the_stream_reads_at_most_its_own_count_of_a_samples_demos():
+    """The batch carries the most demos any reader takes (an agent reading 3 in context): a stream
+    of --demo_stream_demos 1 reads each sample's first alone."""
+    torch.manual_seed(0)
+    capped = DemoStream(channels=16, prompt_dim=8, layers=2, side=6, demos=1)
+    x, y = demos(5)
+    owner = torch.tensor([0, 0, 0, 1, 1])
+    features, present = capped(x, y, owner, samples=2)
+    first, _ = capped(x[[0, 3]], y[[0, 3]], torch.tensor([0, 1]), samples=2)
+    torch.testing.assert_close(features, first)
+    assert present.tolist() == [True, True]
