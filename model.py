@@ -165,7 +165,7 @@ class ArcModel(nn.Module):
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
         enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
-        context = self._demo_slots(batch, b, k) if self.agent.context_demos else None
+        context = self.demo_slots(batch, b, k) if self.agent.context_demos else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
         canvases = [inputs, enclosed] + ([context.input, context.output] if context is not None else [])
@@ -181,8 +181,9 @@ class ArcModel(nn.Module):
             logits = logits.clone()
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
 
-    def _demo_slots(self, batch: dict, samples: int, repeats: int) -> DemoSlots:
-        """The batch's context demos in the agent's slots, read once for its `repeats` refinements."""
+    def demo_slots(self, batch: dict, samples: int, repeats: int) -> DemoSlots:
+        """The batch's context demos in the agent's slots (agents/context.py), read once for its
+        `repeats` refinements of its `samples` samples; for an agent with context_demos > 0."""
         if "context_input" not in batch:
             raise ValueError("this model's agent reads each sample's context demos (--agent_context_demos), and the "
                              "batch has none: build its EpisodeDataset with context_demos > 0")

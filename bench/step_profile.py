@@ -27,7 +27,6 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import training
-from agents.context import pack_demos
 from engine.config import Config
 from engine.loop import epoch_windows
 from engine.precision import slow_precision
@@ -90,9 +89,7 @@ def bare_agent(state, batch: dict, prompt_dim: int) -> float:
     enclosed = torch.cat([batch["input_enclosed"], batch["input_enclosed"]])  # the loader's, as in the step
     prompt = torch.randn(grid.shape[0], prompt_dim, device=grid.device)
     # an agent reading demos in context reads the batch's, once for both refinements (as model.forward)
-    context = {"context": pack_demos(batch["context_input"], batch["context_target"], batch["context_owner"],
-                                     samples=len(batch["input"]), slots=agent.context_demos, repeats=2)
-               } if agent.context_demos else {}
+    context = {"context": state.model.demo_slots(batch, len(batch["input"]), 2)} if agent.context_demos else {}
     start = clock(grid.device)
     with state.amp.autocast():
         loss = agent(grid, prompt, None, enclosed, **context).float().logsumexp(-1).mean()
