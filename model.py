@@ -26,7 +26,7 @@ from torch import nn
 
 from agents import build_agent
 from agents.adapter import AdapterSlice, TaskAdapters
-from agents.context import DemoSlots, pack_demos
+from agents.context import DemoSlots
 from agents.views import views_fitting
 from data.arc import ArcPair
 from data.episodes import CTRL_DIM
@@ -130,13 +130,13 @@ class ArcModel(nn.Module):
         adapter: each sample's augmentation, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
         (prompt.with_qwen_features); with a latent step, a demo stream or an agent that reads demos in
-        context, context_input, context_target [N, S, S] int64, context_enclosed [N, S, S] bool and
-        context_owner [N] int64 (each sample's context demos, data.episodes.collate).
+        context, context_input, context_target [B, D, S, S] int64, context_enclosed [B, D, S, S] bool
+        and context_present [B, D] bool (each sample's context demos in slots, data.episodes.collate).
         refinement: a name of policy_refined.REFINEMENTS, or a refined prompt [B, P] given as it
         is. adapter: each sample's rows of a per-task adapter (agents/adapter.py); its latent is
         added to every refinement. The latent step starts from the last refinement asked for (the
         mean in training's "sampled+mean") and its delta is added to all of them."""
-        demos = tuple(batch[k] for k in ("context_input", "context_target", "context_owner")) \
+        demos = tuple(batch[k] for k in ("context_input", "context_target", "context_present")) \
             if "context_input" in batch else None
         prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"), demos)
         if self.task_embedding is not None:  # row -1: a task never trained on has none
@@ -156,7 +156,7 @@ class ArcModel(nn.Module):
                 raise ValueError("this model takes a latent step on each sample's context demos, and the batch has "
                                  "none: build its EpisodeDataset with context_demos > 0")
             step = self.latent_step(self.agent, refined[-1], batch["context_input"], batch["context_target"],
-                                    batch["context_owner"], adapter, batch.get("context_enclosed"))
+                                    batch["context_present"], adapter, batch.get("context_enclosed"))
             refined = refined + step.to(refined.dtype)
             # how far the demos moved the prompt, and the learned step size
             stats = {"latent/step_norm": step.detach().norm(dim=-1).mean(), "latent/step_lr": self.latent_step_size()}
@@ -165,7 +165,7 @@ class ArcModel(nn.Module):
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
         enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
-        context = self.demo_slots(batch, b, k) if self.agent.context_demos else None
+        context = self.demo_slots(batch, k) if self.agent.context_demos else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
         canvases = [inputs, enclosed] + ([context.input, context.output] if context is not None else [])
@@ -181,14 +181,14 @@ class ArcModel(nn.Module):
             logits = logits.clone()
         return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
 
-    def demo_slots(self, batch: dict, samples: int, repeats: int) -> DemoSlots:
-        """The batch's context demos in the agent's slots (agents/context.py), read once for its
-        `repeats` refinements of its `samples` samples; for an agent with context_demos > 0."""
+    def demo_slots(self, batch: dict, repeats: int) -> DemoSlots:
+        """The batch's context demos in the agent's slots (its first context_demos of the batch's,
+        agents/context.py), read once for its `repeats` refinements; for an agent with context_demos > 0."""
         if "context_input" not in batch:
             raise ValueError("this model's agent reads each sample's context demos (--agent_context_demos), and the "
                              "batch has none: build its EpisodeDataset with context_demos > 0")
-        return pack_demos(batch["context_input"], batch["context_target"], batch["context_owner"], samples=samples,
-                          slots=self.agent.context_demos, repeats=repeats)
+        d = self.agent.context_demos
+        return DemoSlots(*(batch[k][:, :d] for k in ("context_input", "context_target", "context_present")), repeats)
 
     def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
         """A fresh per-task adapter with `slots` rows, sized for this model, on its device."""
@@ -301,7 +301,8 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
     if cfg.prompt.task_embedding:
         embedding = nn.Embedding(max(tasks, 1), cfg.prompt.prompt_dim)
         nn.init.zeros_(embedding.weight)
-    latent_step = LatentStep(cfg.prompt.latent_step_lr) if cfg.prompt.latent_step_lr > 0 else None
+    p = cfg.prompt
+    latent_step = LatentStep(p.latent_step_lr, p.latent_step_demos) if p.latent_step_lr > 0 else None
     graphs = cfg.agent.compile and cfg.agent.compile_mode == "reduce-overhead"
     return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding,
                     latent_step=latent_step, cuda_graphs=graphs)

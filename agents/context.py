@@ -29,42 +29,15 @@ from engine.precision import Float32LayerNorm
 
 @dataclass(frozen=True)
 class DemoSlots:
-    """Each sample's context demos in D fixed slots. input, output [B, D, S, S] int64 (an empty slot:
-    all PAD), present [B, D] bool; `repeats`: the agent's batch is these B samples repeated this many
-    times (model.forward's K refinements, sample k*B + b reading the demos of b)."""
+    """Each sample's context demos in D slots, as data.episodes.collate carries them (the first D of
+    the batch's: ArcModel.demo_slots). input, output [B, D, S, S] int64 (an empty slot: all PAD),
+    present [B, D] bool; `repeats`: the agent's batch is these B samples repeated this many times
+    (model.forward's K refinements, sample k*B + b reading the demos of b)."""
 
     input: torch.Tensor
     output: torch.Tensor
     present: torch.Tensor
     repeats: int = 1
-
-
-def pack_demos(context_input: torch.Tensor, context_target: torch.Tensor, owner: torch.Tensor, *, samples: int,
-               slots: int, repeats: int = 1) -> DemoSlots:
-    """A batch's context demos as data.episodes.collate gives them (context_input, context_target
-    [N, S, S] int64, owner [N] int64 in sample order) -> the first `slots` demos of each of the
-    `samples` samples in fixed slots. Shapes depend on (samples, slots, S) only, and nothing is read
-    back to the host (a compiled agent and a CUDA graph see one shape)."""
-    side = context_input.shape[-1]
-    slot = demo_index(owner, samples)
-    spare = samples * slots  # the row that takes the demos past `slots`, dropped below
-    row = torch.where(slot < slots, owner * slots + slot, torch.full_like(slot, spare))
-
-    def placed(canvases: torch.Tensor) -> torch.Tensor:
-        out = canvases.new_full((spare + 1, side, side), PAD).index_put_((row,), canvases)
-        return out[:spare].view(samples, slots, side, side)
-
-    present = torch.zeros(spare + 1, dtype=torch.bool, device=owner.device).index_fill_(0, row, True)
-    return DemoSlots(placed(context_input), placed(context_target), present[:spare].view(samples, slots), repeats)
-
-
-def demo_index(owner: torch.Tensor, samples: int) -> torch.Tensor:
-    """owner [N] int64 (each demo's sample, in sample order) -> [N] int64: each demo's place among
-    its sample's demos (0 for the first), computed on the device."""
-    n = owner.shape[0]
-    index = torch.arange(n, device=owner.device)
-    first = torch.full((samples,), n, dtype=torch.int64, device=owner.device).scatter_reduce(0, owner, index, "amin")
-    return index - first[owner]
 
 
 class DemoMemory(nn.Module):

@@ -40,9 +40,9 @@ class Agent(Protocol):
         """input_canvas [B, S, S] int64 (S <= `--canvas_side`, 30 by default; data/canvas.py), prompt
         [B, P] float, an adapter's rows for each sample or None, the canvas's enclosed background
         [B, S, S] bool as the batch carries it (data/enclosed.py; None: the agent computes it, which
-        waits for a GPU), each sample's context demos in `context_demos` slots (agents/context.py;
-        given only to an agent with context_demos > 0) -> logits [B, S, S, 12] (10 colours, PAD,
-        end-of-grid)."""
+        waits for a GPU), each sample's context demos in up to `context_demos` slots (DemoSlots,
+        [B, D, S, S]: agents/context.py; given only to an agent with context_demos > 0) -> logits
+        [B, S, S, 12] (10 colours, PAD, end-of-grid)."""
 
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer (`--ttt_params late`)."""

@@ -37,7 +37,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import training
 from agents import build_agent
-from agents.context import pack_demos
+from agents.context import DemoSlots
 from bench.heldout_curve import curve, power_fit, predict, svg
 from bench.learnability import parse_settings
 from engine.checkpoint import find_checkpoint, load_state
@@ -60,8 +60,8 @@ def episode_flops(cfg: Config, side: int) -> int:
     context = {}
     if agent.context_demos:  # in-context reading: as many demos as it reads, every cell covered
         d = agent.context_demos
-        demos = [torch.randint(0, 10, (d, side, side)) for _ in range(2)]
-        context["context"] = pack_demos(*demos, torch.zeros(d, dtype=torch.int64), samples=1, slots=d, repeats=2)
+        demos = [torch.randint(0, 10, (1, d, side, side)) for _ in range(2)]
+        context["context"] = DemoSlots(*demos, torch.ones(1, d, dtype=torch.bool), repeats=2)
     # the plain attention kernel: torch's counter sees its matrix products, not a fused kernel's
     with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
         agent(canvas, prompt, **context).float().logsumexp(-1).mean().backward()

@@ -31,7 +31,7 @@ STREAMS = {"relation features": ("relation",), "numeric features": ("numeric",),
            "demo texts (Qwen)": ("demo_texts",), "all three": ("relation", "numeric", "demo_texts")}
 # each context demo's grids, with their enclosed maps: what the demo stream (prompt/demo_stream.py)
 # and an agent reading in context (agents/context.py) read
-DEMO_GRIDS = ("context_input", "context_target", "context_enclosed")
+DEMO_GRIDS = ("context_input", "context_target", "context_present", "context_enclosed")
 
 
 def streams(cfg: Config) -> dict[str, tuple[str, ...]]:

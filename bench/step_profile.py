@@ -89,7 +89,7 @@ def bare_agent(state, batch: dict, prompt_dim: int) -> float:
     enclosed = torch.cat([batch["input_enclosed"], batch["input_enclosed"]])  # the loader's, as in the step
     prompt = torch.randn(grid.shape[0], prompt_dim, device=grid.device)
     # an agent reading demos in context reads the batch's, once for both refinements (as model.forward)
-    context = {"context": state.model.demo_slots(batch, len(batch["input"]), 2)} if agent.context_demos else {}
+    context = {"context": state.model.demo_slots(batch, 2)} if agent.context_demos else {}
     start = clock(grid.device)
     with state.amp.autocast():
         loss = agent(grid, prompt, None, enclosed, **context).float().logsumexp(-1).mean()

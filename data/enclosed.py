@@ -48,8 +48,8 @@ def enclosed_background(canvas: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.
 
 
 def enclosed_map(canvas: torch.Tensor) -> torch.Tensor:
-    """canvas [B, S, S] int64 on any device -> [B, S, S] bool on the same device: each canvas's
-    `enclosed_background`, computed on the host."""
-    host = canvas.cpu()  # one copy from a GPU, then everything on the host
+    """canvas [..., S, S] int64 on any device (a batch's [B, S, S], its context demos' [B, D, S, S])
+    -> [..., S, S] bool on the same device: each canvas's `enclosed_background`, computed on the host."""
+    host = canvas.cpu().reshape(-1, *canvas.shape[-2:])  # one copy from a GPU, then everything on the host
     h, w = (x.numpy() for x in grid_extent(host))
-    return torch.from_numpy(enclosed_background(host.numpy(), h, w)).to(canvas.device)
+    return torch.from_numpy(enclosed_background(host.numpy(), h, w)).view(canvas.shape).to(canvas.device)

@@ -113,7 +113,9 @@ class EpisodeDataset(Dataset):
         them, so nothing that predicts or adapts a task is handed one (docs/invariants.md #8).
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
         `context_demos`: each sample also carries up to this many of its (augmented) context demos
-        as grids, for a model's latent step (prompt/latent_step.py); they fit the episode's side.
+        as grids, in slots (an empty one all PAD; with the "fit" canvas as many slots as it has
+        demos, else `context_demos`, one shape), for what reads them (the demo stream, the latent
+        step, an agent reading in context); they fit the episode's side.
         `placing`: where views other than the identity place the grids (data/canvas.Placing; the
         default: at the top-left of a 30x30 canvas)."""
         if canvas not in CANVAS_MODES:
@@ -172,8 +174,10 @@ class EpisodeDataset(Dataset):
                                                 else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64))
         if self.context_demos:
             demos = aug.pairs(ep.context)[:self.context_demos]
-            sample["context_input"] = self.canvases([p.input for p in demos], placement)
-            sample["context_target"] = self.canvases([p.output for p in demos], placement)
+            slots = len(demos) if self.canvas == "fit" else self.context_demos
+            sample["context_input"] = self.canvases([p.input for p in demos], placement, slots)
+            sample["context_target"] = self.canvases([p.output for p in demos], placement, slots)
+            sample["context_present"] = torch.arange(slots) < len(demos)
         return sample
 
     def described(self, index: int, aug: Augmentation,
@@ -205,9 +209,10 @@ class EpisodeDataset(Dataset):
         fits = grid[: (side - placement.row) // placement.scale, : (side - placement.col) // placement.scale]
         return encode(fits, placement, side)
 
-    def canvases(self, grids: list, placement: Placement) -> torch.Tensor:
-        """Grids [h, w] int64 -> their canvases [n, C, C] int64 (n may be 0)."""
-        canvases = np.empty((len(grids), self.canvas_side, self.canvas_side), dtype=np.int64)
+    def canvases(self, grids: list, placement: Placement, slots: int) -> torch.Tensor:
+        """Grids [h, w] int64 -> their canvases in `slots` >= len(grids) slots [slots, C, C] int64,
+        the slots past the grids all PAD."""
+        canvases = np.full((slots, self.canvas_side, self.canvas_side), PAD, dtype=np.int64)
         for i, grid in enumerate(grids):
             canvases[i] = self.encode(grid, placement)
         return torch.from_numpy(canvases)
@@ -215,7 +220,7 @@ class EpisodeDataset(Dataset):
 
 def with_enclosed(sample: dict) -> dict:
     """The sample with the enclosed-background maps of its input canvases (`input_enclosed` [S, S],
-    `context_enclosed` [n, S, S] bool with context demos): for a sample drawn again and again, as
+    `context_enclosed` [D, S, S] bool with context demos): for a sample drawn again and again, as
     a task's adaptation draws its demo episodes, computed once (data.demo_episodes)."""
     maps = {"input_enclosed": enclosed_map(sample["input"][None])[0]}
     if "context_input" in sample:
@@ -227,15 +232,24 @@ def _enclosed(samples: list[dict], key: str, side: int, canvases: torch.Tensor) 
     """The batch's `key` map ("input_enclosed" or "context_enclosed") of its cut `canvases`: the
     samples' own cut to `side` where every sample carries one (`with_enclosed`: a grid and its
     markers fit the cut, so its edge is the same), else computed on the host (data/enclosed.py)."""
-    if all(key in s for s in samples):
-        join = torch.stack if key == "input_enclosed" else torch.cat  # [S, S] a sample; [n, S, S]
-        return join([s[key][..., :side, :side] for s in samples])
-    return enclosed_map(canvases)
+    if not all(key in s for s in samples):
+        return enclosed_map(canvases)
+    if key == "input_enclosed":
+        return torch.stack([s[key][:side, :side] for s in samples])
+    return torch.stack([_in_slots(s[key][:, :side, :side], canvases.shape[1], False) for s in samples])
 
 
-def collate(samples: list[dict], side: int | None = None) -> dict:
+def _in_slots(context: torch.Tensor, slots: int, empty: int | bool) -> torch.Tensor:
+    """A sample's context [n, ...] (n <= slots: canvases [n, S, S], or present [n]) -> [slots, ...],
+    the slots added filled with `empty`."""
+    return torch.cat([context, context.new_full((slots - len(context), *context.shape[1:]), empty)])
+
+
+def collate(samples: list[dict], side: int | None = None, slots: int | None = None) -> dict:
     """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
-    side S among them (a larger one: the samples' canvases hold it).
+    side S among them (a larger one: the samples' canvases hold it), and its context demos in
+    `slots` slots, by default the most any sample has (a fixed count: one shape whatever the batch
+    draws, as tasks adapted together need, evaluation/task_batch.py).
 
     Returns: input [B, S, S] int64 (S <= the placing's canvas side, 30 by default), and target
     [B, S, S] int64 where the samples carry one (not an evaluation set's);
@@ -243,9 +257,9 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
     task_id, episode, where, augmentation lists of length B; with context demos (EpisodeDataset's
-    `context_demos`), context_input, context_target [N, S, S] int64, context_enclosed [N, S, S] bool
-    and context_owner [N] int64
-    (the sample each of the N demos belongs to, in sample order).
+    `context_demos`), each sample's in D slots: context_input, context_target [B, D, S, S] int64
+    (an empty slot all PAD), context_enclosed [B, D, S, S] bool and context_present [B, D] bool
+    (the slot holds a demo; a sample's demos fill its first slots).
     An evaluation sample carries no target (its side is predicted without it); scoring reads the grids.
     """
     side = side or max(s["side"] for s in samples)
@@ -259,9 +273,9 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
     if "context_input" in samples[0]:
+        slots = max(len(s["context_present"]) for s in samples) if slots is None else slots
         for k in ("context_input", "context_target"):
-            batch[k] = torch.cat([s[k][:, :side, :side] for s in samples])
+            batch[k] = torch.stack([_in_slots(s[k][:, :side, :side], slots, PAD) for s in samples])
+        batch["context_present"] = torch.stack([_in_slots(s["context_present"], slots, False) for s in samples])
         batch["context_enclosed"] = _enclosed(samples, "context_enclosed", side, batch["context_input"])
-        batch["context_owner"] = torch.cat([torch.full((len(s["context_input"]),), i, dtype=torch.int64)
-                                            for i, s in enumerate(samples)])
     return batch

@@ -382,7 +382,7 @@ class EvalCfg:
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
     adapt_tasks: int = flag(16, "tasks adapted together (batched): latent search, --ttt_params task, and the shared "
                                 "weights' test-time training (tasks of one canvas side, each as alone; one at a time "
-                                "with --amp fp16)")
+                                "with --amp fp16 or --latent_step_lr)")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here", result_free=True)
     eval_minutes: float = flag(0.0, "the final validation and --eval_only end within this many wall-clock minutes "
                                     "(plus one task): adaptation steps and views are cut to fit the pace measured, "

@@ -265,9 +265,8 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     e = cfg.eval
     together = e.trains_shared_weights and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
-        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 or context demos (--demo_stream, "
-                         f"--latent_step_lr, --agent_context_demos) adapts the shared weights one task at a time, got "
-                         f"{len(tasks)} tasks")
+        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 or --latent_step_lr adapts the shared weights "
+                         f"one task at a time, got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
     if together:

@@ -18,7 +18,8 @@ weights (the same Adam group and clip as alone) and gathered by each sample's vi
 vmapped loss. `--ttt_dropout`: each task's masks are drawn outside vmap from the stream it would
 draw from alone (evaluation/ttt_dropout.py), in the same order, and handed in with its batch.
 Not batched (one task at a time instead): `--amp fp16` (its scaler skips a step for every task at
-once). Under `--amp bf16` together equals alone to bf16's rounding (a vmapped
+once) and the latent step (`--latent_step_lr`). Context demos stack: every task's batches carry
+them in the same fixed slots. Under `--amp bf16` together equals alone to bf16's rounding (a vmapped
 sum rounds in another order), not to float tolerance (tests/test_task_batch.py); its LayerNorms
 compute in float32 for vmap's sake (engine/precision.Float32LayerNorm).
 """
@@ -48,10 +49,12 @@ from prompt import QwenFeatures
 def batches_shared_weights(cfg: Config) -> bool:
     """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together
     (else one task at a time): it trains them, nothing it trains ties the tasks of a step (fp16's
-    one loss scale would), and its samples carry no context demos (the demo stream's and the latent
-    step's: tasks of different demo counts give batches vmap cannot stack)."""
+    one loss scale would), and the model takes no latent step (its gradient inside the model,
+    torch.autograd.grad, does not run under vmap). Context demos (the demo stream's, in-context
+    reading's) stack: a task's adaptation batches carry them in the evaluation set's fixed slots
+    (data/demo_episodes.py)."""
     e = cfg.eval
-    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.context_demos
+    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.prompt.latent_step_lr > 0
 
 
 @dataclass

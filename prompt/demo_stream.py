@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from agents.cells import CellPosition
-from agents.context import demo_index
 from data.canvas import NUM_CLASSES, PAD
 
 
@@ -42,28 +41,29 @@ class DemoStream(nn.Module):
                                     for i in range(layers))
         self.out = nn.Linear(2 * channels, prompt_dim)
 
-    def forward(self, context_input: torch.Tensor, context_target: torch.Tensor, owner: torch.Tensor,
-                samples: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """context_input, context_target [N, S, S] int64 (N demos of the batch's samples), owner [N]
-        int64 (each demo's sample, in [0, samples)). -> (features [samples, P] float32 or the autocast
-        dtype, present [samples] bool: the sample has at least one demo)."""
-        covered = (context_input != PAD) | (context_target != PAD)  # [N, S, S]
-        h = self.embed_in(context_input) + self.embed_out(context_target)  # [N, S, S, C]
-        h = h + self.position(context_input, *_extent(covered))
-        h = h.permute(0, 3, 1, 2)  # [N, C, S, S]
+    def forward(self, context_input: torch.Tensor, context_target: torch.Tensor,
+                present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """context_input, context_target [B, D, S, S] int64, present [B, D] bool (each sample's
+        context demos in slots, data.episodes.collate; it reads the first `demos`). -> (features
+        [B, P] float32 or the autocast dtype, present [B] bool: the sample has at least one demo)."""
+        if self.demos is not None:
+            context_input, context_target, present = (t[:, :self.demos] for t in (context_input, context_target,
+                                                                                 present))
+        b, d = present.shape
+        x, y = context_input.flatten(0, 1), context_target.flatten(0, 1)  # [B*D, S, S]
+        covered = (x != PAD) | (y != PAD)
+        h = self.embed_in(x) + self.embed_out(y) + self.position(x, *_extent(covered))  # [B*D, S, S, C]
+        h = h.permute(0, 3, 1, 2)  # [B*D, C, S, S]
         for block in self.blocks:
             h = h + block(h)
-        mask = covered.unsqueeze(1).to(h.dtype)  # [N, 1, S, S]
+        mask = covered.unsqueeze(1).to(h.dtype)  # [B*D, 1, S, S]
         mean = (h * mask).sum((2, 3)) / mask.sum((2, 3)).clamp_min(1.0)
         top = h.masked_fill(mask == 0, torch.finfo(h.dtype).min).amax((2, 3))
-        per_demo = self.out(torch.cat([mean, top], dim=-1))  # [N, P]
-        read = torch.ones(len(owner), device=owner.device)  # [N]: 1 for the demos this stream reads
-        if self.demos is not None:
-            read = (demo_index(owner, samples) < self.demos).to(read.dtype)
-        total = per_demo.new_zeros(samples, per_demo.shape[-1]).index_add_(0, owner, per_demo * read[:, None].to(
-            per_demo.dtype))
-        count = torch.zeros(samples, device=owner.device).index_add_(0, owner, read)
-        return total / count.clamp_min(1.0).unsqueeze(-1).to(total.dtype), count > 0
+        top = top.masked_fill(~covered.flatten(1).any(1, keepdim=True), 0.0)  # an empty slot's: not finfo.min
+        per_demo = self.out(torch.cat([mean, top], dim=-1)).unflatten(0, (b, d))  # [B, D, P]
+        read = present.to(per_demo.dtype)[..., None]  # an empty slot adds nothing
+        count = read.sum(1)  # [B, 1]
+        return (per_demo * read).sum(1) / count.clamp_min(1.0), count[:, 0] > 0
 
 
 def _extent(covered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -52,8 +52,8 @@ class QwenHybridPrompt(nn.Module):
                 demos: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """numeric [B, 15], relation [B, 129] float32; qwen [B, hidden] float32 and qwen_present [B]
         bool (a sample without a Qwen feature fuses its other streams), required when the Qwen
-        stream is on; demos (context_input, context_target [N, S, S] int64, context_owner [N] int64:
-        data.episodes.collate), required when the demo stream is on. -> prompt [B, P] (float32, or
+        stream is on; demos (context_input, context_target [B, D, S, S] int64, context_present [B, D]
+        bool: data.episodes.collate), required when the demo stream is on. -> prompt [B, P] (float32, or
         the autocast dtype)."""
         streams, weights = [], []  # weights [B]: 1 where a sample has that stream
         ones = torch.ones(numeric.shape[0], device=numeric.device)
@@ -72,7 +72,7 @@ class QwenHybridPrompt(nn.Module):
             if demos is None:
                 raise ValueError("the prompt has a demo stream: the batch needs its context demos "
                                  "(an EpisodeDataset built with context_demos > 0)")
-            features, present = self.demo_stream(*demos, samples=numeric.shape[0])
+            features, present = self.demo_stream(*demos)
             streams.append(features)
             weights.append(present.to(ones.dtype))
         w = torch.stack(weights).unsqueeze(-1)  # [streams, B, 1]

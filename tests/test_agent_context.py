@@ -1,5 +1,6 @@
-"""In-context reading (agents/context.py, --agent_context_demos): demos packed into slots without a
-host read, each sample's cells reading only its own demos, the agent as built equal to the agent
+"""In-context reading (agents/context.py, --agent_context_demos): each sample's demos carried in
+slots (the loader's batches and a task's adaptation batches), each sample's cells reading only its
+own demos, the agent as built equal to the agent
 without the reads, gradients reaching them, and a run that trains, adapts and resumes with it."""
 
 import pytest
@@ -7,27 +8,40 @@ import torch
 
 import training
 from agents import build_agent
-from agents.context import ContextRead, DemoMemory, pack_demos
+from agents.context import ContextRead, DemoMemory, DemoSlots
 from agents.conv_agent import FiLMConvAgent
 from agents.transformer_agent import TransformerAgent
 from data.canvas import PAD
+from data.episodes import EpisodeDataset, collate
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from engine.errors import ConfigError
 from loss_function import training_loss
 from tests.conftest import CPU
-from tests.test_demo_stream import demos
+from tests.test_demo_stream import demos, in_slots
 from training.cli import model_flags_of
 
 
-def test_demos_are_packed_into_their_samples_slots():
-    x, y = demos(6)
-    owner = torch.tensor([0, 0, 0, 2, 3, 3])  # sample 0 has three (one past the slots), sample 1 none
-    slots = pack_demos(x, y, owner, samples=4, slots=2, repeats=3)
-    assert slots.input.shape == (4, 2, 6, 6) and slots.repeats == 3
-    assert slots.present.tolist() == [[True, True], [False, False], [True, False], [True, True]]
-    assert torch.equal(slots.input[0], x[:2]) and torch.equal(slots.output[3], y[4:])
-    assert torch.equal(slots.input[2, 0], x[3]) and (slots.input[2, 1] == PAD).all() and (slots.output[1] == PAD).all()
+def test_each_sample_carries_its_own_demos_in_its_first_slots(small_cfg, state_and_batches):
+    """collate: each sample's context demos (its episode's, as the dataset draws them) in its first
+    slots, the rest PAD; as many slots as the batch's most with the "fit" canvas, a fixed count when
+    asked (a task's adaptation batches) and with the other canvases (one shape for a compiled agent)."""
+    cfg = small_cfg(agent_context_demos=3)
+    data = training.build_data(cfg, CPU)
+    train_set = data.loader.dataset
+    samples = [train_set[(i, 0)] for i in range(8)]
+    counts = [int(s["context_present"].sum()) for s in samples]
+    batch = collate(samples)
+    side = batch["input"].shape[-1]
+    assert batch["context_input"].shape == (8, max(counts), side, side) and max(counts) <= 3
+    for i, (s, n) in enumerate(zip(samples, counts, strict=True)):
+        assert batch["context_present"][i].tolist() == [k < n for k in range(max(counts))]
+        assert torch.equal(batch["context_target"][i, :n], s["context_target"][:n, :side, :side])
+        assert (batch["context_input"][i, n:] == PAD).all() and not batch["context_enclosed"][i, n:].any()
+    assert collate(samples, slots=5)["context_present"].shape == (8, 5)
+    bucketed = EpisodeDataset(train_set.episodes, train_set.scale, canvas="bucket", context_demos=3,
+                              scores=train_set.scores)
+    assert all(len(bucketed[(i, 0)]["context_present"]) == 3 for i in range(8))
 
 
 @pytest.mark.parametrize("agent_class", [FiLMConvAgent, TransformerAgent])
@@ -39,14 +53,13 @@ def test_a_sample_reads_only_its_own_demos(agent_class):
     canvas, _ = demos(3, seed=1)
     prompt = torch.randn(3, 8)
     x, y = demos(4)
-    owner = torch.tensor([0, 0, 2, 2])  # sample 1 has none
-    logits = agent(canvas, prompt, context=pack_demos(x, y, owner, samples=3, slots=2))
+    logits = agent(canvas, prompt, context=DemoSlots(*in_slots(x, y, [2, 0, 2], 2)))  # sample 1 has none
     y2 = y.clone()
     y2[3, 1, 1] = (y2[3, 1, 1] + 1) % 10
-    again = agent(canvas, prompt, context=pack_demos(x, y2, owner, samples=3, slots=2))
+    again = agent(canvas, prompt, context=DemoSlots(*in_slots(x, y2, [2, 0, 2], 2)))
     assert torch.equal(again[:2], logits[:2]) and not torch.allclose(again[2], logits[2])
     # a sample without demos reads the no-demo token alone: what its other samples' demos are does not matter
-    alone = agent(canvas[1:2], prompt[1:2], context=pack_demos(x[:0], y[:0], owner[:0], samples=1, slots=2))
+    alone = agent(canvas[1:2], prompt[1:2], context=DemoSlots(*in_slots(x[:0], y[:0], [0], 2)))
     torch.testing.assert_close(alone[0], logits[1])
 
 
@@ -57,7 +70,7 @@ def test_the_refinements_copies_read_their_samples_demos():
     torch.nn.init.normal_(read.out.weight)
     agent = FiLMConvAgent(prompt_dim=8, channels=16, canvas_side=6)
     x, y = demos(3)
-    slots = pack_demos(x, y, torch.tensor([0, 1, 1]), samples=2, slots=2, repeats=2)
+    slots = DemoSlots(*in_slots(x, y, [1, 2], 2), repeats=2)
     memory, valid = memory_module(slots, agent.cells)
     cells = torch.randn(4, 36, 16)
     folded = read(cells, memory, valid, repeats=2)
@@ -73,7 +86,7 @@ def test_as_built_the_reads_change_nothing():
     canvas, _ = demos(2, seed=1)
     prompt = torch.randn(2, 8)
     x, y = demos(2)
-    context = pack_demos(x, y, torch.tensor([0, 1]), samples=2, slots=2)
+    context = DemoSlots(*in_slots(x, y, [1, 1], 2))
     torch.testing.assert_close(reading(canvas, prompt, context=context), plain(canvas, prompt))
 
 
@@ -99,8 +112,8 @@ def test_options_that_predict_the_demos_themselves_are_refused():
 
 
 def test_a_run_reading_demos_in_context_trains_adapts_and_resumes(small_cfg, tmp_path):
-    """End to end: training, validation with test-time training of each task (one at a time:
-    task_batch.batches_shared_weights), and --resume building the reads from the checkpoint's flags."""
+    """End to end: training, validation with test-time training of the tasks together
+    (task_batch.batches_shared_weights), and --resume building the reads from the checkpoint's flags."""
     cfg = small_cfg(agent_context_demos=2, eval_tasks=0, run_dir=str(tmp_path / "run"))
     summary = training.train(cfg, CPU)
     assert summary["steps"] == 3 and summary["eval/tasks"] == 3

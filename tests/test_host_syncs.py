@@ -60,8 +60,8 @@ def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, read
                                                                         state_and_batches, monkeypatch):
     """Counted by the operations above, and one more: the enclosed background's flood fill runs on
     the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it.
-    The demo stream and in-context reading (their demos carried in the batch, packed into slots on
-    the device) read nothing either."""
+    The demo stream and in-context reading (their demos carried in the batch in slots, as the
+    loader stacks them) read nothing either."""
     cfg = small_cfg(amp=amp, grad_accum=2, **reader)
     state, batches = state_and_batches(cfg, 2)
     train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below

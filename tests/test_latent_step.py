@@ -24,24 +24,28 @@ def latent_model_and_batch(small_cfg, state_and_batches, **flags):
 
 def test_batches_carry_each_samples_context_demos(small_cfg, state_and_batches):
     cfg, _, batch = latent_model_and_batch(small_cfg, state_and_batches, latent_step_demos=2)
-    owner, side = batch["context_owner"], batch["input"].shape[1]
-    assert batch["context_input"].shape == batch["context_target"].shape == (len(owner), side, side)
-    counts = torch.bincount(owner, minlength=len(batch["input"]))
-    assert bool((counts >= 1).all()) and bool((counts <= 2).all())
-    assert torch.equal(owner, owner.sort().values)  # in sample order
+    present, (b, side) = batch["context_present"], batch["input"].shape[:2]
+    slots = present.shape[1]
+    assert batch["context_input"].shape == batch["context_target"].shape == (b, slots, side, side) and slots <= 2
+    counts = present.sum(1)
+    assert bool((counts >= 1).all())
+    assert torch.equal(present, torch.arange(slots) < counts[:, None])  # a sample's demos fill its first slots
     assert "context_input" not in state_and_batches(small_cfg(), 1)[1][0]  # off: nothing extra carried
 
 
 def context_losses(agent, prompt, batch):
     """Each sample's mean cross-entropy over its context demos' valid cells [B] (written out here
     apart from prompt/latent_step.py, to check it)."""
-    owner = batch["context_owner"]
-    logits = agent(batch["context_input"], prompt[owner])
-    ce = torch.nn.functional.cross_entropy(logits.permute(0, 3, 1, 2), batch["context_target"], reduction="none")
-    valid = ((batch["context_target"] != 10) | (batch["context_input"] != 10)).to(ce.dtype)
-    per_demo = (ce * valid).sum((1, 2)) / valid.sum((1, 2))
-    b = len(prompt)
-    return torch.zeros(b, dtype=ce.dtype).index_add(0, owner, per_demo) / torch.bincount(owner, minlength=b)
+    present = batch["context_present"]
+    losses = []
+    for i in range(len(prompt)):
+        n = int(present[i].sum())
+        x, y = batch["context_input"][i, :n], batch["context_target"][i, :n]
+        logits = agent(x, prompt[i:i + 1].expand(n, -1))
+        ce = torch.nn.functional.cross_entropy(logits.permute(0, 3, 1, 2), y, reduction="none")
+        valid = ((y != 10) | (x != 10)).to(ce.dtype)
+        losses.append(((ce * valid).sum((1, 2)) / valid.sum((1, 2))).mean())
+    return torch.stack(losses)
 
 
 def test_the_step_is_minus_lr_times_the_context_demos_gradient_and_descends(small_cfg, state_and_batches):
@@ -52,7 +56,7 @@ def test_the_step_is_minus_lr_times_the_context_demos_gradient_and_descends(smal
     agent = model.agent
     refined = torch.randn(len(batch["input"]), model.prompt.prompt_dim)
     step = LatentStep(0.5)
-    z = step(agent, refined, batch["context_input"], batch["context_target"], batch["context_owner"])
+    z = step(agent, refined, batch["context_input"], batch["context_target"], batch["context_present"])
 
     prompt = refined.clone().requires_grad_(True)
     (grad,) = torch.autograd.grad(context_losses(agent, prompt, batch).sum(), prompt)
@@ -60,14 +64,26 @@ def test_the_step_is_minus_lr_times_the_context_demos_gradient_and_descends(smal
     with torch.no_grad():
         assert bool((context_losses(agent, refined + z, batch) < context_losses(agent, refined, batch)).all())
 
-    huge = LatentStep(1e6)(agent, refined, batch["context_input"], batch["context_target"], batch["context_owner"])
+    huge = LatentStep(1e6)(agent, refined, batch["context_input"], batch["context_target"], batch["context_present"])
     torch.testing.assert_close(huge.norm(dim=-1), MAX_STEP_RATIO * refined.norm(dim=-1))  # bounded, same direction
     torch.testing.assert_close(huge / huge.norm(dim=-1, keepdim=True), z / z.norm(dim=-1, keepdim=True))
 
-    owner = batch["context_owner"]
-    alone = step(agent, refined[:1], batch["context_input"][owner == 0], batch["context_target"][owner == 0],
-                 owner[owner == 0])
+    alone = step(agent, refined[:1], batch["context_input"][:1], batch["context_target"][:1],
+                 batch["context_present"][:1])
     torch.testing.assert_close(alone[0], z[0], rtol=1e-4, atol=1e-7)
+
+
+def test_the_step_reads_at_most_its_own_count_of_a_samples_demos(small_cfg, state_and_batches):
+    """The batch may carry more demos than the step reads (a demo stream reading 4): a step of
+    --latent_step_demos 1 is the step on each sample's first demo alone."""
+    _, model, batch = latent_model_and_batch(small_cfg, state_and_batches, latent_step_demos=2)
+    assert batch["context_present"][:, 1].any()  # some sample carries a second demo
+    refined = torch.randn(len(batch["input"]), model.prompt.prompt_dim)
+    demos = (batch["context_input"], batch["context_target"], batch["context_present"])
+    capped = LatentStep(0.5, demos=1)(model.agent, refined, *demos)
+    first = LatentStep(0.5)(model.agent, refined, *(t[:, :1] for t in demos))
+    torch.testing.assert_close(capped, first)
+    assert not torch.allclose(LatentStep(0.5)(model.agent, refined, *demos), first)
 
 
 def test_the_query_output_never_enters_the_prediction(small_cfg, state_and_batches):
@@ -80,8 +96,7 @@ def test_the_query_output_never_enters_the_prediction(small_cfg, state_and_batch
         flipped = dict(batch, target=(batch["target"] + 1) % 10)
         assert torch.equal(model(flipped).logits, before)
         demos = batch["context_target"].clone()
-        first = int((batch["context_owner"] == 1).nonzero()[0])
-        demos[first] = (demos[first] + 1) % 10
+        demos[1, 0] = (demos[1, 0] + 1) % 10  # sample 1's first demo
         after = model(dict(batch, context_target=demos)).logits
     changed = (after != before).flatten(2).any(-1)[0]
     assert changed.tolist() == [i == 1 for i in range(len(changed))]
@@ -125,9 +140,9 @@ def test_adaptation_runs_the_step_on_the_demo_episodes(small_cfg, state_and_batc
     training.seed_everything(0)
     data = training.build_data(cfg, CPU)
     state = training.build_train_state(cfg, CPU)
-    steps = []  # (samples, their context demos) of every step the model took
+    steps = []  # (samples, their context demos present) of every step the model took
     state.model.latent_step.register_forward_hook(
-        lambda module, args, out: steps.append((args[1].shape[0], args[2].shape[0])))
+        lambda module, args, out: steps.append((args[1].shape[0], int(args[4].sum()))))
     result = evaluate(state.model.train(False), state.prompts, data.eval_set, cfg=cfg, device=CPU)
     assert 0 <= result.metrics["eval/cell_acc"] <= 1
     # the search's latent steps and TTT's steps each take the latent step, on batches of demo

@@ -25,9 +25,9 @@ def _by_hand(model, batch: dict, cfg: Config) -> dict[str, torch.Tensor]:
     fast = copy.deepcopy(model)
     params = fast.ttt_parameters(cfg.optim.meta_params)
     inner = torch.optim.Adam(params, lr=cfg.optim.meta_lr)
-    rows = (batch["context_owner"] == 0).nonzero().squeeze(1)
-    context = {**episode_rows(batch, 0, len(rows)), "input": batch["context_input"][rows],
-               "target": batch["context_target"][rows]}
+    n = min(int(batch["context_present"][0].sum()), cfg.optim.meta_demos)
+    context = {**episode_rows(batch, 0, n), "input": batch["context_input"][0, :n],
+               "target": batch["context_target"][0, :n]}
     query = {**episode_rows(batch, 0, 1), "input": batch["input"][:1], "target": batch["target"][:1]}
 
     def loss(b):

@@ -30,7 +30,7 @@ from engine.config import Config
 from loss_function import adaptation_loss
 from model import ArcModel
 
-# the batch's per-episode fields the model reads (data/episodes.collate); context_* are per demo
+# the batch's per-episode fields the model reads (data/episodes.collate); context_* are per demo slot
 EPISODE_FIELDS = ("numeric", "relation", "ctrl", "task_row", "dihedral", "colours", "qwen", "qwen_present")
 
 
@@ -51,21 +51,22 @@ def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, window: list[d
     """Add `--meta_weight` / (the meta episodes of `window`, the step's micro-batches) x each meta
     episode's first-order gradient (module docstring) to the `--meta_params` weights' .grad, so the
     step adds their mean; batch: one of the window's micro-batches, collated and prompt-encoded,
-    with context demos (input, target [B, S, S] int64; context_input, context_target [N, S, S]
-    int64, context_owner [N] int64). Episodes without a context demo are passed over; an episode
+    with context demos (input, target [B, S, S] int64; context_input, context_target [B, D, S, S]
+    int64, context_present [B, D] bool). Episodes without a context demo are passed over; an episode
     whose outer gradient is not finite adds nothing and is counted. -> stats: the context demos'
     loss before and after the inner steps and the queries' loss after them (means over the episodes)."""
     weight = cfg.optim.meta_weight / sum(min(cfg.optim.meta_tasks, b["input"].shape[0]) for b in window)
     names = {id(p): n for n, p in model.named_parameters()}
     shared = [(names[id(p)], p) for p in model.ttt_parameters(cfg.optim.meta_params)]
-    owner = batch["context_owner"]
+    # each episode's demos fill its first slots; it adapts on --meta_demos of them at most
+    demos = batch["context_present"][:, :cfg.optim.meta_demos].sum(1).tolist()
     before, after, query, nonfinite = [], [], [], 0
     for i in range(min(cfg.optim.meta_tasks, batch["input"].shape[0])):
-        rows = (owner == i).nonzero().squeeze(1)
-        if rows.numel() == 0:
+        n = demos[i]
+        if n == 0:
             continue
-        context = {**episode_rows(batch, i, rows.numel()), "input": batch["context_input"][rows],
-                   "input_enclosed": batch["context_enclosed"][rows], "target": batch["context_target"][rows]}
+        context = {**episode_rows(batch, i, n), "input": batch["context_input"][i, :n],
+                   "input_enclosed": batch["context_enclosed"][i, :n], "target": batch["context_target"][i, :n]}
         fast = {n: p.detach().clone().requires_grad_(True) for n, p in shared}
         inner = torch.optim.Adam(fast.values(), lr=cfg.optim.meta_lr, fused=True)
         for step in range(cfg.optim.meta_steps):
