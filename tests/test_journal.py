@@ -73,6 +73,26 @@ def test_a_journal_of_other_weights_or_flags_is_refused_in_one_line(small_cfg, t
         Journal(path, identity(state.model, cfg, 1))
 
 
+def test_a_finished_evaluation_folder_continues_to_more_tasks_and_a_training_folder_stays_refused(small_cfg,
+                                                                                                   tmp_path):
+    """--eval_only named again on its own finished folder: the journal's tasks are read, not scored
+    again, and only those it lacks are scored; other flags are refused there as anywhere."""
+    cfg = small_cfg(eval_only=True, eval_tasks=1, ttt_steps=2, run_dir=str(tmp_path / "eval"))
+    first = training.train(cfg, CPU)
+    path = tmp_path / "eval" / "journal" / "evaluate.rank0of1.jsonl"
+    (done,) = [json.loads(line) for line in path.read_text().splitlines() if "task" in json.loads(line)]
+    more = training.train(cfg.replace(eval_tasks=2), CPU)
+    records = [json.loads(line) for line in path.read_text().splitlines() if "task" in json.loads(line)]
+    assert first["eval/tasks"] == 1 and more["eval/tasks"] == 2 and len(records) == 2
+    assert records[0] == done  # read back, not scored again
+    with pytest.raises(ConfigError, match=r"--ttt_steps 2 -> 3"):
+        training.train(cfg.replace(eval_tasks=2, ttt_steps=3), CPU)
+    trained = small_cfg(max_batches=1, eval_tasks=1, ttt_steps=1, run_dir=str(tmp_path / "train"))
+    training.train(trained, CPU)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        training.train(trained.replace(eval_only=True, run_dir=str(tmp_path / "train")), CPU)
+
+
 def test_a_torn_last_line_is_dropped_and_a_damaged_one_is_an_error(tmp_path):
     ident = {"weights": "w", "flags": {"ttt_steps": 3}, "processes": 1}
     path = tmp_path / "journal.jsonl"

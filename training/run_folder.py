@@ -27,11 +27,16 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
     """The run folder (not created yet: nothing is written before every input has been checked).
 
     Training continues in the resumed run's folder; evaluation-only runs and fresh runs get a new
-    one, so a finished run's summary and events are never overwritten by a later evaluation."""
+    one, so a finished run's summary and events are never overwritten by a later evaluation. An
+    --eval_only folder (no checkpoints, an `evaluate` journal) may be named again, finished or not:
+    its journal scores only the tasks it lacks (a finished first 100 continued to all 400) and
+    refuses other weights or flags."""
     continuing = resumed_from is not None and not run.eval_only
     if run.run_dir:
         path = Path(run.run_dir)
-        if not continuing and ((path / "checkpoints").exists() or (path / SUMMARY_FILE).exists()):
+        evaluation_continued = run.eval_only and any((path / "journal").glob("evaluate.rank*.jsonl"))
+        finished = (path / "checkpoints").exists() or (path / SUMMARY_FILE).exists()
+        if not continuing and finished and not (evaluation_continued and not (path / "checkpoints").exists()):
             advice = "choose another --run_dir" if run.eval_only else \
                 f"pass --resume {path} to continue it, or choose another --run_dir"
             raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
