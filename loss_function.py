@@ -1,4 +1,4 @@
-"""The EFE (expected free energy) loss with hard-cell weighting, the combined training loss, and the
+"""The EFE (expected free energy) loss with hard-cell weighting, the training loss, and the
 loss per-task adaptation descends (the EFE of its one prediction).
 
 Pure functions. Per valid cell, with q = softmax(logits) and C classes:
@@ -121,12 +121,8 @@ def efe_loss(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Ten
 
 def adaptation_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
                     input_canvas: torch.Tensor, *, cfg: LossCfg) -> torch.Tensor:
-    """What per-task adaptation (latent search, test-time training; evaluation/adaptation.py)
-    descends on a task's demo episodes: the EFE of the one prediction it makes (the mean refinement,
-    moved by the task's latent), with the training loss's coefficients. Training weighs this term
-    and the sampled refinement's (combined_loss); adaptation has no sampled refinement, and Adam does
-    not see a constant weight.
-
+    """What per-task adaptation descends (docs/adaptation.md): the EFE of its one prediction (the mean
+    refinement) with the training loss's coefficients, unweighted: Adam does not see a constant weight.
     logits [B, S, S, C] float; refined, prompt [B, P]; target, input_canvas [B, S, S] int64.
     -> [B] float32 with gradients."""
     return efe_loss(logits, target, input_canvas, refined, prompt, cfg=cfg).per_sample
@@ -143,13 +139,6 @@ def cell_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas
     return _cell_mean(log_q, validf, validf.sum((-2, -1)).clamp_min(1.0))
 
 
-def combined_loss(efe_sampled: torch.Tensor, efe_mean: torch.Tensor, *, efe_weight: float,
-                  mean_weight: float) -> torch.Tensor:
-    """Per-sample training loss [B]: `efe_weight * EFE(sampled refinement) + mean_weight * EFE(mean
-    refinement)`. Both terms carry gradients."""
-    return efe_weight * efe_sampled + mean_weight * efe_mean
-
-
 @dataclass(frozen=True)
 class TrainingLoss:
     per_sample: torch.Tensor  # [B] float32, carries gradients: the combined loss
@@ -160,7 +149,8 @@ class TrainingLoss:
 def training_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Tensor, target: torch.Tensor,
                   input_canvas: torch.Tensor, *, cfg: LossCfg) -> TrainingLoss:
     """The loss of one training micro-batch and the RL reward, from the predictions made with the
-    sampled and with the mean refinement (both in one `efe_loss`).
+    sampled and with the mean refinement (both in one `efe_loss`): per sample, `efe_weight * EFE(sampled)
+    + mean_weight * EFE(mean)`.
 
     Args:
         logits: [2, B, S, S, C] float, sampled first, then mean. refined: [2, B, P] in that order.
@@ -171,7 +161,7 @@ def training_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.Ten
     """
     efe = efe_loss(logits, target, input_canvas, refined, prompt, cfg=cfg)
     efe_sampled, efe_mean = efe.per_sample
-    loss = combined_loss(efe_sampled, efe_mean, efe_weight=cfg.efe_weight, mean_weight=cfg.mean_weight)
+    loss = cfg.efe_weight * efe_sampled + cfg.mean_weight * efe_mean  # both terms carry gradients
     reward = cfg.reward_scale * (efe.log_likelihood[0] - efe.log_likelihood[1])
     stats = {"loss/combined": loss.detach().mean(), "loss/efe": efe_sampled.detach().mean(),
              "loss/efe_mean": efe_mean.detach().mean(), "train/mask_ratio": efe.mask_ratio[0].mean(),

@@ -5,14 +5,8 @@
       -> with --latent_step_lr: + one gradient step on the context demos' loss (prompt/latent_step.py)
       -> agent on the query inputs, all K refinements in ONE call -> logits [K, B, S, S, 12]
 
-Qwen runs in `encode_prompts` (through the prompt cache: on a miss, or with gradients on a
-trainable encoder's refresh steps), before `model(batch, refinement)`, which reads its features.
-Training, validation, test-time training and the benchmarks all call those two; engine code reads
-the model only through the methods below: `parameter_groups()` (what each optimizer holds),
-`ttt_parameters()` (what test-time training may adapt), `trainable_state()` /
-`load_trainable_state()` (what a checkpoint holds), `prompt_cache()`, `fresh_copy()`,
-`rl_update()`, the RL noise state, `draw_deltas()`, `num_views`, `latent_step_size()`; and FSDP
-its units (`fsdp_units()`).
+Qwen runs in `encode_prompts` (through the prompt cache), before `model(batch, refinement)`, which
+reads its features; engine code reads the model only through its methods (docs/model.md, "The model object").
 """
 
 from __future__ import annotations

@@ -11,10 +11,8 @@
   so it can never backward through it a second time. The main optimizer never holds its
   parameters (ArcModel.parameter_groups keeps them apart).
 
-Inputs:
-- ctrl_vec [B, 3] float32: the episode's curriculum controls (data.episodes.CTRL_FEATURES:
-  difficulty percentile, is_easy, is_augmented).
-- feat_sum [B, 15] float32: the numeric task summary (data.features.NUMERIC_FEATURES).
+Inputs: ctrl_vec [B, 3] float32, the curriculum controls (data.episodes.CTRL_FEATURES); feat_sum
+[B, 15] float32, the numeric task summary (data.features.NUMERIC_FEATURES).
 """
 
 from __future__ import annotations
@@ -29,15 +27,18 @@ from engine.loop import host_to_device
 
 # What the agent may be given as the refined prompt, by name (ArcModel.forward).
 REFINEMENTS = ("mean", "sampled", "zero", "sampled+mean")
+HIDDEN = 256  # the refinement MLP's width; the RL head's is half
+BASELINE_MOMENTUM = 0.9  # REINFORCE's moving-average baseline
+LOG_STD_INIT, LOG_STD_BOUNDS = -1.0, (-5.0, 0.5)  # the RL head's log-std: at start, and clamped to
 
 
 class RefineMLP(nn.Module):
     """Residual refinement: prompt + MLP([prompt, ctrl, feat]); starts as the identity."""
 
-    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int, hidden: int):
+    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(prompt_dim + ctrl_dim + feat_dim, hidden), nn.GELU(),
-                                 nn.Linear(hidden, prompt_dim))
+        self.net = nn.Sequential(nn.Linear(prompt_dim + ctrl_dim + feat_dim, HIDDEN), nn.GELU(),
+                                 nn.Linear(HIDDEN, prompt_dim))
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
 
@@ -48,19 +49,17 @@ class RefineMLP(nn.Module):
 class GaussianHead(nn.Module):
     """mu(x) [B, rank] and a clamped, learned log-std [rank]; `baseline` is REINFORCE's moving average."""
 
-    def __init__(self, *, in_dim: int, rank: int, hidden: int, log_std_init: float,
-                 log_std_bounds: tuple[float, float]):
+    def __init__(self, *, in_dim: int, rank: int):
         super().__init__()
-        self.mu = nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, rank))
+        self.mu = nn.Sequential(nn.Linear(in_dim, HIDDEN // 2), nn.Tanh(), nn.Linear(HIDDEN // 2, rank))
         nn.init.zeros_(self.mu[-1].weight)
         nn.init.zeros_(self.mu[-1].bias)
-        self.log_std = nn.Parameter(torch.full((rank,), log_std_init))
-        self.log_std_bounds = log_std_bounds
+        self.log_std = nn.Parameter(torch.full((rank,), LOG_STD_INIT))
         self.register_buffer("baseline", torch.zeros(()))
 
     def std(self) -> torch.Tensor:
         """[rank]: the policy's standard deviation, the same for every input."""
-        return self.log_std.clamp(*self.log_std_bounds).exp()
+        return self.log_std.clamp(*LOG_STD_BOUNDS).exp()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.mu(x), self.std()
@@ -75,18 +74,15 @@ class RLInfo:
 
 
 class PolicyRefiner(nn.Module):
-    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int, rank: int = 8, hidden: int = 256,
-                 baseline_momentum: float = 0.9, log_std_init: float = -1.0,
-                 log_std_bounds: tuple[float, float] = (-5.0, 0.5), seed: int = 0, noise_seed: int | None = None):
+    def __init__(self, *, prompt_dim: int, ctrl_dim: int, feat_dim: int, rank: int = 8, seed: int = 0,
+                 noise_seed: int | None = None):
         """The basis and the initial weights follow `seed` (identical on every process); the action
         noise follows `noise_seed` (default `seed`), so several processes explore differently."""
         super().__init__()
-        self.refiner = RefineMLP(prompt_dim=prompt_dim, ctrl_dim=ctrl_dim, feat_dim=feat_dim, hidden=hidden)
-        self.head = GaussianHead(in_dim=prompt_dim + ctrl_dim + feat_dim, rank=rank, hidden=hidden // 2,
-                                 log_std_init=log_std_init, log_std_bounds=log_std_bounds)
+        self.refiner = RefineMLP(prompt_dim=prompt_dim, ctrl_dim=ctrl_dim, feat_dim=feat_dim)
+        self.head = GaussianHead(in_dim=prompt_dim + ctrl_dim + feat_dim, rank=rank)
         basis = torch.linalg.qr(torch.randn(prompt_dim, rank, generator=torch.Generator().manual_seed(seed + 7919)))[0]
         self.register_buffer("basis", basis)  # U [P, rank], orthonormal columns, fixed
-        self.momentum = baseline_momentum
         # On the CPU whatever the device: the draws are tiny, and a run draws the same noise anywhere.
         self.noise = torch.Generator().manual_seed((seed if noise_seed is None else noise_seed) + 104729)
 
@@ -152,6 +148,6 @@ class PolicyRefiner(nn.Module):
         loss.backward()
         optimizer.step()
         with torch.no_grad():
-            self.head.baseline.mul_(self.momentum).add_((1 - self.momentum) * dist.mean(reward.mean()))
+            self.head.baseline.mul_(BASELINE_MOMENTUM).add_((1 - BASELINE_MOMENTUM) * dist.mean(reward.mean()))
         return {"rl/loss": loss.detach(), "rl/advantage": advantage.mean().detach(),
                 "rl/baseline": self.head.baseline.detach().clone(), "rl/std": std.mean().detach()}

@@ -1,6 +1,5 @@
 """Grid agents, each a file whose class has what agents/contract.py's `Agent` names, registered by
-name in AGENTS (the --agent choices): a new agent is one file and one line here. Each agent checks
-its own options in its `from_config`; the flags know no agent."""
+name in AGENTS (the --agent choices)."""
 
 from __future__ import annotations
 

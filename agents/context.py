@@ -9,11 +9,8 @@
       -> the tokens of cells either grid covers, and one learned "no demo" token   memory [B, 1 + D*S*S, C]
     ContextRead, between the agent's blocks: cells [B, N, C] -> cells + attention(cells -> memory)
 
-The prompt summarises a task in one vector; here a query cell can look a rule up in the demos (a
-colour map: the demo cells of its input colour hold the output colour). The read's output layer
-starts at zero, so an agent with it starts as the agent without. The K refinements of one batch
-share their samples' demos: their queries are folded into one attention per sample, the demos'
-keys and values computed once (`DemoSlots.repeats`).
+Why, and the K refinements' queries folded into one attention (`DemoSlots.repeats`): docs/model.md,
+"In-context reading".
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """What every grid agent is: the model, test-time training and the per-task adapters ask this and
-nothing more of it. A new agent is one file with a class that has all of it, and one line in
-agents/__init__.py's AGENTS; tests/test_agents.py checks every registered agent against it. Its
-`from_config` refuses what it cannot take (`refuse_unread_options` for the agent options it does
-not read), so a new agent's rules live in its own file."""
+nothing more of it (a new agent: docs/model.md, "Models"; tests/test_agents.py checks every registered
+agent). Its `from_config` refuses what it cannot take (`refuse_unread_options`)."""
 
 from __future__ import annotations
 

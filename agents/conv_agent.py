@@ -46,8 +46,7 @@ class FiLMBlock(nn.Module):
 
 
 class FiLMConvAgent(nn.Module):
-    """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
-    [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
+    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64,
                  dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True,

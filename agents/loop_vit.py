@@ -1,17 +1,10 @@
-"""A looped vision transformer over patches of the canvas, with the prompt as prefix tokens.
+"""A looped vision transformer over patches of the canvas, with the prompt as prefix tokens, as
+Loop-ViT builds it (docs/model.md, "Models"): z_{t+1} = blocks(z_t + e_t), depth from loops, not parameters.
 
-The ViT-style agents of the field (VARC; Loop-ViT, which this follows) cut the canvas into p x p
-patches, one token each, and Loop-ViT runs one weight-tied stack of hybrid blocks (global attention,
-then a depthwise 3x3 convolution over the patch grid inside the MLP for cell-precise local edits)
-again and again, adding a learned embedding of the loop step before each pass:
-z_{t+1} = blocks(z_t + e_t). Depth comes from loops, not parameters.
-
-Here each cell is first embedded as by the other agents (agents/cells.py: colour, 2D positions
-absolute and from the grid's far edges, the prompt, the prompt-gated views), a strided p x p
-convolution makes the patch tokens, and a linear layer unpacks each token back into its p x p cells,
-added to their own embeddings (a skip: a token holds p^2 cells, whose colours the loops need not
-carry); the prompted output layer then reads every cell. With p = 2 a 30 x 30 canvas is 225 tokens
-instead of 900 cells: attention costs a sixteenth, the MLPs a quarter.
+Each cell is first embedded as by the other agents (agents/cells.py) and a strided p x p convolution
+makes the patch tokens; unpacked, each token is added to its cells' own embeddings (a skip: a token
+holds p^2 cells, whose colours the loops need not carry). With p = 2 attention costs a sixteenth of
+the cells', the MLPs a quarter.
 """
 
 from __future__ import annotations
@@ -54,8 +47,7 @@ class HybridBlock(nn.Module):
 
 
 class LoopViTAgent(nn.Module):
-    """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
-    [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
+    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = HEADS, prefix: int = 4,
                  cycles: int = 1, patch: int = 2, views: bool = True, canvas_side: int = MAX_SIDE):

@@ -2,9 +2,7 @@
 
 The prompt enters as `prefix` extra tokens, through the cells' input embedding (agents/cells.py)
 and through the generated output layer. `cycles` > 1 runs the same block stack again on its own
-output plus the input embedding (weight-tied recurrent refinement), a cheap way to deepen the
-computation without more parameters. With `--agent_context_demos` the cells read the demos
-(agents/context.py) after every layer.
+output plus the input embedding; the cells read the demos after every layer (docs/model.md).
 """
 
 from __future__ import annotations
@@ -26,8 +24,7 @@ HEADS = 4  # attention heads of each layer: the channels must divide into them
 
 
 class TransformerAgent(nn.Module):
-    """agent(input_canvas [B, S, S] int64, prompt [B, P] float, adapter slice or None) -> logits
-    [B, S, S, 12], any S <= its canvas side (30 unless --canvas_side says more)."""
+    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, heads: int = HEADS, prefix: int = 4,
                  cycles: int = 1, views: bool = True, canvas_side: int = MAX_SIDE, context_demos: int = 0):

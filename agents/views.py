@@ -1,10 +1,6 @@
-"""Geometric views of the input grid, gated by the prompt: a routing prior for every agent.
-
-A flip, rotation, transpose or scaling moves every cell far across the grid. An agent that must
-learn to route cells over such distances from scratch (convolutions a few cells wide, attention from
-learned positions) did not learn it in a CPU budget: single-family flips stayed at 0% exact with
-the right output shapes. So each cell is also shown what the input holds at the matching cell of
-each view:
+"""Geometric views of the input grid, gated by the prompt: a routing prior for every agent (docs/model.md,
+"Views": why, the gate, the enclosed-background mark). Each cell is also shown what the input holds
+at the matching cell of each view:
 
     views 0-7   the 8 dihedral transforms of the input grid, in the order of data.augment.dihedral
     views 8-9   the input scaled up 2x and 3x (np.kron)
@@ -13,14 +9,8 @@ each view:
     views 13-16 the non-background cells fallen down, up, right, left, in order (gravity)
 
 each as a canvas of its own with its own end-of-grid markers (so a view also proposes an output
-size). The prompt picks among them with a softmax gate; the cell's viewed class goes into its
-embedding and through the prompted class map of the output layer (agents/cells.py). The relation
-features score the same transforms on the demos (data/features.py), so the gate has what it needs
-to choose. Each cell is also told whether it is background enclosed by other colours (no path of
-background joins it to the grid's edge; data/enclosed.py): filling holes is common in ARC, and
-convolutions a few cells wide cannot tell a large hole from open background (a fill family trained
-in by test-time training filled holes no larger than the demos'). These are priors, like the
-relation stream, and `views=False` turns them off.
+size); the cell's viewed class goes into its embedding and through the prompted class map of the
+output layer (agents/cells.py). `views=False` turns them off.
 """
 
 from __future__ import annotations

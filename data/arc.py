@@ -1,9 +1,4 @@
-"""ARC tasks and their strict validation.
-
-Every task is validated when it is loaded (whatever the source, see data/sources.py), so a bad file
-stops the run before anything is written, with one line that names the file, the task, the pair and
-the cell that is wrong.
-"""
+"""ARC tasks and their strict validation, whatever the source (docs/runs.md, "Loading data")."""
 
 from __future__ import annotations
 
@@ -46,11 +41,6 @@ class ArcTask:
     def family_id(self) -> str:
         """The task id that overlap with the evaluation tasks is checked on."""
         return self.family or self.task_id
-
-    @property
-    def unanswered(self) -> int:
-        """Test inputs without a known output."""
-        return sum(not p.answered for p in self.test)
 
 
 @dataclass(frozen=True)

@@ -97,15 +97,3 @@ class Augmentation:
     def task(self, task: ArcTask) -> ArcTask:
         """The whole task under this augmentation: every grid transformed, the demos reordered."""
         return ArcTask(task.task_id, self.pairs(task.train), self.grids_only(task.test))
-
-    def invert_task(self, task: ArcTask) -> ArcTask:
-        """The exact inverse of `task`."""
-        def back(pairs):
-            return tuple(ArcPair(self.invert_grid(p.input), self.invert_grid(p.output)) for p in pairs)
-        train = back(task.train)
-        if self.demo_order is not None:
-            original = [None] * len(train)
-            for shown, source in enumerate(self.demo_order):
-                original[source] = train[shown]
-            train = tuple(original)
-        return ArcTask(task.task_id, train, back(task.test))

@@ -9,20 +9,10 @@ column just right of the grid and the row just below it:
                   P P P P P ...
 
 The height is the index of the first EOG in the grid's first column (the canvas side if none), the
-width the index of the first EOG in its first row.
-
-By default a grid sits at the top-left of a 30x30 canvas, one cell a cell. A `Placement` draws every
-grid of an episode at one integer scale (each cell an s x s block) and one offset instead, on a
-canvas of up to `--canvas_side` cells (the field's scale-and-translate augmentation); the
-placement is part of the view (data/augment.Augmentation), so validation maps each view's
-prediction back exactly (`decode_logp`) and the identity view is the top-left grid.
-
-A batch is cut to the top-left S x S of the canvas (`fit_side`), S just large enough for its grids
-and markers: ARC grids are mostly small, and the agents' cost grows with the number of cells (a
-3-10 grid needs S = 11, 7x fewer cells than 30x30). Cells beyond S are PAD in both the input and
-the target, which the loss excludes, so cutting them changes what the agent sees around the grid,
-not what it is trained on. At evaluation the output is unknown, so S is predicted from the demos
-and the query input (`expected_extent`); training uses the same rule, widened where the target needs it.
+width the index of the first EOG in its first row. Placements, and batches cut to the side S
+their grids need (`fit_side`, `expected_extent`): docs/model.md, "Canvas" and "Scale-and-translate
+canvases". Cells beyond S are PAD in input and target, which the loss excludes: a cut changes what
+the agent sees, not what it is trained on.
 """
 
 from __future__ import annotations
@@ -129,11 +119,6 @@ def expected_extent(demos: tuple[ArcPair, ...], query_input: Grid) -> int:
             ratio = max(d.output.shape[axis] / d.input.shape[axis] for d in demos)
             sides.append(math.ceil(query_input.shape[axis] * ratio - 1e-9))
     return min(MAX_SIDE, max(sides))
-
-
-def expected_side(demos: tuple[ArcPair, ...], query_input: Grid) -> int:
-    """Canvas side for a query whose output is unknown: its `expected_extent` and the markers (<= 30)."""
-    return fit_side((expected_extent(demos, query_input),))
 
 
 def _first(line: np.ndarray, value: int) -> int:

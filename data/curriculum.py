@@ -1,13 +1,9 @@
 """Curriculum batches: a fixed share of easy episodes per batch, higher in the first epoch.
 
-With `sides` and `bucket` > 1, each run of `bucket` batches is re-dealt so that a batch holds
-episodes of similar canvas side (each batch keeps its count of easy and hard episodes; the batches
-then come in a random order). Batches are cut to their largest side, so this is what makes
-cutting pay off when a few large grids are mixed in.
-
-Batches are a pure function of (seed, epoch), so a run resumed mid-epoch draws exactly the batches
-it would have drawn, and each entry carries the id of its own augmentation so results do not
-depend on the number of loader workers.
+With `sides` and `bucket` > 1, each run of `bucket` batches is re-dealt by canvas side, the batches
+then in a random order (`--size_buckets`, docs/model.md "Canvas"). Batches are a pure function of
+(seed, epoch), so a run resumed mid-epoch draws exactly the batches it would have drawn, and each
+entry carries the id of its own augmentation so results do not depend on the number of loader workers.
 """
 
 from __future__ import annotations

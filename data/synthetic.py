@@ -1,15 +1,12 @@
-"""A seeded generator of ARC-format tasks from simple rule families.
+"""A seeded generator of ARC-format tasks from simple rule families (`synthetic:<n>`, README "Data").
 
 Each task draws one rule family and its per-task parameters (a colour map, a direction, a factor, a
-colour), then demo and test pairs that all follow that rule, so the rule can only be read from the
-demos. Used by the tests, the `synthetic:<n>` data source and the learnability benchmark; the
-families can be split between training and evaluation to test generalisation to unseen rules.
+colour), then demo and test pairs that all follow that rule, so the rule can only be read from the demos.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +14,7 @@ from data.arc import MAX_SIDE, NUM_COLOURS, ArcPair, ArcTask, Grid
 from data.features import crop_to_content
 
 Rule = Callable[[Grid], Grid]
+Family = Callable[[np.random.Generator], tuple[Rule, Callable[..., Grid], int]]  # rng -> (rule, inputs, max input side)
 
 
 def _scatter(rng: np.random.Generator, h: int, w: int, density: float = 0.3,
@@ -82,13 +80,6 @@ def _patch(rng: np.random.Generator, h: int, w: int) -> Grid:
     return grid
 
 
-@dataclass(frozen=True)
-class Family:
-    """A rule family: `make(rng) -> (rule, input generator, max input side)` for one task."""
-
-    make: Callable[[np.random.Generator], tuple[Rule, Callable[..., Grid], int]]
-
-
 def _recolour(rng):
     """Every pair of the task uses one palette of 3-4 colours, each in every grid, so the demos
     show where each colour of the test input goes (with colours drawn per grid, a test colour was
@@ -131,22 +122,22 @@ def _fill(rng):
 
 
 FAMILIES: dict[str, Family] = {
-    "recolour": Family(_recolour),
-    "flip": Family(_flip),
-    "rotate": Family(_rotate),
-    "transpose": Family(lambda rng: ((lambda g: np.ascontiguousarray(g.T)), _scatter, MAX_SIDE)),
-    "gravity": Family(_gravity),
-    "crop": Family(lambda rng: (crop_to_content, _patch, MAX_SIDE)),
-    "scale": Family(_scale),
-    "border": Family(_border_family),
-    "fill": Family(_fill),
+    "recolour": _recolour,
+    "flip": _flip,
+    "rotate": _rotate,
+    "transpose": lambda rng: ((lambda g: np.ascontiguousarray(g.T)), _scatter, MAX_SIDE),
+    "gravity": _gravity,
+    "crop": lambda rng: (crop_to_content, _patch, MAX_SIDE),
+    "scale": _scale,
+    "border": _border_family,
+    "fill": _fill,
 }
 
 
 def make_task(family: str, rng: np.random.Generator, task_id: str, size: tuple[int, int] = (3, 10),
               n_demos: int = 3, n_test: int = 1) -> ArcTask:
     """One task of `family`: all pairs follow the same per-task rule; sides drawn in `size`."""
-    rule, inputs, max_side = FAMILIES[family].make(rng)
+    rule, inputs, max_side = FAMILIES[family](rng)
     lo, hi = min(size[0], max_side), min(size[1], max_side)
     pairs = []
     for _ in range(1000 * (n_demos + n_test)):

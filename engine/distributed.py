@@ -1,15 +1,9 @@
-"""Several processes (`torchrun` or `accelerate launch`): one process per device.
+"""Several processes (`torchrun` or `accelerate launch`): one process per device (docs/distributed.md).
 
-Gradients are averaged by torch's DistributedDataParallel (`data_parallel`, `gradient_sync`).
-DDP reduces from hooks inside backward, so every process takes part in a window's last backward
-(training.train_step: a non-finite loss there still goes backward, and its NaN reaches every process
-through the reduction, so every process skips that step); a trainable Qwen takes part on refresh
-steps only (`find_unused_parameters`: a parameter no process used keeps a None gradient, so AdamW
-leaves it alone). `Dist` carries the small control collectives of the loop (flags, clocks, counts,
-progress) and the gathering of validation results; no gradient is reduced by the suite's own
-code. Every process ends a step with identical gradients, so identical weights, scaler and RL head.
-With `--fsdp` (engine/fsdp.py) FSDP2 takes DDP's place for the model: `gradient_sync` and
-`is_sharded` speak for both.
+Gradients are averaged by torch's DistributedDataParallel (`data_parallel`, `gradient_sync`), or by
+FSDP2 with `--fsdp` (engine/fsdp.py; `gradient_sync` and `is_sharded` speak for both). DDP reduces
+from hooks inside backward, so every process takes part in a window's last backward. `Dist`
+carries the loop's small control collectives and the gathering of validation results.
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ from engine.errors import ConfigError
 class Dist:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
 
     @property
     def is_main(self) -> bool:
@@ -42,34 +35,29 @@ class Dist:
     def active(self) -> bool:
         return self.world_size > 1
 
+    def _reduced(self, values, dtype: torch.dtype, op=dist.ReduceOp.SUM) -> list:
+        """Each value reduced by `op` over the processes, in one collective."""
+        if not self.active:
+            return list(values)
+        t = torch.tensor(values, dtype=dtype)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
     def sum_int(self, value: int) -> int:
         return self.sum_ints(value)[0]
 
     def sum_ints(self, *values: int) -> tuple[int, ...]:
-        """Each value summed over the processes, in one collective."""
-        if not self.active:
-            return values
-        t = torch.tensor(values, dtype=torch.int64)
-        dist.all_reduce(t)
-        return tuple(t.tolist())
+        return tuple(self._reduced(values, torch.int64))
 
     def max_int(self, value: int) -> int:
-        if not self.active:
-            return value
-        t = torch.tensor([value], dtype=torch.int64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
+        return self._reduced([value], torch.int64, dist.ReduceOp.MAX)[0]
 
     def any(self, flag: bool) -> bool:
         return self.sum_int(int(flag)) > 0
 
     def sum_floats(self, values: list[float]) -> list[float]:
         """Each value summed over every rank (float64), in one collective."""
-        if not self.active:
-            return list(values)
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t)
-        return t.tolist()
+        return self._reduced(values, torch.float64)
 
     def from_main(self, value: float) -> float:
         """Rank 0's value on every rank: one clock, so every rank takes the same time-based branch."""
@@ -108,16 +96,11 @@ def weights_checksum(model: nn.Module) -> float:
 
 def data_parallel(module: nn.Module, dist_: Dist, device: torch.device, *, bucket_mb: float,
                   ignore: tuple[str, ...] = (), find_unused: bool = False) -> nn.Module:
-    """`module` under torch's DistributedDataParallel with several processes (itself otherwise):
-    gradients averaged over the processes in buckets of `bucket_mb` MiB, overlapped with backward.
-
-    `ignore`: names of parameters DDP leaves alone (trained elsewhere). `find_unused`: parameters
-    may take no part in a backward (the trainable Qwen outside its refresh steps); DDP then leaves
-    the gradient of one that no process used as it was (None stays None, so AdamW does not move it).
-    Buffers are left alone too: each is a constant (rotary frequencies, the refinement's basis) or
-    updated identically on every process (the RL baseline), so broadcasting them at every forward
-    would only cost a collective.
-    """
+    """`module` under torch's DistributedDataParallel with several processes (itself otherwise), in
+    buckets of `bucket_mb` MiB; `ignore`: names of parameters trained elsewhere; `find_unused`: a
+    trainable Qwen outside its refresh steps (docs/distributed.md). Buffers are left alone too: each is
+    a constant or updated identically on every process (the RL baseline), so broadcasting them at
+    every forward would only cost a collective."""
     if not dist_.active:
         return module
     buffers = [name for name, _ in module.named_buffers()]
@@ -184,7 +167,7 @@ def init_distributed(device_choice: str, fsdp: bool = False) -> tuple[Dist, torc
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
         dist.init_process_group(backend=backend)
-    return Dist(rank, world, local_rank), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
+    return Dist(rank, world), torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
 
 
 def shutdown() -> None:

@@ -1,27 +1,15 @@
-"""`--fsdp`: weights, gradients and AdamW state sharded over the processes with torch's FSDP2.
-
-Under DDP every process holds the whole model and its AdamW moments (16 bytes a trainable
-parameter); under FSDP2 (`torch.distributed.fsdp.fully_shard`) each holds 1/world_size of them and
-gathers a unit's weights only while it runs. The units:
+"""`--fsdp`: weights, gradients and AdamW state sharded over the processes with torch's FSDP2
+(docs/distributed.md: what it saves, what the loop does for it). The units:
 
     each Qwen decoder layer, then the rest of the trunk     (a trainable Qwen: full or LoRA)
     the prompt heads, the refiner, the agent, the task embedding      (one root each)
 
 Why several roots instead of the whole ArcModel as one: Qwen does not run inside ArcModel.forward
 (the prompt cache calls it, on refresh micro-batches only), and FSDP2 refuses a unit that runs
-before its root has run once. A frozen Qwen is not sharded: it has no gradients and no AdamW state,
-so sharding would save only its weights and would make every cache miss a collective. The RL head
-stays replicated under DDP: it is tiny and trained by its own optimizer from detached tensors.
-
-What FSDP asks of the loop, and where it is done:
-- every forward and backward of a unit is a collective: every process runs backward on every
-  micro-batch, even with a non-finite loss (training.train_step), and encodes as many chunks of Qwen
-  texts as the process with the most (QwenTextEncoder.lockstep);
-- gradients are sharded: the fp16 scaler and the clipping norm must see every shard (torch's
-  GradScaler and clip_grad_norm_ do with DTensor gradients; engine/precision.py's group norms too);
-- validation adapts weights per task, which sharded weights cannot do without every process in
-  step: it runs on an unsharded copy (`unsharded_copy`);
-- checkpoints are written by every process with torch.distributed.checkpoint (training/run_state.py).
+before its root has run once. A frozen Qwen is not sharded: that would save only its weights and
+make every cache miss a collective. The RL head stays replicated under DDP: it is tiny and trained
+by its own optimizer from detached tensors. Gradients are sharded: torch's GradScaler and
+clip_grad_norm_ see every shard of DTensor gradients, and engine/precision.py's group norms too.
 """
 
 from __future__ import annotations

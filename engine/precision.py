@@ -4,11 +4,8 @@
     amp.backward(loss)                     # scaler.scale(loss).backward() under fp16 only
     result = amp.step(optimizer, clip)     # unscale_ -> clip -> step -> update, once per window
 
-The scaler exists only for fp16 (bf16 has the range of fp32 and needs none), and a scaler call is
-made only for an optimizer that holds gradients: gradients exist only if a loss went backward
-through `amp.backward` since the last step, because every step ends with `zero_grad`. That makes
-"No inf checks were recorded" impossible, whatever the window, and a step with non-finite gradients
-is skipped (by the scaler under fp16, here otherwise) with parameters and optimizer state untouched.
+The scaler exists only for fp16 (bf16 has the range of fp32), and a scaler call is made only for an
+optimizer that holds gradients; a step with non-finite gradients is skipped (docs/invariants.md #1, #3).
 """
 
 from __future__ import annotations
@@ -50,24 +47,16 @@ def slow_precision(mode: str, device: torch.device) -> str | None:
 
 
 def flush_denormals() -> bool:
-    """Have the CPU compute float32 numbers below 1.2e-38 (denormals) as zero, read and written
-    (x86's FTZ and DAZ; ARM's FZ). A trained start's test-time gradients are full of them and x86
-    handles each in microcode: with them, the default validation from 15 training minutes took 4.8 s
-    a task against the untrained start's 3.3 (first 4 tasks; convolution backward 3x slower, the
-    forward untouched); flushed, 3.2 against 3.2 (docs/results.md). A GPU's kernels flush already.
-    The mode is each thread's, copied by a thread from the one that starts it, so this must run
-    before torch's first parallel op starts its pool: every run calls it first thing
-    (engine.loop.seed_everything). -> whether this CPU can (False: nothing changes)."""
+    """Have the CPU compute float32 denormals (below 1.2e-38) as zero, read and written (x86's FTZ and
+    DAZ; ARM's FZ): why, and why first thing in every run (engine.loop.seed_everything), docs/results.md
+    "Denormal floats". A GPU's kernels flush already. -> whether this CPU can (False: nothing changes)."""
     return torch.set_flush_denormal(True)
 
 
 class Float32LayerNorm(torch.nn.LayerNorm):
     """nn.LayerNorm computed in float32 under any autocast -> float32 [..., C] (its input and weights
-    cast up first: FSDP's bf16 parameters too; float32 ones are untouched). CUDA's autocast already
-    runs layer_norm in float32; CPU's passes a bf16 input on beside float32 weights, and torch 2.13's
-    vmap cannot batch that mixed-type layer_norm's backward ("expected scalar type BFloat16 but found
-    Float"), which tasks adapted together under --amp bf16 need (evaluation/task_batch.py). Same
-    weights and state dict keys as nn.LayerNorm."""
+    cast up first: FSDP's bf16 parameters too): tasks adapted together under CPU bf16 need it, as
+    vmap cannot batch the mixed-type backward (docs/adaptation.md). Same state dict keys as nn.LayerNorm."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight.float() if self.weight is not None else None
@@ -107,9 +96,6 @@ class MixedPrecision:
             raise ValueError(f"--amp {mode}: choose one of {', '.join(AMP_MODES)}")
         self.mode = mode
         self.device_type = device.type
-        # With FSDP's sharded gradients each process holds a part of each gradient; torch's GradScaler
-        # finds inf/nan in DTensor gradients over every part (tests/test_multiprocess.py: a NaN in
-        # one process's shard alone skips the step on every process).
         self.scaler = torch.amp.GradScaler(device.type, init_scale=init_scale) if mode == "fp16" else None
         self.skipped_steps = 0
 

@@ -15,17 +15,13 @@ from engine.config import LR_SCHEDULES
 TRAIN_LR_FLOOR = 0.1  # training's cosine ends at a tenth of the base lr (nanoGPT's min_lr), not at 0
 
 
-def cosine_factor(progress: float, floor: float = 0.0) -> float:
-    """1 at progress 0, `floor` at progress >= 1, half a cosine between."""
-    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
-
-
 def lr_factor(schedule: str, progress: float, floor: float = 0.0) -> float:
-    """The factor on the base lr at `progress` (0: the first step, 1: the end) under `schedule`."""
+    """The factor on the base lr at `progress` (0: the first step, 1: the end) under `schedule`; the
+    cosine's is 1 at progress 0, `floor` at progress >= 1."""
     if schedule == "constant":
         return 1.0
     if schedule == "cosine":
-        return cosine_factor(progress, floor)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
     raise ValueError(f"schedule {schedule!r}: choose one of {', '.join(LR_SCHEDULES)}")
 
 

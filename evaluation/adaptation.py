@@ -1,25 +1,7 @@
 """Per-task adaptation before a task is predicted: the demos decide.
 
-Every method trains on augmented leave-one-out episodes of a task's DEMOS only (one demo is the
-query, the others the context, under the fixed evaluation views); a task's test outputs are never
-read. The shared weights end exactly as they started.
-
-- Latent search (`--latent_steps`, `--latent_lr`, `--latent_starts K`): each task gets K latents,
-  added to the refined prompt: the mean refinement (0) and K-1 draws of the RL head's Gaussian. Adam
-  moves them on the demos' loss, weights frozen; the start with the lowest demo loss is kept.
-- View starts (`--view_starts`): a start per input view, the view gate forced towards it; only
-  the views that give every demo output its shape are tried.
-- Test-time training (`--ttt_steps`, `--ttt_lr`, `--ttt_schedule`, `--ttt_params`), after the search,
-  from the kept start: `task` trains a per-task adapter (agents/adapter.py: latent, view-gate bias,
-  class-map bias, a rank `--ttt_rank` update of the cell states after every block); `all` / `late` /
-  `adapter` / `prompt` train named groups of the shared weights (ArcModel.ttt_parameters) one task
-  at a time, restored bit for bit after. Training stops early once every adapted task's demo
-  episodes are exact under `--ttt_stop_views` views (checked every `--ttt_check_every` steps), so
-  steps go to the tasks whose demos are not yet solved.
-- The latent search and both kinds of test-time training are one loop (`_fit`) over a different
-  set of parameters, on the loss loss_function.adaptation_loss defines. Per-task states batch over
-  tasks: `--adapt_tasks` tasks (x K starts) share every step, each sample reading its own task's
-  rows, so a GPU adapts hundreds of tasks at once and a CPU pays no per-task overhead.
+The search over starts, the latent steps and test-time training (docs/adaptation.md, "The methods")
+read a task's demos only, never its test outputs, and leave the shared weights exactly as they started.
 """
 
 from __future__ import annotations
@@ -132,15 +114,12 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], policy: TTTPolicy, *, cfg: Config, device: torch.device,
          amp: MixedPrecision, dropout: float = 0.0, observe: Callable[[int], None] = lambda steps: None) -> int:
-    """The one-task adaptation loop under `policy` (evaluation/ttt_policy.py: steps, early stop, lr,
-    clip, a non-finite gradient): Adam on `groups` (parameters of the model or of `adapters`, each
-    group's base lr; gradients reach exactly those parameters), on `--ttt_batch_size` random demo
-    episodes per row ({adapter row: its task}) a step, the loss summed over rows of each row's mean,
-    so every row moves as if it were trained alone (Adam works per element; the clip is the global
-    norm's), each step's residual blocks dropping `dropout` of their change
-    (evaluation/ttt_dropout.py), under `amp` (the adaptation's one mixed-precision routine).
-    `observe(steps)` is called before the first step and after each, `steps` counting the steps tried.
-    -> the steps taken: those applied, a step the scaler skipped not counted."""
+    """The one adaptation loop (docs/adaptation.md, "The methods", 3): Adam on `groups` (parameters of
+    the model or of `adapters`, each group's base lr; gradients reach nothing else) under `policy`
+    (evaluation/ttt_policy.py), `dropout` and `amp`, on `--ttt_batch_size` demo episodes per row ({adapter
+    row: its task}) a step. The loss sums each row's mean, so every row moves as if trained alone (Adam
+    works per element; the clip is the global norm's). `observe(steps tried)`: before the first step and
+    after each. -> the steps taken: those applied, a step the scaler skipped not counted."""
     chosen = {id(p) for group in groups for p in group["params"]}
     for p in [*model.parameters(), *(adapters.parameters() if adapters is not None else ())]:
         p.requires_grad_(id(p) in chosen)
@@ -254,14 +233,10 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
             cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False,
             observe: Callable[[int, AdaptedTasks], None] | None = None,
             enough: Callable[[], bool] = lambda: False) -> Iterator[AdaptedTasks]:
-    """Adapt to `tasks` together: search the starts and keep each task's best, then test-time train
-    what `--ttt_params` names from it (named groups of the shared weights: one task at a time).
-    Yields what prediction needs; on exit the shared weights are as they were, bit for bit.
-
-    `observe(steps, adapted)`, when given, is called before the first test-time-training step and
-    after every step, with the model and the adapter as they are then (bench/ttt_curve.py measures
-    them). Training ends early when `stop()` says so (the caller then discards the result), and when
-    `enough()` says the time for it is spent (the tasks are then predicted as adapted so far)."""
+    """Adapt to `tasks` together; yields what prediction needs, and on exit the shared weights are as they
+    were, bit for bit. `observe(steps, adapted)`: as `_fit`'s, with the model and the adapter as they are
+    then (bench/ttt_curve.py). Training ends early when `stop()` says so (the caller then discards the
+    result), and when `enough()` says its time is spent (the tasks are then predicted as adapted so far)."""
     e = cfg.eval
     together = e.trains_shared_weights and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
@@ -269,13 +244,14 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
                          f"one task at a time, got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
+    # one mixed-precision routine for the whole adaptation, its fp16 scaler started as training's
+    amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
+    seen = (lambda steps: observe(steps, result)) if observe else lambda steps: None
     if together:
-        amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
         with _shared_weights_kept(model, model.ttt_parameters(e.ttt_params)):
             model.requires_grad_(False)
             _adapt_together(model, prompts, tasks, eval_set, result, cfg=cfg, device=device, amp=amp, stop=stop,
-                            enough=enough,
-                            observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+                            enough=enough, observe=seen)
             yield result
         return
     searches = e.latent_starts + (model.num_views if e.view_starts else 0) > 1 or e.latent_steps
@@ -285,8 +261,6 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
         yield result
         return
     shared = model.ttt_parameters(e.ttt_params) if e.trains_shared_weights else []
-    # one mixed-precision routine for the whole adaptation, its fp16 scaler started as training's
-    amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
     with _shared_weights_kept(model, shared):
         model.requires_grad_(False)
         result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp,
@@ -299,8 +273,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
             demos.restart_draws()
             policy = TTTPolicy.test_time(e, clip, stop, enough)
             steps = _fit(model, prompts, result.adapters, groups, demos, rows, policy, cfg=cfg, device=device,
-                         amp=amp, dropout=e.ttt_dropout,
-                         observe=(lambda steps: observe(steps, result)) if observe else lambda steps: None)
+                         amp=amp, dropout=e.ttt_dropout, observe=seen)
             result.steps.update({t.task_id: steps for t in tasks})
             loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
         if loss is not None:

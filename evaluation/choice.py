@@ -109,13 +109,10 @@ def plackett_luce_two(logits: torch.Tensor, generator: torch.Generator) -> torch
 class AttemptChooser(nn.Module):
     """The RL head's test-time job: a policy over one test input's candidates that picks the two attempts.
 
-    A small MLP scores each candidate from its features (evaluation/choice.py FEATURES, [N, F]
-    float32); the policy is the softmax over the candidates, the two attempts drawn one after the
-    other without replacement (Plackett-Luce), and at test time the two best scores. Trained by
-    `update`, REINFORCE with the exact-match reward and a moving-average baseline, like the head,
-    on test pairs whose outputs may be read (training/chooser.py); `features` names its inputs, so
-    a chooser is never read against other features.
-    """
+    A small MLP scores each candidate's FEATURES row ([N, F] float32); the policy is their softmax, the two
+    attempts drawn without replacement (Plackett-Luce), at test time the two best. `update`: REINFORCE with the
+    exact-match reward and a moving-average baseline (training/chooser.py). `features` names its inputs, so a
+    chooser is never read against other features."""
 
     def __init__(self, features: tuple[str, ...], hidden: int = 32, baseline_momentum: float = 0.9,
                  votes_prior: float = 0.0):

@@ -1,16 +1,7 @@
 """Compare two runs: the paired differences of their scores and held-out losses, with intervals and
-exact tests, and the tasks one solves and the other does not.
+exact tests, and the tasks one solves and the other does not (docs/runs.md, "The report of a validation").
 
     python -m evaluation.compare RUN_A RUN_B [--out PAGE]
-
-Reads the report.json each run's last validation wrote (evaluation/report.py), takes the test pairs
-both scored, and prints for pass@2, exact and oracle each run's share, B - A with its 95% interval
-over the shared tasks and McNemar's exact p (pairs gained and lost); for the held-out loss (before
-adaptation, on every evaluation task and held-out training pair both measured; after adaptation, on
-the scored pairs) each run's mean, B - A with its interval and the exact sign test over tasks
-(evaluation/intervals.py). A difference whose interval holds 0 is a tie. Then a table of the tasks
-solved by one run only. Writes a page (default: RUN_B/compare.html) with both runs' attempts side
-by side, showing those tasks first (its filter offers the others).
 """
 
 from __future__ import annotations

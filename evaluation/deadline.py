@@ -1,23 +1,11 @@
 """`--eval_minutes`: a validation that ends by a wall-clock deadline, spending what is left on the
-tasks not yet done.
+tasks not yet done (docs/runs.md, "A deadline"): an ARC Prize notebook has a hard time limit.
 
-An ARC Prize notebook has a hard time limit; a validation planned for the defaults (60 test-time
-training steps, 8 views a task) can need hours on the machine it meets. The suite measures its own
-pace as it goes, from the groups it has scored, in four parts: a group's search over starts, an
-adaptation step, a view of a test input, and the rest of a group (its final demo loss, ranking the
-attempts, scoring). Before each group the time left is shared evenly over the groups left, and the
-group gets the most views (at most --eval_augments) and then steps (at most --ttt_steps) that fit its
-share after the rest and the search; when even one view does not fit beside the search, the search
-is left out too. Its test-time training also ends when its share is spent (the first group is
-planned blind). Once the deadline has passed, the tasks left get no adaptation and one view: two
-attempts from the unadapted weights, a fraction of a second a task. The validation so ends within
-the budget plus the group in progress when it ran out (one task with weight TTT), plus those quick
-predictions. A validation continued after a stop (its journal, evaluation/journal.py) gets what
-the first start left of the budget: the journal records the seconds spent as each task finishes
-and when a stop is asked for, so only a kill's last unfinished group goes uncounted
-(`--new_deadline` gives the whole budget again). On a GPU the clock synchronizes the device first
-(`Deadline.synchronized`): work is queued, and a clock read without it charges a step's time to
-whatever waits on it later.
+The pace is measured per group of tasks adapted together, in four parts (PARTS): its search over starts, an
+adaptation step, a view of a test input, and the rest (its final demo loss, ranking, scoring); `Deadline.plan`
+gives each group its share of the time left. On a GPU the clock synchronizes the device first
+(`Deadline.synchronized`): work is queued, and a clock read without it charges a step's time to whatever waits
+on it later.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Validation as ARC Prize scores it: per-task adaptation, views, two attempts, the metrics.
-
-For each evaluation test input the model predicts under K reversible augmentations (the identity
-first); every prediction is mapped back with the exact inverse and the distinct candidates become
-two attempts by `--attempt_ranking` (evaluation/scoring.py: votes with ties broken by mean
-log-probability, the log-probability summed over the views, the two hedged, or the learned
-chooser of evaluation/choice.py).
-
-With test-time training (evaluation/adaptation.py), each task is predicted by weights adapted to its
-demos, restored bit for bit after. A task's test outputs are read to score its attempts and to
-measure its held-out loss (evaluation/heldout.py), never by the model or its adaptation. What the
-scoring gives is a TaskScores (evaluation/scores.py).
+"""Validation as ARC Prize scores it: per-task adaptation, views, two attempts, the metrics (docs/runs.md,
+"Validation, test-time training, submission"). A task's test outputs are read to score its attempts and to
+measure its held-out loss, never by the model or its adaptation; the scoring gives a TaskScores.
 """
 
 from __future__ import annotations
@@ -151,20 +142,15 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 on_candidates: Callable[[int, Candidates], None] | None = None,
                 journal: Journal | None = None, deadline: Deadline | None = None,
                 submission: SubmissionFile | None = None, groups_after: int = 0) -> TaskScores:
-    """Adapt to and predict every test input of `task_ids` (this process's share of them; the scores
-    are gathered, so every process returns them all).
-
-    `stop` (this process was asked to stop) is read inside adaptation and, agreed by every process,
-    between task groups: then `Interrupted` is raised and nothing is returned. `desc`: a progress bar
-    (main process) with tasks done, running pass@2, seconds and TTT steps a task. `chooser`: the
-    checkpoint's attempt chooser (needed by `--attempt_ranking learned`, and `pass2_learned` is
-    reported when there is one). `on_candidates(episode index, candidates)`: called for every test
-    input this process scores, after its attempts. `journal` (evaluation/journal.py): a group whose
-    tasks it holds is read from it, not scored again; each task scored is appended to it. `deadline`
-    (evaluation/deadline.py, --eval_minutes): each group's adaptation steps and views planned to fit
-    its share of the time left, shared with `groups_after` groups of this process that a later call
-    scores under the same deadline (`count_groups`). `submission` (evaluation/submission.py):
-    rewritten after each group."""
+    """Adapt to and predict every test input of `task_ids` (this process's share; the scores are gathered,
+    so every process returns them all). `stop` (this process was asked to stop) is read inside adaptation
+    and, agreed by every process, between task groups: then `Interrupted` is raised. `desc`: a progress bar
+    (main process). `chooser`: the checkpoint's attempt chooser (`--attempt_ranking learned` needs it;
+    `pass2_learned` when there is one). `on_candidates(episode index, candidates)`: for every test input
+    this process scores, after its attempts. `journal`: a group whose tasks it holds is read, not scored
+    again; each task scored is appended. `deadline` (--eval_minutes): each group's steps and views fitted to
+    its share of the time left, shared with `groups_after` groups of this process that a later call scores
+    under the same deadline (`count_groups`). `submission`: rewritten after each group."""
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")

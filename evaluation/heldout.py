@@ -1,28 +1,9 @@
 """The held-out loss: how well the weights predict the outputs of pairs training never saw.
 
-Definition (docs/runs.md, "The held-out loss"; tests/test_heldout.py works one example by hand).
-For a test pair with output y of h x w cells, the agent predicts a canvas from the pair's demos and
-test input, with the mean refinement, on the side training would use (large enough for y and its
-end-of-grid markers: data.episodes.episode_extent with the target). With p_c the agent's softmax
-over the 12 classes at cell c, under one view:
-
-    nats(y)       = - sum over the cells c of y's canvas that are not PAD of log p_c(y_c)
-                    (the h*w colours and the h + w + 1 end-of-grid markers: the output's size is
-                    predicted, so getting it right is part of the loss; a placed view counts its
-                    scaled cells)
-    nats a cell   = nats(y) / (those cells)
-    bits a grid   = nats a cell * (h*w + h + w + 1) / ln 2     (the identity view: -log2 p(y))
-
-Several views: the mean over views of each. A set's loss is the mean over its test pairs, with the
-95% interval over tasks (evaluation/intervals.py).
-
-Before adaptation it reads the weights as training left them (one forward a pair, the identity
-view): every validation measures it on `--heldout_tasks` evaluation tasks (all of them with the
-tiny Qwen or on a GPU) and on the test pairs training held out (--hold_out_tests). After adaptation
-(the final validation and --eval_only) it is measured inside each task's adaptation, with the
-adapted weights, over the voted views. Either way it reads test outputs as the scorer does, for its
-loss alone (never as an input), and changes nothing: no weight, no random stream (the model's RL
-noise is not drawn: the mean refinement).
+Its definition, and when and on what it is measured: docs/runs.md, "The held-out loss" (tests/test_heldout.py
+works one example by hand). A canvas is cut on the side training would use (data.episodes.episode_extent with
+the target). It reads test outputs as the scorer does, for its loss alone (never as an input), and changes
+nothing: no weight, no random stream (the model's RL noise is not drawn: the mean refinement).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
-"""Intervals and paired tests for scores over ARC tasks.
+"""Intervals and paired tests for scores over ARC tasks (docs/runs.md, "Intervals"; evaluation/compare.py).
 
-ARC averages over tasks, and a task's test pairs are not independent (one rule, one adaptation), so
-every interval here resamples whole tasks: the percentile bootstrap over tasks (`RESAMPLES` draws,
-a fixed seed, so a report is the same every time it is written). A pair-level metric (pass@2, exact,
-oracle, the held-out loss) keeps its definition inside each draw: the mean over the drawn tasks'
-test pairs; a task-level one (the task score) the mean over the drawn tasks.
-
-Two runs on the same test pairs are compared pairwise: the interval of the difference resamples the
-shared tasks (each draw the difference of the two runs' means on the same pairs), and the exact
-tests count what differs: McNemar's (pairs one run solves and the other does not; under no
-difference each is either run's with probability 1/2) for a right/wrong metric, the sign test over
-tasks for a loss. Both are the two-sided exact binomial test.
+A task's test pairs are not independent (one rule, one adaptation), so every interval resamples whole
+tasks, with a fixed seed so that a report is the same every time it is written. McNemar's test and the sign
+test are both the two-sided exact binomial test (under no difference, each pair or task is either run's
+with probability 1/2).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The validation journal: each task's result written down as it finishes, so a stopped validation
-continues where it stopped.
+continues where it stopped (docs/runs.md, "A validation that survives a stop").
 
-A long validation (400 tasks of per-task adaptation: 40 minutes on 2 cores, hours with hundreds of
-views) can be stopped by Ctrl-C, a scheduler's SIGTERM, a preempted machine or a notebook's limit.
-Each process appends one JSON line per finished task (its attempts, pair metrics where an output is
-known, held-out loss, seconds and adaptation steps) to its own file in the run folder, flushed and
-fsynced; the same command run again reads the file and scores only the tasks not in it. A task's
-result depends on its own adaptation alone (seeded by its group's task ids, data/demo_episodes.py),
-not on the tasks before it, so the summary, report and submission of a continued validation are
-those of an uninterrupted one (tested).
-
-The file starts with a header saying what produced it: the weights (a SHA-256 of the model's
-trainable state), every flag but those that cannot change a task's result (`RESULT_FREE`), and the
-number of processes (which decides which process takes which task). A journal whose header differs
-is refused in one line naming each flag that differs with both values. A torn last line (the
-process killed mid-write) is dropped; a damaged line before it is an error.
+Each process appends one JSON line per finished task to its own file, flushed and fsynced, after a header
+of what produced it (`identity`: the number of processes decides which process takes which task); the same
+command run again scores only the tasks not in it. A torn last line (the process killed mid-write) is
+dropped; a damaged line before it is an error.
 """
 
 from __future__ import annotations
@@ -34,7 +24,6 @@ from engine.errors import ConfigError
 
 if TYPE_CHECKING:
     from evaluation.scores import TaskScores
-
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -114,10 +103,7 @@ class Journal:
             self._read(ident)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as fh:
-                fh.write(json.dumps({"journal": 1, **ident}) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
+            self._write({"journal": 1, **ident})
 
     def _read(self, ident: dict) -> None:
         data = self.path.read_bytes()

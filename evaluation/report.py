@@ -1,15 +1,7 @@
 """A run's report: one self-contained page of every evaluated task (report.html) and its data
-(report.json), written after each validation.
-
-A card per task: its demos, and for each test input the input, the target and both attempts, each
-marked right or wrong with its cells wrong (or a wrong shape); test-time-training steps and seconds.
-The page (evaluation/report_page.html: no network, no server, the data inline) filters and sorts in
-the browser; its URL's hash holds the choice (`report.html#filter=near&cells=5&sort=cells`), so a
-view can be linked. Grids are drawn on canvases in ARC's colours with cell lines.
-evaluation/compare.py shows two runs' attempts side by side on the same page.
-
-The targets shown are the evaluation tasks' test outputs: the report is written from what the
-scorer kept, after scoring, and nothing in it goes back to the model.
+(report.json), written after each validation (docs/runs.md, "The report of a validation"; the page:
+evaluation/report_page.html). The targets shown are the evaluation tasks' test outputs: the report is
+written from what the scorer kept, after scoring, and nothing in it goes back to the model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """ARC Prize scoring: two ranked attempts per test input, chosen from the candidates the views gave
 by votes, log-probability or both (`Candidates.attempts`, `--attempt_ranking`).
-
-Per test pair: shape_acc, cell_acc (0 if the shape is wrong), changed_cell_acc (cell accuracy on
-the cells where the target differs from the input; 0 if the shape is wrong), exact (attempt 1),
-pass2 (either attempt), oracle (the target was among all candidates).
-Per task: `task_score` (the official score: solved test pairs / test pairs, with 2 attempts,
-averaged over tasks) and `strict_score` (a task counts only if all its test pairs are solved).
+The metrics of a test pair and of a task: docs/runs.md, the `eval/*` table.
 """
 
 from __future__ import annotations
@@ -151,7 +146,7 @@ def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:
 
 def pair_metrics(attempts: tuple[Grid, Grid], target: Grid, query: Grid,
                  oracle: bool | None = None) -> dict[str, float]:
-    """Metrics of one test pair from its two ranked attempts (see the module docstring)."""
+    """Metrics of one test pair from its two ranked attempts (docs/runs.md, the `eval/*` table)."""
     first = attempts[0]
     changed = (query != target) if query.shape == target.shape else None
     solved = [a.shape == target.shape and bool((a == target).all()) for a in attempts]

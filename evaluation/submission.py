@@ -1,12 +1,5 @@
-"""The ARC Prize submission file: complete and valid at every moment of a validation.
-
-ARC Prize's format: {task id: [{"attempt_1": grid, "attempt_2": grid}, ...]}, one entry per test
-input in order, every task of the challenges file. The file is written (atomically: engine/files.py)
-before the first task is scored, with the cheapest honest guess for every test input (the input
-itself, both attempts), then rewritten after each scored group with the attempts so far (with
-several processes, every process's: `SubmissionFile`), so a run killed at any moment, or one that
-ran out of its --eval_minutes, leaves a complete submission.
-"""
+"""The ARC Prize submission file: complete and valid at every moment of a validation (docs/runs.md,
+"A deadline"): the input as both attempts of every test input at first, then each scored group's attempts."""
 
 from __future__ import annotations
 
@@ -31,13 +24,10 @@ def submission_of(dataset: EpisodeDataset, attempts: dict[int, tuple[Grid, Grid]
 
 
 class SubmissionFile:
-    """`path`, written with the fallback attempts now and again on each `update`.
-
-    With `journals` (every process's journal of this validation, evaluation/journal.py), each
-    process writes it after each of its groups: the attempts of every task any journal holds, its
-    own included, under a lock on `<path>.lock` so that the last writer has read every journal line
-    written before it. A kill then loses from the file only the tasks no process had journaled and
-    written yet (those in progress); without journals the main process writes its own tasks."""
+    """`path`, written with the fallback attempts now and again on each `update`. With `journals` (every
+    process's journal of this validation), each process writes it after each of its groups: the attempts of
+    every task any journal holds, its own included, under a lock on `<path>.lock` so that the last writer has
+    read every journal line written before it; without journals the main process writes its own tasks."""
 
     def __init__(self, path: Path, dataset: EpisodeDataset, journals: list[Path] = ()):
         self.path, self.dataset, self.journals = path, dataset, list(journals)

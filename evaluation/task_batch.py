@@ -1,27 +1,11 @@
-"""Test-time training of the shared weights for several tasks in one step.
+"""Test-time training of the shared weights for several tasks in one step (docs/adaptation.md, "On a GPU").
 
-Each task gets its own copy of the weights `--ttt_params` names, stacked along a leading task axis
-([K, ...] for K tasks); one forward and backward serves all K (torch.func: `grad` of the model run
-by `functional_call` on one task's copy, mapped over the task axis by `vmap`), and one Adam steps
-the stacks. Adam works per element and each task's loss reads only its own copy, so every task
-moves exactly as it would alone (evaluation/adaptation._fit, one task at a time: tests/
-test_task_batch.py holds the two together): the same episodes (each task draws from its own
-stream), the same learning rates, its own gradient clip (the norm over its own slice), its own
-early stop (its weights kept from the step its demos were solved). A task with no demo episode
-(one demo) is never trained. The model's own weights are never written here; `TaskWeights.load`
-puts a task's copy into them for its predictions (evaluation/adaptation.adapted restores them).
-
-vmap needs every task of a step to have one canvas side: a task's demo batches all have its pool's
-side (data/demo_episodes.py), and tasks are grouped by it (evaluation/evaluate.task_groups).
-`--ttt_view_rows`: each task's per-view latent rows are one more stacked copy, trained with its
-weights (the same Adam group and clip as alone) and gathered by each sample's view inside the
-vmapped loss. `--ttt_dropout`: each task's masks are drawn outside vmap from the stream it would
-draw from alone (evaluation/ttt_dropout.py), in the same order, and handed in with its batch.
-Not batched (one task at a time instead): `--amp fp16` (its scaler skips a step for every task at
-once) and the latent step (`--latent_step_lr`). Context demos stack: every task's batches carry
-them in the same fixed slots. Under `--amp bf16` together equals alone to bf16's rounding (a vmapped
-sum rounds in another order), not to float tolerance (tests/test_task_batch.py); its LayerNorms
-compute in float32 for vmap's sake (engine/precision.Float32LayerNorm).
+Each task's copy of the weights `--ttt_params` names is stacked along a leading task axis ([K, ...] for K
+tasks); one vmapped forward and backward serves all K, and one Adam steps the stacks. Adam works per element
+and each task's loss reads only its own copy, so every task moves exactly as it would alone
+(evaluation/adaptation._fit; tests/test_task_batch.py; under `--amp bf16` to its rounding: a vmapped sum
+rounds in another order). The model's own weights are never written here: `TaskWeights.load` puts a task's
+copy into them.
 """
 
 from __future__ import annotations
@@ -47,12 +31,9 @@ from prompt import QwenFeatures
 
 
 def batches_shared_weights(cfg: Config) -> bool:
-    """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together
-    (else one task at a time): it trains them, nothing it trains ties the tasks of a step (fp16's
-    one loss scale would), and the model takes no latent step (its gradient inside the model,
-    torch.autograd.grad, does not run under vmap). Context demos (the demo stream's, in-context
-    reading's) stack: a task's adaptation batches carry them in the evaluation set's fixed slots
-    (data/demo_episodes.py)."""
+    """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together (else one
+    task at a time): not under fp16 (one loss scale for all), nor with the latent step (its gradient inside the
+    model, torch.autograd.grad, does not run under vmap)."""
     e = cfg.eval
     return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.prompt.latent_step_lr > 0
 
@@ -76,15 +57,13 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
                  demos: list[DemoEpisodes], adapters: list[TaskAdapters | None], policy: TTTPolicy, *, cfg: Config,
                  device: torch.device, amp: MixedPrecision, observe: Callable[[int], None],
                  solves: Callable[[int, TaskWeights], bool]) -> tuple[TaskWeights, list[int]]:
-    """Test-time training of `params` for K tasks together under `policy` (evaluation/ttt_policy.py,
-    as one task alone: steps, early stop, lr, each task's own clip, a non-finite gradient ending that
-    task), task k on its demos `demos[k]` (one task each, every pool of one side) read with its
-    adapter `adapters[k]` (one row, fixed; with `--ttt_view_rows` a row per view, every task's, whose
-    latents train with the weights and end written back into it; None without one). Adam at
-    `--ttt_lr`, `--ttt_batch_size` episodes a task a step, `--ttt_dropout` masks from each task's own
-    stream. `solves(k, weights)` says whether task k's demos are exact under its copy and adapter; a
-    solved or stopped task keeps its copy. `observe` as adaptation._fit's. -> (each task's adapted
-    copy, the steps each took)."""
+    """Test-time training of `params` for K tasks together under `policy` (evaluation/ttt_policy.py, as
+    one task alone, with each task's own clip; a non-finite gradient ends that task), task k on its demos
+    `demos[k]` (one task each, every pool of one side) read with its adapter `adapters[k]` (one row, fixed;
+    with `--ttt_view_rows` a row per view, whose latents train with the weights and end written back into it;
+    None without one). `solves(k, weights)`: whether task k's demos are exact under its copy and adapter; a
+    solved or stopped task keeps its copy. `observe` as adaptation._fit's. -> (each task's adapted copy, the
+    steps each took)."""
     e = cfg.eval
     k_tasks = len(demos)
     names = {id(p): name for name, p in model.named_parameters()}

@@ -1,21 +1,13 @@
-"""Cache of pooled Qwen features per demo text, so the trunk is paid for only when it has to be.
+"""Cache of pooled Qwen features per demo text, so the trunk is paid for only when it has to be
+(docs/model.md, "The Qwen prompt and its cache": the frozen and the trainable policy, the shards).
 
-Key: sha1 of (model fingerprint (weights, dtype, pooling), text-format version, demo text after augmentation); a
-task's feature is the mean of its demos' entries, so leave-one-out episodes of one task share their
-demos' encodings. Value: pooled features [hidden] float32 on the encoder's device, never holding a
+Key: sha1 of (model fingerprint (weights, dtype, pooling), text-format version, demo text after
+augmentation). Value: pooled features [hidden] float32 on the encoder's device, never holding a
 graph: on a GPU a step reads its batch's features without a copy from the host (a copy from
 pageable memory blocks the host until the GPU has caught up), at hidden x 4 bytes an entry of GPU
 memory (Qwen2.5-0.5B: 3.5 KB; a run on ARC-AGI-1 met 21,753 demo texts, 76 MB at that size).
-Checkpoints and the cache folder hold them on the CPU.
-
-- Frozen Qwen: each key is encoded once per run (under no_grad) and, with a cache folder, once
-  ever: entries are written to disk in checksummed shards and read back by later runs.
-- Trainable Qwen: every `refresh`-th training micro-batch encodes the batch's demos WITH gradients
-  (Qwen trains on those) and stores them detached; other micro-batches are served entries younger
-  than `refresh` micro-batches and encode nothing, so Qwen costs 1/refresh of encoding every one. A task whose demos are
-  not all fresh has no Qwen stream for that micro-batch (`present` is False; the prompt fuses the other
-  streams). Evaluation encodes what it misses, without gradients. The projection above the cache
-  gets exact gradients whenever the stream is present.
+Checkpoints and the cache folder hold them on the CPU. Evaluation encodes what it misses, without
+gradients; the projection above the cache gets exact gradients whenever the stream is present.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The demo stream: a prompt stream that reads each context demo as grids and learns end to end.
+"""The demo stream: a prompt stream that reads each context demo as grids and learns end to end
+(docs/model.md, "The demo stream": which demos, never the query pair).
 
     demo d of sample b: input canvas [S, S], output canvas [S, S] (the same cells: a demo's grids
     are placed alike, data/canvas.py)
@@ -6,13 +7,6 @@
       -> `layers` residual blocks (GroupNorm, GELU, 3 x 3 convolution, dilations 1, 2, 4, ...)
       -> mean and max over the cells either grid covers (not padding)                 [2C]
       -> mean over sample b's demos -> Linear                                          [P]
-
-The hand-made relation features summarise a demo in 129 fixed numbers; this stream computes its
-summary from the cells, so training decides what of a demo is worth carrying to the prompt. It reads
-the demos the batch carries (`--demo_stream_demos` of each sample's context, data/episodes.py):
-never the query pair, whose output is the target (leave-one-out in training and in test-time
-training; an evaluation task's test pairs are never context). A sample without a context demo has
-no demo stream, and the prompt fuses its other streams.
 """
 
 from __future__ import annotations

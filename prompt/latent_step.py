@@ -1,20 +1,13 @@
-"""LPN's latent gradient step, inside the model: the demos move the prompt before the query is read.
-
-Before the agent predicts a query, its refined prompt r takes one gradient step on how well the
-agent, reading r, reproduces the episode's context demos:
+"""LPN's latent gradient step, inside the model: the demos move the refined prompt r before the query
+is read (docs/adaptation.md, "The latent step inside the model"; never the query's output).
 
     z = -lr * d/dz  mean over the query's context demos c of  CE(agent(c.input, r + z), c.output)  at z = 0
     the query is predicted from r + z
 
 First order: the gradient enters the outer loss as a constant, so the outer backward never runs
-through the inner one (a training step costs about 1.5x on a CPU, not 3x); the agent still learns
-to read a prompt moved along the demos' gradient, which is what makes a latent search at test
-time (evaluation/adaptation.py) move it somewhere useful. The step size is learned, as its log, from
-`--latent_step_lr`, and a step is at most half as long as the prompt it moves: early in training
-the demos' gradient is large, and unbounded steps (norms of 90-140 against a prompt of ~25, at lr
-10) held the training loss at 25-35 for a thousand steps. Only the context demos (never the
-query's output) enter z: at evaluation they are the task's demos, in training the other demos of
-a leave-one-out episode.
+through the inner one. The step size is learned, as its log; a step is at most half as long as the
+prompt it moves: early in training the demos' gradient is large, and unbounded steps (norms of
+90-140 against a prompt of ~25, at lr 10) held the training loss at 25-35 for a thousand steps.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""The Qwen2 trunk that reads demo texts: loading (built-in tiny, Hugging Face id, local folder),
-the FP32 guarantee for trainable weights, and per-demo pooling.
-
-The built-in `tiny` model is a real `transformers` Qwen2 with random weights and a vocabulary of
-digits, newline and the two markers; it exists so that every run and test works offline. It is
-UNTRAINED and every log says so. `random:Qwen/Qwen2.5-0.5B` (or `-1.5B`) builds the published
-configuration of that model with random weights, also offline and UNTRAINED: what a GPU run will
-hold in memory and compute, measured without the download.
-"""
+"""The Qwen2 trunk that reads demo texts: loading (built-in tiny, `random:`, Hugging Face id, local
+folder; docs/model.md, "Models"), the FP32 guarantee for trainable weights, and per-demo pooling."""
 
 from __future__ import annotations
 

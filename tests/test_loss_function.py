@@ -7,7 +7,7 @@ import torch
 
 from data.canvas import PAD
 from engine.config import LossCfg
-from loss_function import cell_log_likelihood, combined_loss, efe_loss, training_loss
+from loss_function import cell_log_likelihood, efe_loss, training_loss
 
 C = 12
 
@@ -111,14 +111,12 @@ def test_float_target_is_a_clear_error():
         efe_loss(logits, target.float(), inp, refined, prompt)
 
 
-def test_log_likelihood_and_combined_loss():
+def test_log_likelihood():
+    """(The combined loss: test_training_loss_weights_the_two_refinements_and_signs_the_reward.)"""
     logits, target, inp, refined, prompt = one_cell_case()
     # Uniform q: log-likelihood of the one valid cell is log(1/12), from efe_loss and on its own.
     assert cell_log_likelihood(logits, target, inp).item() == pytest.approx(-math.log(12))
     assert efe_loss(logits, target, inp, refined, prompt).log_likelihood.item() == pytest.approx(-math.log(12))
-    a, b = torch.tensor([1.0, 2.0]), torch.tensor([3.0, 5.0])
-    # 0.7 * [1, 2] + 0.3 * [3, 5] = [1.6, 2.9]
-    assert torch.allclose(combined_loss(a, b, efe_weight=0.7, mean_weight=0.3), torch.tensor([1.6, 2.9]))
 
 
 def test_several_predictions_of_a_batch_in_one_pass_match_one_pass_each():

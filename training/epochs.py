@@ -3,9 +3,7 @@
     loop = EpochLoop(cfg, device, dist, stop)   # data, model, optimizers, resume, the run folder
     summary = loop.run()                         # epochs of train_step, checkpoints, validations
 
-Checkpoints at epoch ends (and every `--save_every`), validations during training as `--val_every`
-says, each after a checkpoint, and the final validation. A stop request (SIGINT, SIGTERM), a run of
-skipped steps or `--max_minutes` ends it with a checkpoint.
+Checkpoints, validations and stops (SIGINT, SIGTERM, skipped steps, --max_minutes): docs/runs.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
-"""Training through the adaptation it will meet (`--meta_steps K`): first-order MAML inside the step.
-
-Validation adapts each task before predicting it (evaluation/adaptation.py: Adam on the weights
-`--ttt_params` names, on the task's demos). Plain training never sees that: it learns weights that
-predict well as they are, and at CPU scale the untrained weights adapt to the same loss
-(docs/results.md). Here, for the first `--meta_tasks` episodes of each micro-batch:
+"""Training through the adaptation it will meet (`--meta_steps K`): first-order MAML inside the step,
+so the weights learn to predict well after validation's adaptation, not only as they are
+(docs/adaptation.md item 6: cost, one process only, no fp16). For the first `--meta_tasks` episodes
+of each micro-batch:
 
     fast  = the weights `--meta_params` names, copied (the rest shared as they are)
     K times: Adam at --meta_lr on the episode's context demos (adaptation_loss, the mean refinement,
              the episode's own prompt: the context is what that prompt was read from)
     g     = d/d fast of the query's adaptation_loss at the adapted copy
 
-and `--meta_weight` x the mean g over the window's meta episodes is added to the shared weights'
-gradients. First order, as Reptile and first-order MAML are: the inner steps are not
-differentiated, so the cost is K + 1 small forward-backward passes an episode, not a second-order
-graph. The query's output enters only the outer loss, never an inner step (the context demos are
-the other demos of a leave-one-out episode, data/episodes.py).
-
-One process only: the added gradients are the process's own, and DDP/FSDP reduce gradients inside
-the backward, before they exist (training/build.py refuses the combination). The inner gradients
-are plain autograd ones, so fp16 (whose loss scaling they would need) is refused too.
+and `--meta_weight` x the mean g over the window's meta episodes is added to the shared weights' gradients.
 """
 
 from __future__ import annotations

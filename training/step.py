@@ -43,21 +43,12 @@ def train_step(state: TrainState, window: list[dict], cfg: Config, dist: Dist = 
 
 def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
                      dist: Dist) -> tuple[dict, list[RLInfo], list[torch.Tensor]]:
-    """Forward and backward over the window's micro-batches, into the gradients of the main optimizer.
-
-    Each micro-batch's loss is summed over its samples and divided by the window's real sample
-    count over all processes, so the step's gradient is the mean gradient of exactly the samples
-    it saw. A micro-batch with a non-finite loss is counted and does not go backward, except where
-    every process must take part in that backward: the window's last under DDP (DDP reduces in it),
-    every micro-batch under FSDP (each backward gathers the sharded weights). It then goes backward,
-    the non-finite value reaches every process's gradients and every process skips the step.
-    Otherwise the step is taken on the samples that went backward, and their gradient is rescaled
-    from the window's count to theirs: the mean gradient of the samples it learned from, so a
-    dropped micro-batch does not shrink the step of the others. The gradients are reduced in the
-    window's last backward (the others run without gradient sync).
-    -> (loss stats averaged over the micro-batches that went backward, with the count of non-finite
-    losses; their RL head inputs and actions and their rewards [B] each, both empty unless every
-    process has some)."""
+    """Forward and backward over the window's micro-batches, into the main optimizer's gradients: the
+    mean gradient of exactly the samples that went backward, over all processes; a non-finite loss
+    goes backward only where every process must join that backward (DDP: the window's last; FSDP:
+    every one), so every process skips the step (docs/invariants.md #2, #3). -> (loss stats averaged
+    over the micro-batches that went backward, with the count of non-finite losses; their RL head
+    inputs and actions and their rewards [B] each, both empty unless every process has some)."""
     model, amp = state.model, state.amp
     trained = state.trained if state.trained is not None else model
     ddp, sharded = under_ddp(trained), state.sharded

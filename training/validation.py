@@ -1,13 +1,6 @@
 """Validation in a run: when it runs (`ValidationSchedule`), what it scores and logs (`validate`),
 where its results go (scalars, task images, report.html, the submission), and `--eval_only`.
-
-When, during training (`--val_every`): after each epoch but the last, every N optimizer steps, or
-every M minutes of training; on the first `--val_tasks` evaluation tasks, the same every time, so
-their curve is comparable. One is skipped while validation has taken more than `--val_share` of the
-training time so far (the first always runs): a budgeted run spends its budget on training. At the
-end of the run comes the final validation, on `--eval_tasks` (-1: every task when that is expected
-to take no longer than the training did, estimated from the `--val_tasks` ones it scores first;
-else those).
+When and on which tasks (--val_every, --val_share, --eval_tasks): docs/runs.md#validation-test-time-training-submission.
 
 Times are the main process's clock, agreed by every process (`Dist.from_main`), so every process
 takes the same branch. Nothing here moves the training: validation never touches its random streams.
@@ -150,10 +143,7 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                                   dist.from_main(time.perf_counter() - started), train_seconds, dist)
             if rest:
                 scores = scores.merged(score(rest, "final"))
-            result = EvalResult.of(scores, data.eval_set, cfg)
-            result.metrics.update(deadline_metrics(deadline, dist))
-            publish(result, step, cfg, dist, logger)
-            metrics = result.metrics
+            metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
         else:
             log_images(logger, scores.images(data.eval_set), step)
         write_run_report(logger, f"{'final ' if final else ''}validation at step {step}",
@@ -230,17 +220,15 @@ def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Di
     return deadline, submission
 
 
-def deadline_metrics(deadline: Deadline | None, dist: Dist) -> dict[str, float]:
-    """`eval/deadline_{full,cut,late}`: tasks scored with the full settings, with fewer steps or views,
-    and unadapted after the deadline, over every process (none without --eval_minutes)."""
-    if deadline is None:
-        return {}
-    counts = dist.sum_floats([float(v) for v in deadline.tasks.values()])
-    return {f"eval/deadline_{k}": v for k, v in zip(deadline.tasks, counts, strict=True)}
-
-
-def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunLogger | None) -> None:
-    """The final scores: eval/* scalars and task images at `step`, and the submission file."""
+def publish(scores: TaskScores, dataset: EpisodeDataset, deadline: Deadline | None, step: int, cfg: Config,
+            dist: Dist, logger: RunLogger | None) -> dict[str, float]:
+    """The final scores: eval/* scalars and task images at `step`, and the submission file; with
+    --eval_minutes, `eval/deadline_{full,cut,late}`: tasks scored with the full settings, with fewer
+    steps or views, and unadapted after the deadline, over every process. -> the eval/* metrics."""
+    result = EvalResult.of(scores, dataset, cfg)
+    if deadline is not None:
+        counts = dist.sum_floats([float(v) for v in deadline.tasks.values()])
+        result.metrics.update({f"eval/deadline_{k}": v for k, v in zip(deadline.tasks, counts, strict=True)})
     if logger is not None:
         logger.write(step, result.metrics)
         log_images(logger, result.images, step)
@@ -248,6 +236,7 @@ def publish(result: EvalResult, step: int, cfg: Config, dist: Dist, logger: RunL
         path = Path(cfg.eval.submission)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(result.submission))
+    return result.metrics
 
 
 def log_images(logger: RunLogger | None, images: list[tuple[str, np.ndarray]], step: int) -> None:
@@ -296,13 +285,10 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
                              submission=submission)
-        result = EvalResult.of(scores, data.eval_set, cfg)
-        result.metrics.update(deadline_metrics(deadline, dist))
-        publish(result, step, cfg, dist, logger)
-        write_run_report(logger, "evaluation", str(weights), step, cfg, {**result.metrics, **heldout}, "eval", scores,
+        metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
+        write_run_report(logger, "evaluation", str(weights), step, cfg, {**metrics, **heldout}, "eval", scores,
                          data.eval_set, heldout_pairs)
-        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **result.metrics, **heldout},
-                          dist)
+        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **metrics, **heldout}, dist)
     except Interrupted as err:
         kept = f"its finished tasks are journaled in {run_dir}: run the same command to continue" \
             if cfg.eval.journal else "nothing written as finished, run the same command to evaluate again"
