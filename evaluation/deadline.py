@@ -1,5 +1,5 @@
 """`--eval_minutes`: a validation that ends by a wall-clock deadline, spending what is left on the
-tasks not yet done (docs/runs.md, "A deadline"): an ARC Prize notebook has a hard time limit.
+tasks not yet done (docs/runs.md, "Validation, ...": "A deadline"): an ARC Prize notebook has a hard time limit.
 
 The pace is measured per group of tasks adapted together, in four parts (PARTS): its search over starts, an
 adaptation step, a view of a test input, and the rest (its final demo loss, ranking, scoring); `Deadline.plan`

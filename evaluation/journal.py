@@ -1,5 +1,6 @@
 """The validation journal: each task's result written down as it finishes, so a stopped validation
-continues where it stopped (docs/runs.md, "A validation that survives a stop").
+continues where it stopped (docs/runs.md, "Validation, test-time training, submission": "A validation
+that survives a stop").
 
 Each process appends one JSON line per finished task to its own file, flushed and fsynced, after a header
 of what produced it (`identity`: the number of processes decides which process takes which task); the same

@@ -1,4 +1,4 @@
-"""The algorithm: one optimizer step (see fixed.py's docstring for the data flow)."""
+"""The algorithm: one optimizer step (the data flow: README.md, "How it works")."""
 
 from __future__ import annotations
 
