@@ -73,10 +73,10 @@ def test_a_journal_of_other_weights_or_flags_is_refused_in_one_line(small_cfg, t
         Journal(path, identity(state.model, cfg, 1))
 
 
-def test_a_finished_evaluation_folder_continues_to_more_tasks_and_a_training_folder_stays_refused(small_cfg,
-                                                                                                   tmp_path):
+def test_a_finished_evaluation_folder_continues_to_more_tasks(small_cfg, tmp_path):
     """--eval_only named again on its own finished folder: the journal's tasks are read, not scored
-    again, and only those it lacks are scored; other flags are refused there as anywhere."""
+    again, and only those it lacks are scored; other flags are refused there as anywhere (a training
+    run's folder stays refused: tests/test_checkpoints.py)."""
     cfg = small_cfg(eval_only=True, eval_tasks=1, ttt_steps=2, run_dir=str(tmp_path / "eval"))
     first = training.train(cfg, CPU)
     path = tmp_path / "eval" / "journal" / "evaluate.rank0of1.jsonl"
@@ -87,10 +87,6 @@ def test_a_finished_evaluation_folder_continues_to_more_tasks_and_a_training_fol
     assert records[0] == done  # read back, not scored again
     with pytest.raises(ConfigError, match=r"--ttt_steps 2 -> 3"):
         training.train(cfg.replace(eval_tasks=2, ttt_steps=3), CPU)
-    trained = small_cfg(max_batches=1, eval_tasks=1, ttt_steps=1, run_dir=str(tmp_path / "train"))
-    training.train(trained, CPU)
-    with pytest.raises(ConfigError, match="already holds a run"):
-        training.train(trained.replace(eval_only=True, run_dir=str(tmp_path / "train")), CPU)
 
 
 def test_a_torn_last_line_is_dropped_and_a_damaged_one_is_an_error(tmp_path):
