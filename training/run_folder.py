@@ -27,7 +27,7 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
     """The run folder, not created yet (nothing is written before every input is checked): the resumed
     run's when training continues, else a new one, so no evaluation overwrites a finished run. An
     --eval_only folder (no checkpoints, an `evaluate` journal) may be named again, finished or not: its
-    journal scores only the tasks it lacks (a finished first 100 continued to all 400) and refuses
+    journal scores the tasks it lacks and the groups a larger set changed (docs/runs.md) and refuses
     other weights or flags."""
     continuing = resumed_from is not None and not run.eval_only
     if run.run_dir:
