@@ -32,9 +32,9 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
     continuing = resumed_from is not None and not run.eval_only
     if run.run_dir:
         path = Path(run.run_dir)
-        evaluation_continued = run.eval_only and any((path / "journal").glob("evaluate.rank*.jsonl"))
-        finished = (path / "checkpoints").exists() or (path / SUMMARY_FILE).exists()
-        if not continuing and finished and not (evaluation_continued and not (path / "checkpoints").exists()):
+        trained = (path / "checkpoints").exists()
+        evaluation = run.eval_only and not trained and any((path / "journal").glob("evaluate.rank*.jsonl"))
+        if not continuing and (trained or (path / SUMMARY_FILE).exists()) and not evaluation:
             advice = "choose another --run_dir" if run.eval_only else \
                 f"pass --resume {path} to continue it, or choose another --run_dir"
             raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
