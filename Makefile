@@ -17,12 +17,12 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 run: $(STAMP)
 	$(PY) fixed.py --config configs/smoke.toml
 
-# the whole suite on TEST_WORKERS pytest-xdist workers (tests that launch several processes share
-# one worker: tests/conftest.py's LAUNCHERS); plain `.venv/bin/python -m pytest` runs it serially
+# the whole suite on TEST_WORKERS pytest-xdist workers, each test sent to the next free worker;
+# plain `.venv/bin/python -m pytest` runs it serially
 TEST_WORKERS ?= 2
 
 test: lint browser
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 # ruff, configured in pyproject.toml (pyflakes, pycodestyle, isort, bugbear, pyupgrade): part of
 # `make test`, so a lint error fails CI; `.venv/bin/ruff check --fix .` mends the import order

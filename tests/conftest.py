@@ -17,11 +17,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-# Tests that launch several processes (torchrun, accelerate launch) rendezvous on the default port
-# 29500: they share one xdist group, so no two of them ever run at once.
-LAUNCHERS = pytest.mark.xdist_group("launchers")
-
 ROOT = Path(__file__).resolve().parent.parent
+BIN = str(Path(sys.executable).parent)
+# Launchers of two processes, each on a free port of its own (--standalone; accelerate's port 0), so
+# two tests that launch may run at once on the two xdist workers (the default 29500 would clash).
+TORCHRUN = [f"{BIN}/torchrun", "--standalone", "--nproc_per_node", "2"]
+
+
+def accelerate_launch(config: str) -> list[str]:
+    """`accelerate launch` of two processes with one of the repository's configs/accelerate/ files."""
+    return [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs" / "accelerate" / config),
+            "--num_processes", "2", "--main_process_port", "0", "--dynamo_backend", "no"]
+
 sys.path.insert(0, str(ROOT))
 
 import training  # noqa: E402

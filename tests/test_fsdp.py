@@ -15,14 +15,11 @@ import torch
 
 import training
 from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
-from tests.conftest import LAUNCHERS, ROOT
+from tests.conftest import ROOT, TORCHRUN, accelerate_launch
 from tests.test_end_to_end import scalars
-from tests.test_multiprocess import BIN, TORCHRUN, args, weights
+from tests.test_multiprocess import args, weights
 
-pytestmark = LAUNCHERS  # torchrun and accelerate launch: one at a time (tests/conftest.py)
-
-ACCELERATE_FSDP = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-fsdp.yaml"),
-                   "--num_processes", "2", "--dynamo_backend", "no"]
+ACCELERATE_FSDP = accelerate_launch("1x8-fsdp.yaml")
 # two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
 # and re-reading its prompts in every micro-batch; a short validation (it runs on an unsharded copy)
 SHORT_TTT = ("--val_every", "end", "--ttt_steps", "10", "--ttt_views", "2", "--ttt_stop_views", "2")

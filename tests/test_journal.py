@@ -18,8 +18,7 @@ from engine.errors import ConfigError
 from engine.loop import Interrupted
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.journal import RESULT_FREE, Journal, differences, identity
-from tests.conftest import CPU, LAUNCHERS, descendants
-from tests.test_multiprocess import BIN
+from tests.conftest import CPU, TORCHRUN, descendants
 from tests.test_validation import FIXED, small
 from training.validation import evaluation_view, final_budget
 
@@ -218,14 +217,13 @@ def test_a_continued_validation_gets_what_the_first_start_left_of_its_deadline(s
     assert fresh.left() == pytest.approx(600, abs=5)
 
 
-@LAUNCHERS
 @pytest.mark.slow
 def test_two_processes_killed_mid_validation_leave_their_finished_tasks_in_the_submission(arc_folder, tmp_path, spawn):
     """torchrun with two processes, --eval_only one task a group; SIGKILL to every process once each
     has journaled two tasks: the submission holds the attempts of every task either process had
     journaled but its last (the one it may have been writing out), rank 1's included."""
     run = tmp_path / "run"
-    proc = spawn(f"{BIN}/torchrun", "--nproc_per_node", "2", "fixed.py", *small(
+    proc = spawn(*TORCHRUN, "fixed.py", *small(
         arc_folder, run, "--data", "synthetic:40", "--eval_only", "--eval_tasks", "0", "--ttt_steps", "20",
         "--ttt_check_every", "0", "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks
     journals = [run / "journal" / f"evaluate.rank{r}of2.jsonl" for r in range(2)]

@@ -3,19 +3,14 @@
 import json
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import training
-from tests.conftest import LAUNCHERS, ROOT
+from tests.conftest import BIN, ROOT, TORCHRUN, accelerate_launch
 from tests.test_end_to_end import scalars
-
-pytestmark = LAUNCHERS  # torchrun and accelerate launch: one at a time (tests/conftest.py)
-
-BIN = "/".join(sys.executable.split("/")[:-1])
 
 
 def args(arc_folder, run_dir, batch, *extra):
@@ -30,10 +25,8 @@ def weights(run_dir, step):
     return load_file(str(run_dir / "checkpoints" / f"step_{step:08d}" / "model.safetensors"))
 
 
-TORCHRUN = [f"{BIN}/torchrun", "--nproc_per_node", "2"]
 # the repository's 8-GPU config with 2 processes (without a GPU, accelerate's multi-GPU launch uses gloo)
-ACCELERATE = [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs/accelerate/1x8-ddp.yaml"),
-              "--num_processes", "2", "--dynamo_backend", "no"]
+ACCELERATE = accelerate_launch("1x8-ddp.yaml")
 # Two windows of two micro-batches; a trainable Qwen re-reads its prompts with gradients in every
 # one (between refreshes each process's cache serves what that process saw, so one process with the
 # whole batch would be served otherwise: test_refreshes_under_no_sync_keep_every_process_equal).
@@ -140,7 +133,7 @@ def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, fsdp, 
     script = tmp_path / "nan_on_rank_1.py"
     script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, fault=fault, fsdp=fsdp,
                                            out=str(tmp_path)))
-    out = subprocess.run([f"{BIN}/torchrun", "--nproc_per_node", "2", str(script)], cwd=ROOT, capture_output=True,
+    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -193,7 +186,7 @@ def test_refreshes_under_no_sync_keep_every_process_equal(arc_folder, tmp_path):
     moments stay as they were (no zero gradient, which weight decay and the moments would act on)."""
     script = tmp_path / "same_on_every_rank.py"
     script.write_text(SAME_ON_EVERY_RANK.format(root=str(ROOT), data=str(arc_folder), out=str(tmp_path)))
-    out = subprocess.run([f"{BIN}/torchrun", "--nproc_per_node", "2", str(script)], cwd=ROOT, capture_output=True,
+    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -23,7 +23,7 @@ from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import StopRequest
-from tests.conftest import LAUNCHERS, ROOT, children
+from tests.conftest import ROOT, TORCHRUN, children
 from tests.test_end_to_end import scalars
 from training.validation import ValidationSchedule, fits_in_training
 
@@ -266,13 +266,11 @@ def rank_of(pid: int) -> int:
 
 
 @pytest.mark.slow
-@LAUNCHERS
 def test_processes_stop_together_when_one_of_them_is_signalled(arc_folder, tmp_path, spawn):
     """Rank 1 alone gets SIGTERM; rank 0 learns it where the processes agree, after its task group (a
     task of 400 TTT steps here, a few seconds), and both stop there."""
     run = tmp_path / "run"
-    torchrun = "/".join(sys.executable.split("/")[:-1]) + "/torchrun"
-    proc = spawn(torchrun, "--nproc_per_node", "2", "fixed.py",
+    proc = spawn(*TORCHRUN, "fixed.py",
                  *small(arc_folder, run, "--epochs", "2", "--max_batches", "1", "--ttt_steps", "400",
                         "--ttt_check_every", "0", "--val_share", "1e9"))
     wait_for(run / "checkpoints" / "latest", proc, timeout=180)
