@@ -69,6 +69,8 @@ def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_
     assert s1["eval/copy_cell_acc"] == pytest.approx(s2["eval/copy_cell_acc"])
 
 
+# The four cases in one launch: a launch's start-up (two interpreters importing torch and the suite)
+# costs more than a case.
 NAN_ON_RANK_1 = """
 import gc, json, sys, torch
 sys.path.insert(0, {root!r})
@@ -76,72 +78,82 @@ import training
 from engine.config import Config
 from engine.distributed import init_distributed, shutdown
 
-cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, amp={amp!r},
-                        fp16_init_scale=256.0, prompt_cache_dir="none", fsdp={fsdp!r})
-dist, device = init_distributed("cpu", cfg.optim.fsdp)
-training.seed_everything(0)
-data = training.build_data(cfg, device, dist)
-state = training.build_train_state(cfg, device, dist)
-data.sampler.set_epoch(0)
-first, second = [b for _, b in zip(range(2), data.loader)]
-main = [p for g in state.optimizer.param_groups for p in g["params"]]
-hook = None
-bias = state.model.agent.head.out.bias
-if dist.rank == 1 and {fault!r} == "gradient" and not cfg.optim.fsdp:  # made inside backward, as an overflow would be
-    hook = bias.register_hook(lambda g: torch.full_like(g, float("nan")))
-if dist.rank == 1 and {fault!r} == "gradient" and cfg.optim.fsdp:
-    # in rank 1's shard of the reduced gradient only: rank 0's shard is finite, and only a scaler
-    # that agrees over the shards (ShardedGradScaler) skips on both
-    step = state.amp.step
-    def poisoned(*a, **k):
-        bias.grad.to_local().fill_(float("nan"))
-        return step(*a, **k)
-    state.amp.step = poisoned
-if dist.rank == 1 and {fault!r} == "loss":  # NaN features: a NaN loss on this process only
-    first = {{**first, "numeric": torch.full_like(first["numeric"], float("nan"))}}
-mine = lambda p: p.to_local() if hasattr(p, "to_local") else p  # this process's shard under FSDP
-whole = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p
-before, scale = [mine(p).detach().clone() for p in main], state.amp.scale
-skipped = training.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
-unchanged = all(torch.equal(a, mine(p)) for a, p in zip(before, main))
-if hook is not None:
-    hook.remove()
-state.amp.__dict__.pop("step", None)
-stepped = training.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
-json.dump(dict(skipped=skipped, unchanged=unchanged, scale_ratio=state.amp.scale / scale, stepped=stepped,
-               skipped_steps=state.amp.skipped_steps, checksum=sum(float(whole(p).double().sum()) for p in main)),
-          open({out!r} + f"/rank{{dist.rank}}.json", "w"))
-# DDP's reducer and FSDP's units go before their process group, as when fixed.py's train() returns
-del state, main, bias, before, hook
-gc.collect()
-dist.barrier()
+def case(amp, fault, fsdp):
+    cfg = Config.from_flags(data={data!r}, batch_size=2, agent_channels=16, prompt_dim=32, amp=amp,
+                            fp16_init_scale=256.0, prompt_cache_dir="none", fsdp=fsdp)
+    dist, device = init_distributed("cpu", cfg.optim.fsdp)
+    training.seed_everything(0)
+    data = training.build_data(cfg, device, dist)
+    state = training.build_train_state(cfg, device, dist)
+    data.sampler.set_epoch(0)
+    first, second = [b for _, b in zip(range(2), data.loader)]
+    main = [p for g in state.optimizer.param_groups for p in g["params"]]
+    hook = None
+    bias = state.model.agent.head.out.bias
+    if dist.rank == 1 and fault == "gradient" and not fsdp:  # made inside backward, as an overflow would be
+        hook = bias.register_hook(lambda g: torch.full_like(g, float("nan")))
+    if dist.rank == 1 and fault == "gradient" and fsdp:
+        # in rank 1's shard of the reduced gradient only: rank 0's shard is finite, and only a scaler
+        # that agrees over the shards (ShardedGradScaler) skips on both
+        step = state.amp.step
+        def poisoned(*a, **k):
+            bias.grad.to_local().fill_(float("nan"))
+            return step(*a, **k)
+        state.amp.step = poisoned
+    if dist.rank == 1 and fault == "loss":  # NaN features: a NaN loss on this process only
+        first = {{**first, "numeric": torch.full_like(first["numeric"], float("nan"))}}
+    mine = lambda p: p.to_local() if hasattr(p, "to_local") else p  # this process's shard under FSDP
+    whole = lambda p: p.full_tensor() if hasattr(p, "full_tensor") else p
+    before, scale = [mine(p).detach().clone() for p in main], state.amp.scale
+    skipped = training.train_step(state, [first], cfg, dist)["amp/stepped"] == 0.0
+    unchanged = all(torch.equal(a, mine(p)) for a, p in zip(before, main))
+    if hook is not None:
+        hook.remove()
+    state.amp.__dict__.pop("step", None)
+    stepped = training.train_step(state, [second], cfg, dist)["amp/stepped"] == 1.0
+    result = dict(skipped=skipped, unchanged=unchanged, scale_ratio=state.amp.scale / scale, stepped=stepped,
+                  skipped_steps=state.amp.skipped_steps,
+                  checksum=sum(float(whole(p).double().sum()) for p in main))
+    # DDP's reducer and FSDP's units go before the next case (and the process group), as when
+    # fixed.py's train() returns
+    del state, main, bias, before, hook
+    gc.collect()
+    dist.barrier()
+    return dist.rank, result
+
+results = {{}}
+for name, amp, fault, fsdp in {cases!r}:
+    rank, results[name] = case(amp, fault, fsdp)
+json.dump(results, open({out!r} + f"/rank{{rank}}.json", "w"))
 shutdown()
 """
 
+# (name, --amp, where rank 1's NaN comes from, --fsdp)
+NAN_CASES = [("ddp-fp16-gradient", "fp16", "gradient", False), ("ddp-off-loss", "off", "loss", False),
+             ("fsdp-fp16-shard", "fp16", "gradient", True), ("fsdp-bf16-loss", "bf16", "loss", True)]
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("amp,fault,fsdp", [("fp16", "gradient", False), ("off", "loss", False),
-                                            ("fp16", "gradient", True), ("bf16", "loss", True)],
-                         ids=["ddp-fp16-gradient", "ddp-off-loss", "fsdp-fp16-shard", "fsdp-bf16-loss"])
-def test_a_nan_on_one_process_skips_the_step_on_every_process(amp, fault, fsdp, arc_folder, tmp_path):
-    """docs/invariants.md #3 over processes: rank 1 alone gets a NaN gradient (made in its backward)
-    or a NaN loss (in the window's last micro-batch, which under DDP still goes backward); the
-    reduction carries it to rank 0, both skip the step (fp16: both halve the scale), neither waits
-    for the other (a timeout would say so), and the next step is taken by both, to the same weights.
-    Under FSDP the NaN sits in rank 1's gradient shard alone (or comes from its loss, which still goes
-    backward: every backward is a collective there)."""
+def test_a_nan_on_one_process_skips_the_step_on_every_process(arc_folder, tmp_path):
+    """docs/invariants.md #3 over processes, in each of NAN_CASES: rank 1 alone gets a NaN gradient
+    (made in its backward) or a NaN loss (in the window's last micro-batch, which under DDP still
+    goes backward); the reduction carries it to rank 0, both skip the step (fp16: both halve the
+    scale), neither waits for the other (a timeout would say so), and the next step is taken by both,
+    to the same weights. Under FSDP the NaN sits in rank 1's gradient shard alone (or comes from its
+    loss, which still goes backward: every backward is a collective there)."""
     script = tmp_path / "nan_on_rank_1.py"
-    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), amp=amp, fault=fault, fsdp=fsdp,
-                                           out=str(tmp_path)))
-    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=180)
+    script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), cases=NAN_CASES, out=str(tmp_path)))
+    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for r in ranks:
-        assert r["skipped"] and r["unchanged"] and r["stepped"] and r["skipped_steps"] == 1, r
-        # fp16: halved by the skip, then unchanged by one good step (growth needs 2000)
-        assert r["scale_ratio"] == (0.5 if amp == "fp16" else 1.0)
-    assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    for name, amp, _, _ in NAN_CASES:
+        for r in ranks:
+            case = r[name]
+            assert case["skipped"] and case["unchanged"] and case["stepped"], (name, case)
+            assert case["skipped_steps"] == 1, (name, case)
+            # fp16: halved by the skip, then unchanged by one good step (growth needs 2000)
+            assert case["scale_ratio"] == (0.5 if amp == "fp16" else 1.0), (name, case)
+        assert ranks[0][name]["checksum"] == ranks[1][name]["checksum"], name
 
 
 SAME_ON_EVERY_RANK = """

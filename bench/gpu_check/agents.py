@@ -68,7 +68,7 @@ def takes(agent: str, variant: str) -> bool:
 
 def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: float | None,
         batches: tuple[int, ...] = (8,)) -> None:
-    side, steps, warmup = (11, 3, 1) if check.tiny else (30, 15, 3)
+    side, steps, warmup = (11, 1, 1) if check.tiny else (30, 15, 3)
     sizes = dict(agent_channels=16, prompt_dim=32) if check.tiny else {}
     peak = bf16_peak_tflops(check.device, peak_tflops)
     section.notes.append(f"{steps} steps after {warmup} warm-up; MFU against a bf16 peak of "
