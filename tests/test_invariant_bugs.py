@@ -167,36 +167,39 @@ def run(copy, test):
     signal.alarm(600)  # a mutant that hangs ends as not caught (its test's own timeouts come first)
     os._exit(pytest.main(["-x", "-q", "-p", "no:cacheprovider", test]))
 
+def reap():
+    pid, status = os.wait()
+    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+
 jobs, running, codes = json.loads(sys.argv[1]), {}, {}
 for copy, test in jobs:
     if len(running) == 2:
-        pid, status = os.wait()
-        codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+        reap()
     pid = os.fork()
     if pid == 0:
         run(copy, test)
     running[pid] = copy
 while running:
-    pid, status = os.wait()
-    codes[running.pop(pid)] = os.waitstatus_to_exitcode(status)
+    reap()
 print(json.dumps(codes))
 """
 
 
-def mutated_copy(mutant: Mutant, copy: Path) -> str:
-    """The tracked files of this checkout copied into `copy`, with `mutant` applied: -> its path."""
-    for name in tracked_files():
+def mutated_copy(mutant: Mutant, copy: Path, files: list[str]) -> Path:
+    """`files` of this checkout copied into `copy`, with `mutant` applied: -> `copy`."""
+    for name in files:
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, copy / name)
     target = copy / mutant.file
     target.write_text(mutant.apply(target.read_text()))
-    return str(copy)
+    return copy
 
 
 def survivors(mutants: list[Mutant], root) -> list[str]:
     """Run each mutant's test in its mutated copy: -> one message for each whose test did not fail
     there as it must (empty: every mutant caught)."""
-    copies = [mutated_copy(m, root / f"mutant-{i}") for i, m in enumerate(mutants)]
+    files = tracked_files()
+    copies = [str(mutated_copy(m, root / f"mutant-{i}", files)) for i, m in enumerate(mutants)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", FORKING_RUNNER, json.dumps([[c, m.test] for c, m in
                                                                               zip(copies, mutants, strict=True)])],
