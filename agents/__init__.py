@@ -6,11 +6,13 @@ from __future__ import annotations
 from agents.contract import Agent
 from agents.conv_agent import FiLMConvAgent
 from agents.loop_vit import LoopViTAgent
+from agents.rope_transformer import RopeTransformerAgent
 from agents.transformer_agent import TransformerAgent
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
-AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent, "loop_vit": LoopViTAgent}
+AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent, "loop_vit": LoopViTAgent,
+                              "rope": RopeTransformerAgent}
 
 
 def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
@@ -36,4 +38,4 @@ def compile_seconds() -> float:
                                                                           "backward._backward_impl"))
 
 
-__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "TransformerAgent", "build_agent", "compile_seconds"]
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "RopeTransformerAgent", "TransformerAgent", "build_agent", "compile_seconds"]

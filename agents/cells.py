@@ -53,10 +53,13 @@ class CellEmbedding(nn.Module):
     [B, S, S, C], viewed classes [B, S, S, 12] float32: the prompt-gated views' classes, or the input's
     own one-hot without views)."""
 
-    def __init__(self, *, prompt_dim: int, channels: int, views: bool = True, side: int = MAX_SIDE):
+    def __init__(self, *, prompt_dim: int, channels: int, views: bool = True, side: int = MAX_SIDE,
+                 positions: bool = True):
+        """`positions`: add the learned CellPosition (False: an agent that gives attention its
+        positions itself, agents/rope_transformer.py)."""
         super().__init__()
         self.embed = nn.Embedding(NUM_CLASSES, channels)
-        self.position = CellPosition(channels, side)
+        self.position = CellPosition(channels, side) if positions else None
         self.prompt_in = nn.Linear(prompt_dim, channels)
         self.views = PromptedViews(prompt_dim) if views else None
         self.view_embed = nn.Linear(NUM_CLASSES, channels, bias=False) if views else None
@@ -71,7 +74,10 @@ class CellEmbedding(nn.Module):
         """enclosed: [B, S, S] bool, the canvas's enclosed background (data/enclosed.py) as the batch
         carries it; computed here when not given (on the host: a GPU's canvas is copied there)."""
         h, w = grid_extent(input_canvas)
-        x = self.embed(input_canvas) + self.position(input_canvas, h, w) + self.prompt_in(prompt)[:, None, None, :]
+        x = self.embed(input_canvas)
+        if self.position is not None:
+            x = x + self.position(input_canvas, h, w)
+        x = x + self.prompt_in(prompt)[:, None, None, :]
         if self.views is None:
             return x, one_hot(input_canvas)
         viewed = self.views(input_canvas, h, w, prompt, adapter.gate_bias if adapter is not None else None)

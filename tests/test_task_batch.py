@@ -83,6 +83,7 @@ def together_as_alone(small_cfg, tolerance: dict, tasks: list[ArcTask] | None = 
     # VARC's recipe: a latent row per view trained with the weights, dropout of each block's change
     dict(ttt_view_rows=True, ttt_dropout=0.3, ttt_schedule="cosine", ttt_warmup=0.2),
     dict(ttt_view_rows=True, ttt_dropout=0.3, agent="loop_vit", agent_cycles=2),  # blocks called twice a pass
+    dict(agent="rope", agent_channels=16),  # scaled_dot_product_attention under vmap
 ])
 def test_tasks_adapted_together_end_as_each_alone(small_cfg, flags):
     """Steps, demo losses after adaptation and every view's prediction equal adapting each task alone
@@ -107,7 +108,7 @@ def test_tasks_of_different_demo_counts_reading_their_demos_adapt_together_as_al
     assert len(set(np.round([alone[t][1] for t in alone], 4))) == len(alone)
 
 
-@pytest.mark.parametrize("agent", ["conv", "loop_vit", "transformer"])
+@pytest.mark.parametrize("agent", ["conv", "loop_vit", "transformer", "rope"])
 def test_tasks_adapted_together_under_bf16_end_as_each_alone_to_its_precision(small_cfg, agent):
     """--amp bf16 (the GPU recipes'; engine/precision.Float32LayerNorm lets vmap run it): steps, demo
     losses and every view's prediction equal adapting each task alone to bf16's rounding. A vmapped
