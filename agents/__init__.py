@@ -38,4 +38,5 @@ def compile_seconds() -> float:
                                                                           "backward._backward_impl"))
 
 
-__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "RopeTransformerAgent", "TransformerAgent", "build_agent", "compile_seconds"]
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "RopeTransformerAgent", "TransformerAgent",
+           "build_agent", "compile_seconds"]

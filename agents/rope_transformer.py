@@ -5,7 +5,7 @@ transformer agent; what differs is how attention runs and where positions come f
 
 - attention is torch's `scaled_dot_product_attention` on [B, heads, T, 64]-shaped queries (heads of
   64 channels from 256 channels up), the call that takes the flash kernel on a GPU under bf16;
-- positions are rotary (`--agent_positions rope`, the default): half of each head's rotary pairs
+- positions are rotary (`--agent_positions rotary`, the default): half of each head's rotary pairs
   turn with the cell's row, half with its column, so a query and a key meet at their 2D offset
   (mdlARC's ablation: 1D positions cost it 44% -> 24% on ARC-AGI-1). Prefix tokens are not turned.
   `learned` gives the cells the other agents' learned embeddings instead, `both` adds the two;
@@ -86,7 +86,7 @@ class RopeTransformerAgent(nn.Module):
     """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, prefix: int = 4, cycles: int = 1,
-                 positions: str = "rope", views: bool = True, canvas_side: int = MAX_SIDE):
+                 positions: str = "rotary", views: bool = True, canvas_side: int = MAX_SIDE):
         super().__init__()
         heads = heads_for(channels)
         if channels % heads or (channels // heads) % 4:
@@ -99,7 +99,7 @@ class RopeTransformerAgent(nn.Module):
         self.context_demos = 0  # it reads no demos in context (--agent_context_demos is refused)
         self.num_views = NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side,
-                                   positions=positions != "rope")
+                                   positions=positions != "rotary")
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         self.blocks = nn.ModuleList(RopeBlock(channels, heads) for _ in range(layers))
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)

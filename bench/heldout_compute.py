@@ -32,40 +32,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 import training
 from agents import build_agent
-from agents.context import DemoSlots
 from bench.heldout_curve import curve, power_fit, predict, svg
 from bench.learnability import parse_settings
 from engine.checkpoint import find_checkpoint, load_state
 from engine.config import Config
 from engine.loop import epoch_windows
 from training.cli import read_config_file
+from training.flops import episode_flops
 
 CPU = torch.device("cpu")
-NUM_CLASSES = 12  # colours 0-9, PAD, EOG (data/canvas.py)
-
-
-def episode_flops(cfg: Config, side: int) -> int:
-    """FLOPs of one episode's forward and backward through the agent at canvas side `side`: both
-    refinements (two rows), the prompt a random vector of the agent's prompt width, and with
-    in-context reading its demos (all `--agent_context_demos` of them, at that side)."""
-    torch.manual_seed(0)
-    agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)
-    canvas = torch.randint(0, NUM_CLASSES, (2, side, side))
-    prompt = torch.randn(2, cfg.prompt.prompt_dim)
-    context = {}
-    if agent.context_demos:  # in-context reading: as many demos as it reads, every cell covered
-        d = agent.context_demos
-        demos = [torch.randint(0, 10, (1, d, side, side)) for _ in range(2)]
-        context["context"] = DemoSlots(*demos, torch.ones(1, d, dtype=torch.bool), repeats=2)
-    # the plain attention kernel: torch's counter sees its matrix products, not a fused kernel's
-    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-        agent(canvas, prompt, **context).float().logsumexp(-1).mean().backward()
-    return counter.get_total_flops()
 
 
 def step_flops(cfg: Config, windows: int = 16) -> float:

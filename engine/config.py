@@ -31,7 +31,7 @@ FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybri
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
 RANKINGS = ("votes", "logprob", "hedged", "learned")
-POSITIONS = ("rope", "learned", "both")  # where a cell's position enters, for an agent that reads --agent_positions
+POSITIONS = ("rotary", "learned", "both")  # where a cell's position enters, for an agent that reads --agent_positions
 
 
 def flag(default, help: str, choices: tuple | None = None, *, model: bool = False,  # noqa: A002 - mirrors argparse
@@ -198,7 +198,7 @@ class AgentCfg:
     agent_layers: int = flag(3, "layers, of an agent built of layers (others refuse a non-default value)", model=True)
     agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True)
     agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas", model=True)
-    agent_positions: str = flag("rope", "how an agent that may choose gives its cells their positions: rope (2D rotary "
+    agent_positions: str = flag("rotary", "how an agent that may choose gives its cells their positions: rotary (2D "
                                 "in attention), learned (embeddings added to each cell) or both", POSITIONS, model=True)
     input_views: bool = flag(True, "17 views of the input, gated by the prompt: 8 dihedral, 2x/3x up/down-scalings, "
                              "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)

@@ -11,6 +11,7 @@ import training
 from agents import build_agent
 from bench import heldout_compute
 from bench.heldout_curve import power_fit, predict
+from training.flops import episode_flops
 
 
 def test_the_frontier_keeps_each_point_below_every_cheaper_one():
@@ -37,15 +38,15 @@ def test_a_micro_batch_costs_its_episodes_times_one_episode_at_its_side(small_cf
         with FlopCounterMode(display=False) as counter:
             agent(grid, torch.randn(grid.shape[0], cfg.prompt.prompt_dim)).float().logsumexp(-1).mean().backward()
         episodes, side = batch["input"].shape[:2]
-        assert counter.get_total_flops() == episodes * heldout_compute.episode_flops(cfg, side)
+        assert counter.get_total_flops() == episodes * episode_flops(cfg, side)
     wider = small_cfg(agent_channels=32)
-    assert heldout_compute.episode_flops(wider, 11) > 3 * heldout_compute.episode_flops(cfg, 11)
+    assert episode_flops(wider, 11) > 3 * episode_flops(cfg, 11)
     assert heldout_compute.step_flops(cfg, windows=2) > 0
     # in-context reading costs its reads: the attention over 2 demos' cells counted (the plain kernel)
     reading = small_cfg(agent_context_demos=2)
     side = 11
     reads = 2 * 2 * (2 * side * side) * (1 + 2 * side * side) * reading.agent.agent_channels  # QK and AV, 2 reads
-    assert heldout_compute.episode_flops(reading, side) > heldout_compute.episode_flops(cfg, side) + reads
+    assert episode_flops(reading, side) > episode_flops(cfg, side) + reads
 
 
 def test_runs_of_two_widths_make_a_table_a_fit_a_prediction_and_a_picture(small_cfg, tmp_path, capsys):

@@ -27,7 +27,7 @@ def test_rotary_positions_make_a_query_key_product_depend_on_the_2d_offset_only(
         turned_k = rotate(k[None, None, None], angles[tk:tk + 1].double())
         return float((turned_q * turned_k).sum())
 
-    assert product((1, 2), (4, 0)) == pytest.approx(product((4, 6), (7, 4)), abs=1e-5)  # both moved by (3, 4); the turn in float32
+    assert product((1, 2), (4, 0)) == pytest.approx(product((4, 6), (7, 4)), abs=1e-5)  # both moved by (3, 4)
     assert product((1, 2), (4, 0)) != pytest.approx(product((1, 2), (0, 4)), abs=1e-3)  # the transposed offset
 
 
@@ -42,7 +42,7 @@ def test_rotary_turns_rows_with_the_first_quarter_of_pairs_and_columns_with_the_
         math.sin(1.0))
 
 
-@pytest.mark.parametrize("positions, learned, rotary", [("rope", False, True), ("learned", True, False),
+@pytest.mark.parametrize("positions, learned, rotary", [("rotary", False, True), ("learned", True, False),
                                                          ("both", True, True)])
 def test_where_the_cells_positions_come_from(positions, learned, rotary):
     agent = RopeTransformerAgent(prompt_dim=8, channels=16, layers=1, positions=positions)

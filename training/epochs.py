@@ -25,6 +25,7 @@ from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows
 from engine.schedule import TrainingSchedule
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.chooser import train_chooser
+from training.flops import TrainingFlops
 from training.run_folder import finish_run, open_run, plan_run_dir
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
@@ -77,6 +78,7 @@ class EpochLoop:
         self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
         self.seconds_before = self.counters.train_seconds  # the earlier invocations' (Counters.train_seconds)
         self.qwen_norm = torch.zeros(())  # the trainable Qwen's gradient norm at its last refresh step
+        self.flops = TrainingFlops(cfg, device)  # the agent's FLOPs this invocation trains (perf/*, train_*)
 
     def run(self) -> dict:
         """Every epoch left, then the final validation. -> the summary (summary.json's)."""
@@ -88,7 +90,7 @@ class EpochLoop:
             metrics = self.validate(final=True)
             return finish_run(self.run_dir, self.logger, self.started, self.counters.optimizer_steps,
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
-                               **self.validation.report(self.seconds),
+                               **self.validation.report(self.seconds), **self.flops.since_start(self.seconds),
                                **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})},
                               self.dist)
         finally:
@@ -133,6 +135,7 @@ class EpochLoop:
         lr_factor = self.lr_schedule.apply(counters.optimizer_steps, self.seconds)
         stats = train_step(self.state, window, cfg, self.dist)
         stats["optim/lr_factor"] = lr_factor
+        self.flops.add(window)
         bar.update(len(window))
         qwen_norm = stats.pop("grad/qwen_norm", None)  # zero on steps without a Qwen gradient (not refreshed)
         if qwen_norm is not None:  # on the device: kept there until a log step reads it
@@ -173,6 +176,8 @@ class EpochLoop:
         except Interrupted as err:
             raise TrainingStopped.by_signal(err.signum, f"during {'the final ' if final else ''}validation at step "
                                             f"{self.counters.optimizer_steps}; {self.resume_hint}") from None
+        finally:
+            self.flops.restart_interval()  # the rates are training's: a validation's time is not counted
 
     def log(self, epoch: int) -> dict[str, float]:
         """Write the scalars accumulated since the last write, with the counters as they stand
@@ -182,7 +187,8 @@ class EpochLoop:
         state = self.state
         values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
                   "grad/qwen_norm": float(self.qwen_norm),
-                  "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later)}
+                  "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later),
+                  **self.flops.interval()}
         if state.prompts is not None:
             values.update(state.prompts.scalars())
         if self.cfg.agent.compile:

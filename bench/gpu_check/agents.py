@@ -29,24 +29,13 @@ from bench.gpu_check.report import Section, one_line
 from bench.step_profile import PHASES, bare_agent_flops, case_config, timed_steps
 from engine.config import AgentCfg
 from engine.errors import ConfigError
+from training.flops import bf16_peak_tflops
 
 VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "bucket"},
             # the agent's forward and backward as CUDA graphs: what launch-bound steps should gain most from
             "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "bucket", "adapt_tasks": 1},
             # in-context reading (agents/context.py) at fp32: what 3 demos' cells to attend to cost a step
             "context": {"agent_context_demos": 3}}
-# dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins
-BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
-                    ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
-
-
-def bf16_peak_tflops(device: torch.device, given: float | None) -> float | None:
-    if given is not None or device.type != "cuda":
-        return given
-    name = torch.cuda.get_device_name(device)
-    return next((peak for key, peak in BF16_PEAK_TFLOPS if key in name), None)
-
-
 def cases(variants: tuple[str, ...], batches: tuple[int, ...]) -> list[tuple[str, str, int]]:
     """(agent, variant, micro-batch): the default agent at every variant and micro-batch first (a
     variant at each micro-batch before the next variant: a compile costs the section's time), then
