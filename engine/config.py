@@ -247,6 +247,8 @@ class OptimCfg:
     task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True)
     lr_schedule: str = flag("constant", "every training lr: constant, or cosine to a tenth at the end of --epochs or "
                             "--max_minutes (whichever first)", LR_SCHEDULES, result_free=True)
+    lr_warmup: float = flag(0.0, "every training lr rises linearly over this share of the run (steps or --max_minutes, "
+                                 "as --lr_schedule counts it) before its schedule", result_free=True)
     weight_decay: float = flag(0.01, "AdamW weight decay", result_free=True)
     clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
     grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True)
@@ -264,7 +266,8 @@ class OptimCfg:
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum", "meta_tasks", "meta_demos"),
-               non_negative=("clip", "weight_decay", "grad_bucket_mb", "meta_steps", "meta_lr", "meta_weight"))
+               non_negative=("clip", "weight_decay", "grad_bucket_mb", "meta_steps", "meta_lr", "meta_weight"),
+               below_one=("lr_warmup",))
         if self.meta_steps and self.amp == "fp16":
             raise ConfigError("--meta_steps does not take --amp fp16: its inner gradients are not loss-scaled "
                               "(use bf16)")

@@ -13,6 +13,7 @@ import torch
 from engine.config import LR_SCHEDULES
 
 TRAIN_LR_FLOOR = 0.1  # training's cosine ends at a tenth of the base lr (nanoGPT's min_lr), not at 0
+WARMUP_START = 0.01  # --lr_warmup's first factor: a step at lr 0 would be wasted
 
 
 def lr_factor(schedule: str, progress: float, floor: float = 0.0) -> float:
@@ -54,15 +55,21 @@ class TrainingSchedule:
     run's progress. Built before a resume loads the optimizers' saved (already decayed) lrs."""
 
     def __init__(self, schedule: str, optimizers: list[torch.optim.Optimizer], total_steps: int,
-                 budget_seconds: float = 0.0):
+                 budget_seconds: float = 0.0, warmup: float = 0.0):
+        """`warmup`: the share of the run (by the same progress) over which the factor rises linearly
+        from WARMUP_START to 1 before `schedule` runs over the rest (nanoGPT's warmup_iters)."""
         self.schedule, self.total_steps, self.budget_seconds = schedule, total_steps, budget_seconds
+        self.warmup = warmup
         self.optimizers = optimizers
         self.base = [[g["lr"] for g in o.param_groups] for o in optimizers]
 
     def apply(self, step: int, seconds: float) -> float:
         """Set the lrs of optimizer step `step` (0-based), `seconds` into the run's clock budget. -> the factor."""
-        factor = lr_factor(self.schedule, run_progress(step, self.total_steps, seconds, self.budget_seconds),
-                           TRAIN_LR_FLOOR)
+        progress = run_progress(step, self.total_steps, seconds, self.budget_seconds)
+        if progress < self.warmup:
+            factor = max(progress / self.warmup, WARMUP_START)
+        else:
+            factor = lr_factor(self.schedule, (progress - self.warmup) / (1 - self.warmup), TRAIN_LR_FLOOR)
         for optimizer, base in zip(self.optimizers, self.base, strict=True):
             set_lrs(optimizer, base, factor)
         return factor

@@ -54,3 +54,15 @@ def test_a_cosine_run_logs_its_factor_and_trains_other_weights_than_a_constant_o
     assert factors == pytest.approx([0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)])
     assert [v for _, v in scalars(runs["constant"]["run_dir"])["optim/lr_factor"]] == [1.0] * 4
     assert runs["constant"]["loss/combined"] != runs["cosine"]["loss/combined"]
+
+
+def test_a_warm_up_rises_linearly_then_the_schedule_runs_over_the_rest(small_cfg):
+    """--lr_warmup 0.2 over 10 steps: factors 0.01 (step 0: never 0), 0.5 (step 1 = progress 0.1 of 0.2),
+    then the cosine over progress 0.2..1: 1 at step 2, 0.55 at step 6 (halfway), 0.1 at step 10."""
+    cfg = small_cfg()
+    state = training.build_train_state(cfg, CPU, tasks=1)
+    schedule = TrainingSchedule("cosine", [state.optimizer], total_steps=10, warmup=0.2)
+    factors = [schedule.apply(step, 0.0) for step in (0, 1, 2, 6, 10)]
+    assert factors == pytest.approx([0.01, 0.5, 1.0, 0.55, 0.1])
+    assert state.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * cfg.optim.agent_lr)
+    assert TrainingSchedule("constant", [state.optimizer], total_steps=10, warmup=0.5).apply(9, 0.0) == 1.0

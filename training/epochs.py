@@ -59,7 +59,7 @@ class EpochLoop:
         self.lr_schedule = TrainingSchedule(
             cfg.optim.lr_schedule, [self.state.optimizer, self.state.rl_optimizer],
             total_steps=cfg.run.epochs * math.ceil(self.n_batches / cfg.optim.grad_accum),
-            budget_seconds=60 * cfg.run.max_minutes)
+            budget_seconds=60 * cfg.run.max_minutes, warmup=cfg.optim.lr_warmup)
         if resumed_from is not None:
             restore_run_state(self.state, resumed_from, cfg.flags(), dist)
         self.counters = self.state.counters
