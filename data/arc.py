@@ -39,7 +39,8 @@ class ArcTask:
 
     @property
     def family_id(self) -> str:
-        """The task id that overlap with the evaluation tasks is checked on."""
+        """The task id that overlap with the evaluation tasks is checked on, and whose task embedding row
+        it reads."""
         return self.family or self.task_id
 
 

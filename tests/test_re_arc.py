@@ -113,3 +113,16 @@ def test_held_out_queries_add_fresh_generated_pairs_drawn_per_task_by_the_seed(r
     assert [p.input.tobytes() for p in again.test] == [p.input.tobytes() for p in task.test]
     assert [p.input.tobytes() for p in other.test] != [p.input.tobytes() for p in task.test]
     assert len(held_out_queries(pool, own, count=100, seed=0).test) == 1 + len(pool.examples) - 3  # all it has
+
+
+def test_a_task_and_its_re_arc_demo_sets_share_one_task_embedding_row(arc_folder, re_arc, small_cfg):
+    """ARC-AGI-1's task <id> and RE-ARC's <id>~0, <id>~1 are one rule: one embedding row, so the
+    embedding has a row per task (8 training + 3 evaluation demos), not per demo set (8 + 16 + 3)."""
+    cfg = small_cfg(data=f"{arc_folder},re-arc:{re_arc[1]}", re_arc_sets=2, task_embedding=True,
+                    train_on_eval_demos=True)
+    data = training.build_data(cfg, torch.device("cpu"))
+    rows = data.loader.dataset.task_rows
+    assert len(data.task_ids) == 8 + 3 and sorted(set(rows.values())) == list(range(11))
+    for task in data.splits.training:
+        assert rows[task.task_id] == data.task_ids.index(task.family_id)
+    assert any(DERIVED in t for t in rows) and len(rows) == 8 + 16 + 3

@@ -38,7 +38,8 @@ from training.run_state import TrainState, restore_run_state
 @dataclass
 class TrainingData:
     splits: ArcSplits
-    task_ids: list[str]  # the tasks training draws episodes from (a task embedding row each), in order
+    task_ids: list[str]  # the tasks training draws episodes from, a task embedding row each, in order (a RE-ARC
+    # demo set is its task's: data.arc.ArcTask.family_id)
     sampler: CurriculumBatches  # yields this process's slice of each global batch
     loader: DataLoader
     eval_set: EpisodeDataset  # the evaluation tasks' test pairs; their outputs are read by the scorer only
@@ -68,7 +69,10 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     scores = np.array([episode_difficulty(e) for e in train_eps])
     scale = DifficultyScale(scores)
     task_index = {t.task_id: i for i, t in enumerate(tasks)}
-    task_rows = task_index if cfg.prompt.task_embedding else None
+    # a task embedding row per task; RE-ARC's demo sets of a task share its row (one rule, one embedding)
+    families = list(dict.fromkeys(t.family_id for t in tasks))
+    row_of = {f: i for i, f in enumerate(families)}
+    task_rows = {t.task_id: row_of[t.family_id] for t in tasks} if cfg.prompt.task_embedding else None
     # each sample carries its context demos when the model reads them (the latent step, the demo
     # stream) or training adapts on them (--meta_steps; validation's episodes need none then)
     context_demos = cfg.context_demos
@@ -90,7 +94,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     eval_placing = placing if d.place_validation else Placing(side=placing.side)  # test-time training follows it
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
                               task_rows=task_rows, context_demos=context_demos, placing=eval_placing)
-    return TrainingData(splits, list(task_index), sampler, loader, eval_set, held_out)
+    return TrainingData(splits, families, sampler, loader, eval_set, held_out)
 
 
 def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), prompt_cache_dir: Path | None = None,
