@@ -47,7 +47,7 @@ def rotary_angles(side: int, prefix: int, head_dim: int, device: torch.device) -
     quarter = head_dim // 4
     freq = ROPE_BASE ** (-torch.arange(quarter, device=device, dtype=torch.float32) / quarter)
     idx = torch.arange(side, device=device, dtype=torch.float32)
-    rows, cols = idx.repeat_interleave(side), idx.repeat(side)  # [S*S] each
+    rows, cols = idx[:, None].expand(side, side).reshape(-1), idx.repeat(side)  # [S*S] each
     cells = torch.cat([rows[:, None] * freq, cols[:, None] * freq], -1)
     return torch.cat([cells.new_zeros(prefix, 2 * quarter), cells])
 

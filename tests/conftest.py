@@ -85,7 +85,7 @@ def state_and_batches():
     def make(cfg: Config, n: int):
         training.seed_everything(cfg.run.seed)
         data = training.build_data(cfg, CPU)
-        state = training.build_train_state(cfg, CPU)
+        state = training.build_train_state(cfg, CPU, tasks=len(data.task_ids))
         data.sampler.set_epoch(0)
         batches = [b for _, b in zip(range(n), data.loader, strict=False)]
         return state, batches

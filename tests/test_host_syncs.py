@@ -53,9 +53,13 @@ EXPECTED = {
     'foreach=True))': 1}
 
 
+# the one-lease recipe's model (configs/gpu-lease.toml) at a CPU's size
+LEASE = {"agent": "rope", "agent_channels": 16, "task_embedding": True, "use_qwen": False, "canvas": "full"}
+
+
 @pytest.mark.parametrize("amp,reader", [("off", {}), ("bf16", {}), ("fp16", {}), ("off", {"demo_stream": 16}),
-                                        ("off", {"agent_context_demos": 2})],
-                         ids=["off", "bf16", "fp16", "demo stream", "in context"])
+                                        ("off", {"agent_context_demos": 2}), ("bf16", LEASE)],
+                         ids=["off", "bf16", "fp16", "demo stream", "in context", "lease recipe"])
 def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, reader, small_cfg,
                                                                         state_and_batches, monkeypatch):
     """Counted by the operations above, and one more: the enclosed background's flood fill runs on
@@ -75,15 +79,16 @@ def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, read
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-@pytest.mark.parametrize("amp", ["off", "bf16", "fp16"])
-def test_on_a_gpu_a_step_synchronizes_only_where_the_invariants_need_it(amp, small_cfg):
+@pytest.mark.parametrize("amp,flags", [("off", {}), ("bf16", {}), ("fp16", {}), ("bf16", LEASE)],
+                         ids=["off", "bf16", "fp16", "lease recipe"])
+def test_on_a_gpu_a_step_synchronizes_only_where_the_invariants_need_it(amp, flags, small_cfg):
     """The same on CUDA, as the driver sees it: torch.cuda.set_sync_debug_mode warns at each
     operation that synchronizes the host with the device (a value read, a blocking copy)."""
     cuda = torch.device("cuda")
-    cfg = small_cfg(amp=amp, grad_accum=2, device="cuda")
+    cfg = small_cfg(amp=amp, grad_accum=2, device="cuda", **flags)
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, cuda)
-    state = training.build_train_state(cfg, cuda)
+    state = training.build_train_state(cfg, cuda, tasks=len(data.task_ids))
     data.sampler.set_epoch(0)
     window = next(epoch_windows(data.loader, 2, 2, cuda))
     train_step(state, window, cfg)  # the prompt cache warm
