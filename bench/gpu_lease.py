@@ -12,8 +12,8 @@ limit of its own, the report rewritten as each ends (a call stopped from outside
                --eval_minutes (the held-out loss on all 400 evaluation tasks, then all 400 scored with
                256 voted views); the process is stopped (SIGTERM, then SIGKILL) at the command's
                deadline less the report's reserve, its per-task journal keeping what was scored
-    untrained  while a minute and a half is left: the same flags' weights as built, --eval_only, the
-               untrained start's held-out loss and pass@2 beside the trained ones
+    untrained  while a minute and a half is left: the same flags' weights as built, --eval_only (eager),
+               the untrained start's held-out loss and pass@2 beside the trained ones
     report     lease.md and lease.json (the figures below), lease_run.tar.gz (the run's log, summary,
                TensorBoard events and journal), copied to --copy_to (the device tool's $OUT: at
                most 8 files come back)
@@ -89,7 +89,8 @@ def fixed_argv(args: argparse.Namespace, run_dir: Path, *, untrained: bool, eval
             "--max_minutes", f"{args.train_minutes:g}", "--eval_minutes", f"{eval_minutes:g}",
             *(TINY_SIZES if args.tiny else ()),
             *(arg for flag in args.set for arg in ("--" + flag.split("=", 1)[0], flag.split("=", 1)[1]))]
-    return argv + (["--eval_only"] if untrained else [])
+    # the untrained start's one validation runs eager: a compile would cost it more than it saves
+    return argv + (["--eval_only", "--no-compile"] if untrained else [])
 
 
 def steady_tflops(run_dir: Path) -> float | None:
