@@ -41,6 +41,16 @@ class Prediction:
     rl: RLInfo | None  # detached head inputs and actions, when a delta was sampled
     latent_step: torch.Tensor | None = None  # [B, P] float32, the demos' step added to every refinement
     stats: dict[str, torch.Tensor] = field(default_factory=dict)  # an experiment's figures for TensorBoard
+    # the refinement of each slice of logits and refined, in order: ("sampled", "mean") in training,
+    # ("mean",) in adaptation and validation, ("given",) for a refined prompt passed in
+    names: tuple[str, ...] = ()
+
+    def of(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [B, S, S, 12], refined prompts [B, P]) of the refinement `name`."""
+        if name not in self.names:
+            raise ValueError(f"no {name!r} refinement in this prediction: it holds {', '.join(self.names)}")
+        k = self.names.index(name)
+        return self.logits[k], self.refined[k]
 
 
 class ArcModel(nn.Module):
@@ -173,7 +183,8 @@ class ArcModel(nn.Module):
                             **({"context": context} if context is not None else {}))
         if self.cuda_graphs:  # so the next call's replay cannot overwrite what this one returns
             logits = logits.clone()
-        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats)
+        names = ("given",) if torch.is_tensor(refinement) else tuple(refinement.split("+"))
+        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats, names)
 
     def demo_slots(self, batch: dict, repeats: int) -> DemoSlots:
         """The batch's context demos in the agent's slots (its first context_demos of the batch's,

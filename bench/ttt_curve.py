@@ -56,7 +56,7 @@ def identity_scores(model: ArcModel, prompts: QwenFeatures | None, dataset: Epis
     batch = model.encode_prompts(to_device(collate([dataset[(i, 0)] for i in episodes]), device), prompts, 0,
                                training=False)
     with autocast(cfg.optim.amp, device.type):
-        logits = model(batch, "mean", adaptation.rows_of(batch, device)).logits[0]
+        logits = model(batch, "mean", adaptation.rows_of(batch, device)).of("mean")[0]
     out = []
     for b, i in enumerate(episodes):
         grid, query = decode_logits(logits[b].float()), dataset.episodes[i].query

@@ -80,8 +80,8 @@ def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAda
     """Mean adaptation loss over each row's samples -> [slots] float32 (0 for a row without samples).
     batch, of: as `_predict` (`of` also names the row a sample's loss counts to when `adapters` is None)."""
     batch, pred = _predict(model, prompts, adapters, batch, of, amp)
-    per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
-                                 cfg=cfg.loss)
+    logits, refined = pred.of("mean")
+    per_sample = adaptation_loss(logits, refined, pred.prompt, batch["target"], batch["input"], cfg=cfg.loss)
     total = torch.zeros(slots, device=per_sample.device).index_add(0, of, per_sample)
     count = torch.zeros(slots, device=per_sample.device).index_add(0, of, torch.ones_like(per_sample))
     return total / count.clamp_min(1)
@@ -106,7 +106,7 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
     for views in sorted({1, cfg.eval.ttt_stop_views}):
         batch, of = demos.every(rows, views)
         batch, pred = _predict(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), amp)
-        if not bool((pred.logits[0].argmax(-1) == batch["target"]).all()):
+        if not bool((pred.of("mean")[0].argmax(-1) == batch["target"]).all()):
             return False
     return True
 

@@ -1,9 +1,13 @@
 """`--eval_minutes`: a validation that ends by a wall-clock deadline, spending what is left on the
 tasks not yet done (docs/runs.md, "Validation, ...": "A deadline"): an ARC Prize notebook has a hard time limit.
 
-The pace is measured per group of tasks adapted together, in four parts (PARTS): its search over starts, an
-adaptation step, a view of a test input, and the rest (its final demo loss, ranking, scoring); `Deadline.plan`
-gives each group its share of the time left. On a GPU the clock synchronizes the device first
+Each task gets an even share of the time left, and a group of tasks adapted together the sum of its tasks'
+shares (`Deadline.plan`). The pace is measured in four parts (PARTS): the search over starts, an adaptation
+step, a view of a test input, and the rest (the final demo loss, ranking, scoring). A view is priced per view
+and test input whatever the group; the other three per group size (tasks adapted together), since a step of K
+tasks costs about K times one on a CPU and less on a GPU: a size not yet measured is priced from the nearest
+measured one, in proportion to its tasks, until it is measured itself. So two tasks that cost the same get
+the same settings whether they are adapted alone or in a group. On a GPU the clock synchronizes the device first
 (`Deadline.synchronized`): work is queued, and a clock read without it charges a step's time to whatever waits
 on it later.
 """
@@ -16,6 +20,7 @@ from collections.abc import Callable
 import torch
 
 PARTS = ("search", "step", "view", "rest")  # what a group's time is made of (see the docstring)
+VIEW_SIZE = 1  # a view's pace is kept under one size: it is priced per view and test input
 
 
 class Deadline:
@@ -24,7 +29,8 @@ class Deadline:
         self.clock = clock
         self.spent = spent
         self.end = clock() + 60.0 * minutes - spent
-        self.pace = {part: [0.0, 0] for part in PARTS}  # seconds, times measured
+        # part -> {group size: [seconds, times measured]} (a view's under VIEW_SIZE)
+        self.pace: dict[str, dict[int, list]] = {part: {} for part in PARTS}
         self.tasks = {"full": 0, "cut": 0, "late": 0}  # planned with the full settings, cut, after the deadline
         self.group_end = self.end  # when the group being scored has spent its share
         self.searching = True  # the plan of the group being scored kept its search
@@ -43,34 +49,39 @@ class Deadline:
     def left(self) -> float:
         return self.end - self.clock()
 
-    def cost(self, part: str) -> float:
-        """Seconds one `part` has taken on average (0 before it was measured)."""
-        seconds, n = self.pace[part]
-        return seconds / n if n else 0.0
+    def cost(self, part: str, tasks: int = VIEW_SIZE) -> float:
+        """Seconds one `part` takes for a group of `tasks` (0 before any group was measured): the mean
+        at that size, else the nearest measured size's in proportion to the tasks."""
+        sizes = self.pace[part]
+        if not sizes:
+            return 0.0
+        nearest = tasks if tasks in sizes else min(sizes, key=lambda k: (abs(k - tasks), k))
+        seconds, n = sizes[nearest]
+        return seconds / n * tasks / nearest if n else 0.0
 
-    def plan(self, ttt_steps: int, views: int, groups_left: int, pairs: int, tasks: int = 1) -> dict:
+    def plan(self, ttt_steps: int, views: int, tasks_left: int, pairs: int, tasks: int = 1) -> dict:
         """The next group's settings, overrides of the EvalCfg flags: views and adaptation steps at
-        most `views` and `ttt_steps`, fitted to its share of the time left for its `pairs` test inputs
-        and the `groups_left` groups (this one included) still to score; no search when one view does
-        not fit beside it; after the deadline no adaptation at all (no search either) and one view.
-        `tasks`: the group's, counted in `tasks`."""
+        most `views` and `ttt_steps`, fitted to its `tasks`' share of the time left (the left time
+        evenly over the `tasks_left` tasks still to score, this group's included) for its `pairs` test
+        inputs; no search when one view does not fit beside it; after the deadline no adaptation at
+        all (no search either) and one view."""
         left = self.left()
         if left <= 0:
             self.tasks["late"] += tasks
             self.searching = False
             return {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
-        share = left / max(groups_left, 1)
+        share = left * tasks / max(tasks_left, tasks)
         self.group_end = self.clock() + share
         plan: dict = {"ttt_steps": ttt_steps, "eval_augments": views}
-        if self.pace["rest"][1]:  # a group was measured: fit this one to its share
-            room = share - self.cost("rest") - self.cost("search")
+        if self.pace["rest"]:  # a group was measured: fit this one to its share
+            room = share - self.cost("rest", tasks) - self.cost("search", tasks)
             view = self.cost("view") * pairs
             if room < view:  # not even one view beside the search: leave it out
-                room += self.cost("search")
+                room += self.cost("search", tasks)
                 plan.update(view_starts=False, latent_steps=0)
             plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
             spare = room - view * plan["eval_augments"]
-            step = self.cost("step")
+            step = self.cost("step", tasks)
             plan["ttt_steps"] = max(0, min(ttt_steps, int(spare / step))) if step else ttt_steps * (spare > 0)
         self.searching = "view_starts" not in plan
         full = plan == {"ttt_steps": ttt_steps, "eval_augments": views}
@@ -82,19 +93,21 @@ class Deadline:
         group, planned before any pace was measured, cannot run past its share either)."""
         return self.clock() > self.group_end
 
-    def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float) -> None:
-        """What a group took, in seconds: its `search` over starts (counted only when its plan kept
-        it), its adaptation `steps` (seconds, steps), its `views` (seconds, views x test inputs) and
-        the `rest`."""
+    def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float,
+                 tasks: int = 1) -> None:
+        """What a group of `tasks` took, in seconds: its `search` over starts (counted only when its plan
+        kept it), its adaptation `steps` (seconds, steps), its `views` (seconds, views x test inputs)
+        and the `rest`."""
         if self.searching:
-            self._add("search", search, 1)
-        self._add("step", *steps)
-        self._add("view", *views)
-        self._add("rest", rest, 1)
+            self._add("search", tasks, search, 1)
+        self._add("step", tasks, *steps)
+        self._add("view", VIEW_SIZE, *views)
+        self._add("rest", tasks, rest, 1)
 
-    def _add(self, part: str, seconds: float, n: int) -> None:
-        self.pace[part][0] += seconds
-        self.pace[part][1] += n
+    def _add(self, part: str, tasks: int, seconds: float, n: int) -> None:
+        pace = self.pace[part].setdefault(tasks, [0.0, 0])
+        pace[0] += seconds
+        pace[1] += n
 
     def describe(self, tasks: int) -> str:
         """The start-up line: what the budget allows."""

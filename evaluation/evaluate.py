@@ -54,7 +54,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
         for batch in loader:
             batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             adapter = adapted.rows_of(batch, device) if adapted is not None else None
-            logits = model(batch, cfg.eval.eval_refinement, adapter).logits[0].float()
+            logits = model(batch, cfg.eval.eval_refinement, adapter).of(cfg.eval.eval_refinement)[0].float()
             logp = F.log_softmax(logits, -1).cpu().numpy()  # one transfer per batch, then decoding on the CPU
             for b, aug in enumerate(batch["augmentation"]):
                 grid, mean_logp = decode_logp(logp[b], aug.placement)
@@ -130,10 +130,11 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
     return [task_groups(task_ids[r::world_size], side_of, size, together) for r in range(world_size)]
 
 
-def count_groups(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
-    """How many groups this process would score for `task_ids`: what a validation that scores them
-    in a later call passes to the first as `groups_after`, so one deadline is shared by both."""
-    return len(process_groups(dataset, episodes_by_task(dataset), task_ids, cfg, dist.world_size)[dist.rank])
+def count_tasks(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
+    """How many of `task_ids` this process would score: what a validation that scores them in a
+    later call passes to the first as `tasks_after`, so one deadline is shared by both."""
+    groups = process_groups(dataset, episodes_by_task(dataset), task_ids, cfg, dist.world_size)[dist.rank]
+    return sum(map(len, groups))
 
 
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
@@ -141,7 +142,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 desc: str | None = None, chooser: AttemptChooser | None = None,
                 on_candidates: Callable[[int, Candidates], None] | None = None,
                 journal: Journal | None = None, deadline: Deadline | None = None,
-                submission: SubmissionFile | None = None, groups_after: int = 0) -> TaskScores:
+                submission: SubmissionFile | None = None, tasks_after: int = 0) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share; the scores are gathered,
     so every process returns them all). `stop` (this process was asked to stop) is read inside adaptation
     and, agreed by every process, between task groups: then `Interrupted` is raised. `desc`: a progress bar
@@ -149,8 +150,8 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
     `pass2_learned` when there is one). `on_candidates(episode index, candidates)`: for every test input
     this process scores, after its attempts. `journal`: a group whose tasks it holds is read, not scored
     again; each task scored is appended. `deadline` (--eval_minutes): each group's steps and views fitted to
-    its share of the time left, shared with `groups_after` groups of this process that a later call scores
-    under the same deadline (`count_groups`). `submission`: rewritten after each group."""
+    its tasks' share of the time left, shared with `tasks_after` tasks of this process that a later call
+    scores under the same deadline (`count_tasks`). `submission`: rewritten after each group."""
     if chooser is None and cfg.eval.attempt_ranking == "learned":
         raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
                           "python fixed.py --train_chooser --resume <checkpoint>")
@@ -178,7 +179,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 for t in group:
                     restore(journal.done[t], scores)
             else:
-                done = scorer.score(group, deadline, groups_left=len(mine) - slot + groups_after)
+                done = scorer.score(group, deadline, tasks_left=sum(map(len, mine[slot:])) + tasks_after)
                 if done is None:  # stopped during its adaptation: nothing of it is kept
                     continue
                 scores = scores.merged(done)
@@ -236,14 +237,14 @@ class _GroupScorer:
         # the held-out loss's canvases hold the output
         self.fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None
 
-    def score(self, group: list[str], deadline: Deadline | None, groups_left: int) -> TaskScores | None:
+    def score(self, group: list[str], deadline: Deadline | None, tasks_left: int) -> TaskScores | None:
         """The group's scores; None when `stop` cut its adaptation short."""
         cfg, dataset = self.cfg, self.dataset
         start = time.perf_counter()
         tasks = [dataset.episodes[self.by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in self.by_task[t]]
         planned = cfg if deadline is None else cfg.replace(**deadline.plan(
-            cfg.eval.ttt_steps, cfg.eval.eval_augments, groups_left, len(episodes), len(group)))
+            cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group)))
         clock = deadline.clock if deadline is not None else time.perf_counter
         began = clock()
         marks: list[float] = []  # the deadline's clock as the first adaptation step starts and after each
@@ -282,7 +283,8 @@ class _GroupScorer:
             deadline.measured(search=searched_until - began, steps=(marks[-1] - marks[0] if marks else 0.0,
                                                                      max(len(marks) - 1, 0)),
                               views=(predicted_at - adapted_at, planned.eval.eval_augments * len(episodes)),
-                              rest=(adapted_at - (marks[-1] if marks else adapted_at)) + clock() - predicted_at)
+                              rest=(adapted_at - (marks[-1] if marks else adapted_at)) + clock() - predicted_at,
+                              tasks=len(group))
         return out
 
     def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:

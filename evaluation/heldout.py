@@ -71,7 +71,7 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
                 break
             target = batch.pop("target")  # [B, S, S] int64: read by this loss only, never given to the model
             adapter = adapted.rows_of(batch, device) if adapted is not None else None
-            logits = model(batch, "mean", adapter).logits[0]
+            logits = model(batch, "mean", adapter).of("mean")[0]
             logp = F.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, S, S]
             cells = target != PAD
             per_cell = (-(logp * cells).sum((1, 2)) / cells.sum((1, 2))).cpu().tolist()

@@ -186,8 +186,8 @@ def _task_loss(model: ArcModel, cfg: Config) -> Callable:
         each = iter(masks) if masks is not None else None  # the masks in block-call order
         with dropped_changes(model, (lambda shape: next(each)) if each is not None else None):
             pred = functional_call(model, copy, (batch, "mean", slice_), strict=False)
-        per_sample = adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
-                                     cfg=cfg.loss)
+        logits, refined = pred.of("mean")
+        per_sample = adaptation_loss(logits, refined, pred.prompt, batch["target"], batch["input"], cfg=cfg.loss)
         return per_sample.float().mean()
     return loss
 

@@ -18,27 +18,54 @@ class Clock:
         return self.now
 
 
-def test_the_plan_fits_each_group_to_its_share_of_the_time_left():
+def test_the_plan_fits_each_task_alone_to_its_share_of_the_time_left():
     clock = Clock()
     deadline = Deadline(10.0, clock)  # 600 s
-    assert deadline.plan(60, 8, groups_left=100, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
+    assert deadline.plan(60, 8, tasks_left=100, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
     # the first group: a 2 s search, 60 steps of 1 s, 8 views of 0.1 s, 0.6 s of the rest
     deadline.measured(search=2.0, steps=(60.0, 60), views=(0.8, 8), rest=0.6)
     clock.now = 63.4
     # 536.6 s for 99 groups: 5.42 s a group, 2.6 of it the search and the rest, 0.8 the views: 2 steps
-    assert deadline.plan(60, 8, groups_left=99, pairs=1) == {"ttt_steps": 2, "eval_augments": 8}
-    assert deadline.plan(60, 8, groups_left=1, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
+    assert deadline.plan(60, 8, tasks_left=99, pairs=1) == {"ttt_steps": 2, "eval_augments": 8}
+    assert deadline.plan(60, 8, tasks_left=1, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
     # 2.82 s a group: after the search and the rest, room for 0.22 s: two views, no steps
-    assert deadline.plan(60, 8, groups_left=190, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
+    assert deadline.plan(60, 8, tasks_left=190, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
     # 1.34 s a group: not even one view beside the search: it is left out, and 7 views fit
-    assert deadline.plan(60, 8, groups_left=400, pairs=1) == {"ttt_steps": 0, "eval_augments": 7,
+    assert deadline.plan(60, 8, tasks_left=400, pairs=1) == {"ttt_steps": 0, "eval_augments": 7,
                                                               "view_starts": False, "latent_steps": 0}
     deadline.measured(search=0.0, steps=(0.0, 0), views=(0.7, 7), rest=0.6)  # a group without its search
     assert deadline.cost("search") == 2.0 and deadline.cost("rest") == 0.6 and deadline.cost("view") == 0.1
     clock.now = 601.0
-    late = deadline.plan(60, 8, groups_left=5, pairs=1, tasks=1)
+    late = deadline.plan(60, 8, tasks_left=5, pairs=1, tasks=1)
     assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
     assert deadline.tasks == {"full": 2, "cut": 3, "late": 1}
+
+
+def test_tasks_that_cost_the_same_get_the_same_settings_alone_and_in_a_group_of_8():
+    """A CPU's pace: a step of 8 tasks together takes 8 times one task's (8 s against 1 s), so do the
+    search and the rest; a view takes 1 s a test input either way. With 180 s left for a task alone
+    and then a group of 8 (9 tasks, 20 s each), the task alone gets 20 s: 1 s search + 1 s rest, 8
+    views (8 s), 10 steps (10 s); the group 160 s: 8 + 8, 8 views of its 8 pairs (64 s), 10 steps
+    of 8 s (80 s). The same settings; by group (90 s each) the group would get 1 step, the task 60."""
+    clock = Clock()
+    deadline = Deadline(10.0, clock)
+    deadline.measured(search=1.0, steps=(10.0, 10), views=(2.0, 2), rest=1.0, tasks=1)
+    deadline.measured(search=8.0, steps=(80.0, 10), views=(16.0, 16), rest=8.0, tasks=8)
+    clock.now = 600.0 - 180.0
+    alone = deadline.plan(60, 8, tasks_left=9, pairs=1, tasks=1)
+    clock.now += 20.0
+    group = deadline.plan(60, 8, tasks_left=8, pairs=8, tasks=8)
+    assert alone == group == {"ttt_steps": 10, "eval_augments": 8}
+
+
+def test_a_group_size_not_yet_measured_is_priced_from_the_nearest_in_proportion():
+    clock = Clock()
+    deadline = Deadline(10.0, clock)
+    deadline.measured(search=1.0, steps=(10.0, 10), views=(2.0, 2), rest=1.0, tasks=1)
+    assert deadline.cost("step", 8) == 8.0 and deadline.cost("search", 8) == 8.0 and deadline.cost("view") == 1.0
+    deadline.measured(search=2.0, steps=(20.0, 10), views=(8.0, 8), rest=2.0, tasks=4)  # 4 tasks: 2 s a step
+    assert deadline.cost("step", 4) == 2.0 and deadline.cost("step", 8) == 4.0 and deadline.cost("step", 2) == 2.0
+    assert deadline.cost("step", 1) == 1.0  # measured at its own size
 
 
 def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_path):
@@ -84,9 +111,9 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
     plans = []
     plan = Deadline.plan
 
-    def spy(self, ttt_steps, views, groups_left, pairs, tasks=1):
-        plans.append(groups_left)
-        return plan(self, ttt_steps, views, groups_left, pairs, tasks)
+    def spy(self, ttt_steps, views, tasks_left, pairs, tasks=1):
+        plans.append(tasks_left)
+        return plan(self, ttt_steps, views, tasks_left, pairs, tasks)
 
     monkeypatch.setattr(Deadline, "plan", spy)
     cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, ttt_check_every=0,

@@ -54,6 +54,11 @@ def test_forward_shapes_and_a_given_latent(small_cfg, state_and_batches):
     torch.testing.assert_close(both.logits[1], mean.logits[0])  # the mean refinement draws no noise
     given = state.model(batch, mean.refined[0])  # a refined prompt passed as it is
     assert torch.equal(given.logits, mean.logits)
+    # each slice is named: training's sampled refinement first, then the mean; adaptation's is the mean
+    assert (both.names, mean.names, given.names) == (("sampled", "mean"), ("mean",), ("given",))
+    assert torch.equal(both.of("mean")[0], both.logits[1]) and torch.equal(both.of("sampled")[1], both.refined[0])
+    with pytest.raises(ValueError, match="no 'sampled' refinement in this prediction: it holds mean"):
+        mean.of("sampled")
 
 
 def test_parameter_groups_partition_the_trainable_weights(small_cfg, state_and_batches):

@@ -33,8 +33,8 @@ def _loss(model: ArcModel, weights: dict[str, torch.Tensor], batch: dict, cfg: C
     """The mean adaptation_loss of `batch` under `weights` (the model's own where not named)."""
     with amp.autocast():
         pred = functional_call(model, weights, (batch, "mean"), strict=False)
-        return adaptation_loss(pred.logits[0], pred.refined[0], pred.prompt, batch["target"], batch["input"],
-                               cfg=cfg.loss).mean()
+        logits, refined = pred.of("mean")
+        return adaptation_loss(logits, refined, pred.prompt, batch["target"], batch["input"], cfg=cfg.loss).mean()
 
 
 def meta_gradient(model: ArcModel, batch: dict, cfg: Config, amp, window: list[dict]) -> dict:

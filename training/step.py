@@ -63,7 +63,7 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
             batch = model.encode_prompts(batch, state.prompts, state.counters.micro_batches + i, training=True)
         with gradient_sync(trained, last):
             with record_function("step/forward"), amp.autocast():
-                pred = trained(batch, "sampled+mean")
+                pred = trained(batch, "sampled+mean")  # pred.names: ("sampled", "mean"), training_loss's order
                 loss = training_loss(pred.logits, pred.refined, pred.prompt, batch["target"], batch["input"],
                                      cfg=cfg.loss)
                 window_loss = loss.per_sample.sum() * share

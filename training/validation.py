@@ -26,7 +26,7 @@ from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
 from evaluation.deadline import Deadline
-from evaluation.evaluate import EvalResult, count_groups, describe, first_tasks, score_tasks
+from evaluation.evaluate import EvalResult, count_tasks, describe, first_tasks, score_tasks
 from evaluation.heldout import heldout_losses, pair_records
 from evaluation.journal import Journal, open_journal
 from evaluation.report import header as report_header
@@ -122,18 +122,18 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
         if final and run_dir is not None else None
     deadline, submission = final_budget(cfg, data, device, dist, len(chosen), journal) if final else (None, None)
 
-    def score(tasks: list[int], desc: str, groups_after: int = 0) -> TaskScores:
+    def score(tasks: list[int], desc: str, tasks_after: int = 0) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                            desc=desc, journal=journal, deadline=deadline, submission=submission,
-                           groups_after=groups_after)
+                           tasks_after=tasks_after)
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
                                                  state.counters.train_seconds, len(chosen if final else first))
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
-        # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's groups
-        after = count_groups(data.eval_set, chosen[len(first):], cfg, dist) if deadline is not None else 0
+        # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
+        after = count_tasks(data.eval_set, chosen[len(first):], cfg, dist) if deadline is not None else 0
         scores = score(first, "validate", after)
         metrics = scores.metrics("val", cfg)
         if logger is not None and len(first) == len(subset):
