@@ -1,6 +1,8 @@
 """What every grid agent is: the model, test-time training and the per-task adapters ask this and
 nothing more of it (a new agent: docs/model.md, "Models"; tests/test_agents.py checks every registered
-agent). Its `from_config` refuses what it cannot take (`refuse_unread_options`)."""
+agent, building each as `cls(prompt_dim=..., channels=...)`, so its `__init__` takes those two by
+keyword with defaults for the rest). Its `from_config` refuses what it cannot take
+(`refuse_unread_options`)."""
 
 from __future__ import annotations
 

@@ -36,16 +36,19 @@ POSITIONS = ("rotary", "learned", "both")  # where a cell's position enters, for
 
 def flag(default, help: str, choices: tuple | None = None, *, model: bool = False,  # noqa: A002 - mirrors argparse
          result_free: bool = False):
-    """A command-line flag. What it is, declared once, here: `model`, it builds the model's weights
-    (a checkpoint holds it, and --resume builds the model from it: MODEL_FLAGS); `result_free`, a
-    validation's journal ignores it, so it may change between a stop and the continuation
-    (RESULT_FREE): training's own flags and where and when validation writes cannot change a
-    validated task's result once the weights are given; the time budget (--eval_minutes,
-    --new_deadline) can, as the machine's speed can, through the steps and views a deadline leaves a
-    task, and is still free because a journaled task is final (a continuation never scores it
-    again; its line keeps the adaptation steps it got, eval/deadline_* counts the tasks cut);
-    neither, it can change a task's result and a continuation must keep it. tests/test_config.py
-    holds each declaration to what the flag does."""
+    """A command-line flag, and what it is, declared once, here:
+
+    - `model`: it builds the model's weights (a checkpoint holds it; --resume builds the model from
+      it: MODEL_FLAGS).
+    - `result_free`: a validation's journal ignores it, so it may change between a stop and the
+      continuation (RESULT_FREE). Training's own flags and where and when validation writes cannot
+      change a validated task's result once the weights are given. The time budget (--eval_minutes,
+      --new_deadline) can, as a slower machine can, through the steps and views a deadline leaves a
+      task; it is free all the same because a journaled task is final (never scored again; its line
+      keeps the adaptation steps it got; eval/deadline_* counts the tasks cut).
+    - neither: it can change a task's result, and a continuation must keep it.
+
+    tests/test_config.py holds each declaration to what the flag does."""
     if model and result_free:
         raise ValueError("a flag that builds the model changes a task's result")
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "model": model,
