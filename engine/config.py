@@ -44,8 +44,9 @@ def flag(default, help: str, choices: tuple | None = None, *, model: bool = Fals
       continuation (RESULT_FREE). Training's own flags and where and when validation writes cannot
       change a validated task's result once the weights are given. The time budget (--eval_minutes,
       --new_deadline) can, as a slower machine can, through the steps and views a deadline leaves a
-      task; it is free all the same because a journaled task is final (never scored again; its line
-      keeps the adaptation steps it got; eval/deadline_* counts the tasks cut).
+      task; it is free all the same because a continuation keeps every group whose tasks were all
+      journaled as it was scored (the lines keep the adaptation steps each got; eval/deadline_*
+      counts the tasks cut) and scores only the rest under the budget left.
     - neither: it can change a task's result, and a continuation must keep it.
 
     tests/test_config.py holds each declaration to what the flag does."""
@@ -352,7 +353,8 @@ class EvalCfg:
 
     @property
     def trains_shared_weights(self) -> bool:
-        """Test-time training moves named groups of the shared weights, one task at a time."""
+        """Test-time training moves named groups of the shared weights (a copy a task: one task at a
+        time, or tasks together in one vmapped step, evaluation/task_batch.py)."""
         return self.ttt_steps > 0 and self.ttt_params != "task"
 
     @property
