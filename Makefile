@@ -69,7 +69,7 @@ gpu-check: gpu-site
 # ARC-AGI-1 evaluation tasks scored in 9.5 minutes at most, carrying gpu-wheels/ and runs/re_arc.zip; the
 # report in runs/gpu-lease/lease.md, copied to OUT when OUT is given (the device tool's $OUT); ARGS passes
 # flags on: ARGS="--train_minutes 4 --set agent_channels=512"
-LEASE_COPY = $(if $(filter environment command line,$(origin OUT)),--copy_to $(OUT))
+LEASE_COPY = $(if $(and $(strip $(OUT)),$(filter environment command line,$(origin OUT))),--copy_to $(OUT))
 gpu-lease: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) $(ARGS)
 

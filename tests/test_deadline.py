@@ -66,6 +66,8 @@ def test_a_group_size_not_yet_measured_is_priced_from_the_nearest_in_proportion(
     deadline.measured(search=2.0, steps=(20.0, 10), views=(8.0, 8), rest=2.0, tasks=4)  # 4 tasks: 2 s a step
     assert deadline.cost("step", 4) == 2.0 and deadline.cost("step", 8) == 4.0 and deadline.cost("step", 2) == 2.0
     assert deadline.cost("step", 1) == 1.0  # measured at its own size
+    deadline.measured(search=1.0, steps=(0.0, 0), views=(1.0, 1), rest=1.0, tasks=8)  # 8 tasks cut to no step
+    assert deadline.cost("step", 8) == 4.0, "a group that took no step measured no step's cost"
 
 
 def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_path):

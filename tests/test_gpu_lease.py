@@ -21,7 +21,7 @@ def test_the_dry_run_trains_scores_the_untrained_start_and_reports_in_a_few_file
     report = json.loads((out / "lease.json").read_text())
     run, untrained = report["phases"]
     assert (run["phase"], untrained["phase"]) == ("run", "untrained") and "error" not in run | untrained
-    assert run["steps"] > 0 and run["model TFLOP/s (whole training)"] > 0 and run["episodes/s"] > 0
+    assert run["steps"] > 0 and run["model TFLOP/s (whole training)"] > 0 and run["episodes/s (whole training)"] > 0
     assert run["training s"] > 0 and untrained["steps"] == 0 and untrained["training s"] == 0
     for phase in (run, untrained):
         assert phase["tasks scored"] == 4 and phase["held-out pairs"] > 0
@@ -39,6 +39,14 @@ def test_the_phases_must_fit_the_lease_and_re_arc_must_be_carried(tmp_path, caps
     with pytest.raises(SystemExit):
         gpu_lease.parse(["--re_arc", str(tmp_path / "missing.zip")])
     assert "missing.zip: no such file or folder" in capsys.readouterr().err.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--set", "compile"])
+    assert "give each as FLAG=VALUE" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_set_passes_fixed_py_flags_and_booleans_as_their_switches():
+    assert gpu_lease.flag_args(["compile=false", "agent_channels=512", "augment=True"]) == [
+        "--no-compile", "--agent_channels", "512", "--augment"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -132,7 +132,9 @@ class EpochLoop:
         """One optimizer step, its scalars, and what may follow it: a stop (with a checkpoint) on a
         stop request or too many skipped steps in a row, a checkpoint every `--save_every`."""
         cfg, counters = self.cfg, self.counters
-        lr_factor = self.lr_schedule.apply(counters.optimizer_steps, self.seconds)
+        # the schedule's clock leaves the compile out: a warm-up by the clock would pass during it
+        clock = self.seconds - compile_seconds() if cfg.agent.compile else self.seconds
+        lr_factor = self.lr_schedule.apply(counters.optimizer_steps, clock)
         stats = train_step(self.state, window, cfg, self.dist)
         stats["optim/lr_factor"] = lr_factor
         self.flops.add(window)
@@ -187,10 +189,11 @@ class EpochLoop:
         state = self.state
         values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
                   "grad/qwen_norm": float(self.qwen_norm),
-                  "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later),
-                  **self.flops.interval()}
+                  "train/easy_fraction": easy_fraction(epoch, self.cfg.data.easy_warmup, self.cfg.data.easy_later)}
         if state.prompts is not None:
             values.update(state.prompts.scalars())
         if self.cfg.agent.compile:
             values["time/compile_seconds"] = compile_seconds()
-        return self.logger.flush(self.counters.optimizer_steps, values)
+        written = self.logger.flush(self.counters.optimizer_steps, values)
+        # after the flush, which waits for the device: the interval's wall time covers the work queued in it
+        return {**written, **self.logger.write(self.counters.optimizer_steps, self.flops.interval())}

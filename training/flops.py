@@ -27,7 +27,7 @@ from engine.config import Config
 # An H200 measured about 790 on a large bf16 matrix product here (docs/gpu.md): the lease's report
 # gives MFU against both.
 BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
-                    ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
+                    ("L40", 181.0), ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
 
 
 def bf16_peak_tflops(device: torch.device, given: float | None = None) -> float | None:
