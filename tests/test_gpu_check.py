@@ -49,7 +49,7 @@ def test_every_section_runs_on_the_cpu_at_tiny_sizes(tmp_path, capsys):
     agents = sections["agents"]["rows"]
     assert [(r["agent"], r["variant"]) for r in agents] == [
         ("conv", "fp32"), ("conv", "bf16"), ("conv", "context"), ("transformer", "fp32"), ("transformer", "bf16"),
-        ("transformer", "context"), ("loop_vit", "fp32"), ("loop_vit", "bf16")]
+        ("transformer", "context"), ("loop_vit", "fp32"), ("loop_vit", "bf16"), ("rope", "fp32"), ("rope", "bf16")]
     plain, reading = (next(r for r in agents if (r["agent"], r["variant"]) == ("conv", v)) for v in ("fp32", "context"))
     assert reading["agent GFLOP"] > plain["agent GFLOP"]  # the reads' projections, at least
     assert all(r["agent GFLOP"] > 0 and r["bare agent ms"] > 0 and r["step warm ms"] > 0 for r in agents)
@@ -134,7 +134,8 @@ def test_an_agent_case_that_fails_records_its_error_and_the_others_run(tmp_path,
     assert [(r["agent"], r["variant"], r.get("error")) for r in section["rows"]] == [
         (a, v, "RuntimeError: CUDA graphs: capture failed" if v == "graphs" else None)
         for a in agents.AGENTS for v in ("fp32", "graphs")]
-    assert section["error"].startswith("3 case(s) failed: conv/graphs/8, transformer/graphs/8, loop_vit/graphs/8")
+    assert section["error"].startswith("4 case(s) failed: conv/graphs/8, transformer/graphs/8, loop_vit/graphs/8, "
+                                       "rope/graphs/8")
 
 
 def test_the_default_agent_runs_first_at_every_micro_batch_the_others_at_the_first():
@@ -144,11 +145,12 @@ def test_the_default_agent_runs_first_at_every_micro_batch_the_others_at_the_fir
     assert AgentCfg().agent == "conv"
     assert agents.cases(("fp32", "graphs"), (8, 64)) == [
         ("conv", "fp32", 8), ("conv", "fp32", 64), ("conv", "graphs", 8), ("conv", "graphs", 64),
-        ("transformer", "fp32", 8), ("transformer", "graphs", 8), ("loop_vit", "fp32", 8), ("loop_vit", "graphs", 8)]
+        ("transformer", "fp32", 8), ("transformer", "graphs", 8), ("loop_vit", "fp32", 8), ("loop_vit", "graphs", 8),
+        ("rope", "fp32", 8), ("rope", "graphs", 8)]
     # in-context reading only where the agent takes it
     assert agents.cases(("fp32", "context"), (8,)) == [
         ("conv", "fp32", 8), ("conv", "context", 8), ("transformer", "fp32", 8), ("transformer", "context", 8),
-        ("loop_vit", "fp32", 8)]
+        ("loop_vit", "fp32", 8), ("rope", "fp32", 8)]
 
 
 def test_a_failing_section_records_one_line_and_the_next_one_runs(tmp_path, monkeypatch, capsys):

@@ -8,7 +8,7 @@ ends; a section that fails records a one-line error and the next one runs:
 
     seeds      the seeds' scaler failures, on the device (bench/gpu_check/seeds.py)
     qwen       Qwen2.5-0.5B and -1.5B shapes, frozen / LoRA / full: tokens/s, step ms, peak memory
-    agents     conv, transformer and the looped ViT at S = 30, fp32 / bf16 / --compile / CUDA graphs: step ms,
+    agents     conv, transformer, the looped ViT and rope at S = 30, fp32 / bf16 / --compile / CUDA graphs: step ms,
                TFLOP/s, MFU, overhead
     recipes    each configs/gpu-*.toml's step, phase by phase: ms, episodes a second, kernels, syncs, peak
                memory (bench/gpu_check/recipes.py; only when --sections names it)

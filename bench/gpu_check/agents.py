@@ -1,4 +1,4 @@
-"""The agents on the device: conv, transformer and the looped ViT at S = 30 (29x29 grids plus the
+"""The agents on the device: conv, transformer, the looped ViT and rope at S = 30 (29x29 grids plus the
 end-of-grid row), fp32 / bf16 autocast / `--compile` / graphs (`--compile --compile_mode
 reduce-overhead`: CUDA graphs) / in-context reading of 3 demos (`--agent_context_demos 3`, the agents
 that take it), at each micro-batch of `--agent_batches` (8: the default), timed as
