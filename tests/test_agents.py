@@ -176,17 +176,20 @@ def test_a_new_agent_is_one_class_and_one_registry_line_with_its_own_rules(monke
 
 
 @pytest.mark.slow
-def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_buckets(small_cfg, state_and_batches):
+@pytest.mark.parametrize("agent", [{}, {"agent": "rope", "agent_channels": 16}], ids=["conv", "rope"])
+def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_buckets(small_cfg, state_and_batches,
+                                                                                       agent):
     """--compile --canvas bucket, through the model: compiled at the first batch, once more for a
     second batch size (a dynamic batch dimension) and once for a second canvas side (each side
-    static); logits and gradients agree with the eager model, and nothing falls back to eager."""
+    static); logits and gradients agree with the eager model, and nothing falls back to eager. The
+    default agent, and the rope agent the GPU lease compiles (scaled_dot_product_attention, rotary)."""
     from torch._dynamo.utils import counters
 
     from agents import compile_seconds
     from data.episodes import collate
     from model import build_model
 
-    cfg = small_cfg(agent_channels=8, compile=True, canvas="bucket")
+    cfg = small_cfg(**{"agent_channels": 8, **agent}, compile=True, canvas="bucket")
     state, _ = state_and_batches(cfg, 1)
     compiled = state.model
     eager = build_model(cfg.replace(compile=False), qwen=compiled.qwen)
