@@ -66,12 +66,13 @@ gpu-check: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(if $(RE_ARC),--re_arc $(RE_ARC)) $(ARGS)
 
 # A score from one GPU lease (bench/gpu_lease.py, docs/gpu.md): configs/gpu-lease.toml trained and all 400
-# ARC-AGI-1 evaluation tasks scored in 9.5 minutes at most, carrying gpu-wheels/ and runs/re_arc.zip; the
-# report in runs/gpu-lease/lease.md, copied to OUT when OUT is given (the device tool's $OUT); ARGS passes
-# flags on: ARGS="--train_minutes 4 --set agent_channels=512"
+# ARC-AGI-1 evaluation tasks scored in LEASE_MINUTES (9.5; give the device time left: training and scoring
+# shrink to fit) at most, carrying gpu-wheels/ and runs/re_arc.zip; the report in runs/gpu-lease/lease.md, copied to
+# OUT when OUT is given (the device tool's $OUT); ARGS passes flags on: ARGS="--train_minutes 4 --set agent_channels=512"
 LEASE_COPY = $(if $(and $(strip $(OUT)),$(filter environment command line,$(origin OUT))),--copy_to $(OUT))
 gpu-lease: gpu-site
-	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) $(ARGS)
+	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) \
+		$(if $(LEASE_MINUTES),--minutes $(LEASE_MINUTES)) $(ARGS)
 
 # One folder that predicts a challenges file offline (ARC Prize's notebook): code, the run's newest
 # checkpoint, the wheels make gpu-wheels fetches, predict.sh: make bundle RUN=runs/<name> OUT=bundle

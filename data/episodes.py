@@ -13,13 +13,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data.arc import MAX_SIDE, ArcPair, ArcTask
-from data.augment import Augmentation
+from data.arc import MAX_SIDE, NUM_COLOURS, ArcPair, ArcTask
+from data.augment import Augmentation, view_ids
 from data.canvas import PAD, Placement, Placing, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.enclosed import enclosed_map
-from data.features import difficulty, numeric_features, relation_features
+from data.features import COOC_AT, HIST_AT, RELATION_DIM, difficulty, numeric_features, relation_features
 from data.text import demo_text
+from data.view_batch import ViewSet, colour_index
 
 CTRL_FEATURES = (
     "difficulty_percentile",  # the episode's difficulty rank among training episodes, in [0, 1]
@@ -118,7 +119,11 @@ class EpisodeDataset(Dataset):
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
         # the unplaced side of each episode (what batches are bucketed by)
         self.sides = np.array([self._cut(fit_side((x,)), MAX_SIDE) for x in self.extents], dtype=np.int64)
-        self._described: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]] = {}
+        # features by (episode, dihedral, background colour), texts by (episode, view id), view sets by
+        # (demos, extent, views): see view_features, demo_texts, view_set
+        self._described: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._texts: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._view_sets: dict[tuple[int, int, int], ViewSet] = {}
 
     def __len__(self) -> int:
         return len(self.episodes)
@@ -145,7 +150,7 @@ class EpisodeDataset(Dataset):
         side = self.side_of(index, aug_id)
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
-        numeric, relation, demo_texts = self.described(index, aug, query_in)
+        numeric, relation, demo_texts = self.described(index, aug)
         sample = {
             "input": torch.from_numpy(self.encode(query_in, placement)),
             "numeric": numeric,
@@ -171,21 +176,74 @@ class EpisodeDataset(Dataset):
             sample["context_present"] = torch.arange(slots) < len(demos)
         return sample
 
-    def described(self, index: int, aug: Augmentation,
-                  query_in: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
+    def described(self, index: int, aug: Augmentation) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
         """What the prompt reads of sample (index, aug.aug_id): its numeric [15] and relation [129]
-        float32 features, of its augmented context and query input (`query_in`), and its context's
-        demo texts; computed once and kept for the next draw of the same sample (up to FEATURE_CACHE
-        samples, the oldest dropped first). Shared by every draw: read, never written."""
-        key = (index, aug.aug_id)
+        float32 features (`view_features`) and its context's demo texts (`demo_texts`)."""
+        numeric, relation = self.view_features(index, ViewSet.of([aug], [0]))
+        return numeric[0], relation[0], self.demo_texts(index, aug)
+
+    def view_features(self, index: int, views: ViewSet) -> tuple[torch.Tensor, torch.Tensor]:
+        """The numeric [V, 15] and relation [V, 129] float32 features of episode `index` under each of
+        `views`, of its augmented context and query input (data/features.py).
+
+        Computed once per dihedral transform and background colour (the colour the view turns into 0)
+        and kept (up to FEATURE_CACHE, the oldest dropped first): the features of the same grids under a
+        renaming of the other colours are these, the colour-indexed relation features permuted
+        (`colour_index`), the rest unchanged; the demos are read in the task's order (a mean over
+        demos does not depend on their order). Shared by every draw: read, never written."""
+        background = views.inverse[:, 0]  # the task's colour each view turns into 0
+        keys = sorted(set(zip(views.dihedral.tolist(), background.tolist(), strict=True)))
+        base = [self._base_features(index, k, b) for k, b in keys]
+        which = torch.tensor([keys.index(key) for key in zip(views.dihedral.tolist(), background.tolist(),
+                                                                 strict=True)], dtype=torch.int64)
+        numeric = torch.stack([n for n, _ in base])[which]
+        relation = torch.stack([r for _, r in base])[which]
+        # the base view renamed b <-> 0 (`_base_features`); the view's renaming is Q after it, Q keeping 0:
+        # Q's inverse is the base's (its own inverse) after the view's inverse
+        swap = torch.arange(NUM_COLOURS).expand(len(views), -1).clone()
+        swap[torch.arange(len(views)), background] = 0
+        swap[:, 0] = background
+        q_inverse = swap.gather(1, views.inverse)
+        return numeric, relation.gather(1, colour_index(q_inverse, COOC_AT, HIST_AT, RELATION_DIM))
+
+    def _base_features(self, index: int, k: int, background: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Episode `index`'s features under dihedral `k` with colours `background` and 0 swapped."""
+        key = (index, k, background)
         if key not in self._described:
             if len(self._described) >= FEATURE_CACHE:
                 del self._described[next(iter(self._described))]
-            context = aug.pairs(self.episodes[index].context)
-            self._described[key] = (torch.from_numpy(numeric_features(context, query_in)),
-                                    torch.from_numpy(relation_features(context)),
-                                    tuple(demo_text(p) for p in context))
+            colours = list(range(NUM_COLOURS))
+            colours[0], colours[background] = background, 0
+            aug = Augmentation(dihedral=k, colours=tuple(colours))
+            ep = self.episodes[index]
+            context = aug.grids_only(ep.context)
+            self._described[key] = (torch.from_numpy(numeric_features(context, aug.grid(ep.query.input))),
+                                    torch.from_numpy(relation_features(context)))
         return self._described[key]
+
+    def demo_texts(self, index: int, aug: Augmentation) -> tuple[str, ...]:
+        """The Qwen stream's texts of sample (index, aug.aug_id): its augmented context demos, in the
+        view's order; kept like the features (up to FEATURE_CACHE)."""
+        key = (index, aug.aug_id)
+        if key not in self._texts:
+            if len(self._texts) >= FEATURE_CACHE:
+                del self._texts[next(iter(self._texts))]
+            self._texts[key] = tuple(demo_text(p) for p in aug.pairs(self.episodes[index].context))
+        return self._texts[key]
+
+    def view_set(self, index: int, views: int) -> ViewSet:
+        """The first `views` evaluation views of episode `index` (data.augment.view_ids) as the dataset
+        draws them, placed, with their canvas sides: built once for every episode of the same demo
+        count and extent (what a view's augmentation and placement depend on)."""
+        ep = self.episodes[index]
+        # unplaced views: the side is the episode's, whatever its extent
+        key = (len(ep.context), int(self.extents[index] if self.placing.places else self.sides[index]), views)
+        if key not in self._view_sets:
+            ids = view_ids(views)
+            augs = [Augmentation.from_id(a, len(ep.context), self.permute_background).placed(
+                self.placing.draw(a, int(self.extents[index]))) for a in ids]
+            self._view_sets[key] = ViewSet.of(augs, [self.side_of(index, a) for a in ids])
+        return self._view_sets[key]
 
     @property
     def canvas_side(self) -> int:
@@ -270,3 +328,21 @@ def collate(samples: list[dict], side: int | None = None, slots: int | None = No
         batch["context_present"] = torch.stack([_in_slots(s["context_present"], slots, False) for s in samples])
         batch["context_enclosed"] = _enclosed(samples, "context_enclosed", side, batch["context_input"])
     return batch
+
+
+def pad_rows(batch: dict, size: int) -> dict:
+    """A collated batch of B <= `size` samples with its first sample repeated to `size` rows, every
+    tensor and list of B rows so grown (the rows past B are to be dropped from what the model returns):
+    a compiled model sees one batch size, not a second graph for a last, shorter batch."""
+    rows = len(batch["episode"])
+    if rows >= size:
+        return batch
+    out = {}
+    for key, value in batch.items():
+        if torch.is_tensor(value) and value.dim() and value.shape[0] == rows:
+            out[key] = torch.cat([value, value[:1].expand(size - rows, *value.shape[1:])])
+        elif isinstance(value, list) and len(value) == rows:
+            out[key] = value + value[:1] * (size - rows)
+        else:
+            out[key] = value
+    return out

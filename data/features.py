@@ -41,6 +41,8 @@ SCALES = (2, 3)
 # 8 dihedral agreements + 2 up-scalings + 2 down-scalings + 100 colour co-occurrence
 # + 10 histogram changes + 4 size relations + crop-to-content agreement + 2 content shifts
 RELATION_DIM = 8 + 2 * len(SCALES) + NUM_COLOURS * NUM_COLOURS + NUM_COLOURS + 4 + 1 + 2  # 129
+COOC_AT = 8 + 2 * len(SCALES)  # where the colour co-occurrences [10 x 10] start
+HIST_AT = COOC_AT + NUM_COLOURS * NUM_COLOURS  # where the histogram changes [10] start
 
 
 def _colours(grid: Grid) -> int:

@@ -308,6 +308,9 @@ class EvalCfg:
     attempt_ranking: str = flag("votes", "the two attempts: votes over the views (ties: log-probability), logprob "
                                 "summed over views, hedged (the votes' first, then logprob's) or learned "
                                 "(--train_chooser)", RANKINGS)
+    rank_all: bool = flag(False, "also report the pass@2 of every other attempt ranking (eval/pass2_votes, _logprob, "
+                          "_hedged, _learned with a chooser); each view of each candidate scored once more: off, "
+                          "only --attempt_ranking ranks")
     enumerate: int = flag(0, "candidates beyond the argmaxes: up to this many most probable grids per top-2 voted "
                           "shape, least certain cells changed (0: off; 512: a third of 1-5-cell near misses)")
     enumerate_floor: float = flag(8.0, "--enumerate proposes no grid more than this many nats a view below its "
@@ -420,14 +423,18 @@ class RunCfg:
     train_chooser: bool = flag(False, "only train the attempt chooser of the --resume checkpoint on its run's held-out "
                                "test pairs (--hold_out_tests) and save it into that checkpoint", result_free=True)
     log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True)
-    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only)", result_free=True)
+    save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only, or by the "
+                              "clock under --max_minutes: --save_minutes)", result_free=True)
+    save_minutes: float = flag(5.0, "under --max_minutes with --save_every 0: an epoch's end saves only when this "
+                                    "many training minutes passed since the last checkpoint (a stop and the end "
+                                    "always save; 0: every epoch's end)", result_free=True)
     keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True)
     max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
                                           "skipped for non-finite loss or gradients", result_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),
-               non_negative=("max_batches", "max_minutes", "save_every", "keep_checkpoints"))
+               non_negative=("max_batches", "max_minutes", "save_every", "save_minutes", "keep_checkpoints"))
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
 

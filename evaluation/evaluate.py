@@ -16,14 +16,13 @@ from itertools import groupby
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from agents import compile_seconds
 from data.arc import Grid
-from data.augment import view_ids
-from data.canvas import decode_logp
 from data.demo_episodes import pool_side
-from data.episodes import Episode, EpisodeDataset, collate
+from data.episodes import Episode, EpisodeDataset, pad_rows
+from data.view_batch import ViewSet, view_batch
 from engine.config import Config
 from engine.distributed import Dist
 from engine.errors import ConfigError
@@ -38,28 +37,75 @@ from evaluation.scores import TaskScores
 from evaluation.scoring import RANKINGS, Candidates, pair_metrics
 from evaluation.submission import SubmissionFile, submission_of
 from evaluation.task_batch import batches_shared_weights
+from evaluation.view_votes import ViewLogp, decode_views, task_frame
 from model import ArcModel
 from prompt import QwenFeatures
 
 
 @torch.no_grad()
 def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, episodes: list[int], *,
-               cfg: Config, device: torch.device, adapted: AdaptedTasks | None = None) -> dict[int, Candidates]:
+               cfg: Config, device: torch.device, adapted: AdaptedTasks | None = None,
+               timing: dict[str, float] | None = None) -> dict[int, Candidates]:
     """Predictions for `episodes` under every view, each mapped back to the original frame (with the
-    per-task adapter of `adapted`, when there is one)."""
-    items = [(e, a) for e in episodes for a in view_ids(cfg.eval.eval_augments)]
-    loader = DataLoader(dataset, batch_size=cfg.eval.eval_batch_size, sampler=items, collate_fn=collate)
-    out: dict[int, Candidates] = defaultdict(Candidates)
+    per-task adapter of `adapted`, when there is one): `--eval_augments` views a test input, in
+    batches of `--eval_batch_size` built, decoded, inverted and voted as tensors on `device`
+    (data/view_batch.py, evaluation/view_votes.py). `timing`: seconds of each part are added to it
+    (build, model, decode, vote; the device waited for after each: bench.view_scoring)."""
+    tick = _Ticker(timing, device)
+    views = cfg.eval.eval_augments
+    sets = {e: dataset.view_set(e, views) for e in episodes}
+    parts: dict[int, list[tuple]] = defaultdict(list)  # episode -> its views' (ViewLogp, grids, shapes, mean)
+    flat = len(episodes) * views
     with autocast(cfg.optim.amp, device.type):
-        for batch in loader:
-            batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
+        for lo in range(0, flat, cfg.eval.eval_batch_size):
+            hi = min(lo + cfg.eval.eval_batch_size, flat)
+            segments = [(episodes[n], sets[episodes[n]].part(max(lo - n * views, 0), min(hi - n * views, views)))
+                        for n in range(lo // views, (hi - 1) // views + 1)]
+            batch = view_batch(dataset, segments, texts=prompts is not None)
+            rows = hi - lo
+            if cfg.agent.compile:  # one batch size for the compiled agent: a last, short batch is padded
+                batch = pad_rows(batch, cfg.eval.eval_batch_size)
+            batch = to_device(batch, device)
+            tick("build")
+            batch = model.encode_prompts(batch, prompts, 0, training=False)
             adapter = adapted.rows_of(batch, device) if adapted is not None else None
-            logits = model(batch, cfg.eval.eval_refinement, adapter).of(cfg.eval.eval_refinement)[0].float()
-            logp = F.log_softmax(logits, -1).cpu().numpy()  # one transfer per batch, then decoding on the CPU
-            for b, aug in enumerate(batch["augmentation"]):
-                grid, mean_logp = decode_logp(logp[b], aug.placement)
-                out[batch["episode"][b]].add(aug.invert_grid(grid), mean_logp, aug, logp[b])
+            logits = model(batch, cfg.eval.eval_refinement, adapter).of(cfg.eval.eval_refinement)[0][:rows].float()
+            logp = F.log_softmax(logits, -1)  # [B, S, S, 12], kept on the device: decoded and voted there
+            tick("model")
+            batch_views = ViewSet.cat([v for _, v in segments])
+            grids, shapes, mean = decode_views(logp, batch_views)
+            grids, shapes = task_frame(grids, shapes, batch_views, dataset.canvas_side)
+            tick("decode")
+            row = 0
+            for e, part in segments:
+                rows = slice(row, row + len(part))
+                side = torch.full((len(part),), logp.shape[1], dtype=torch.int64)
+                parts[e].append((ViewLogp(logp[rows], part, side), grids[rows], shapes[rows], mean[rows]))
+                row += len(part)
+    out = {e: Candidates.from_views(ViewLogp.cat([p[0] for p in parts[e]]),
+                                    *(torch.cat([p[k] for p in parts[e]]) for k in (1, 2, 3))) for e in episodes}
+    tick("vote")
     return out
+
+
+class _Ticker:
+    """Adds the seconds since its last call to `timing[part]`, once `device` has done what was queued
+    (nothing, and no wait, without a `timing`)."""
+
+    def __init__(self, timing: dict[str, float] | None, device: torch.device):
+        self.timing, self.device = timing, device
+        self.last = self.now() if timing is not None else 0.0
+
+    def now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def __call__(self, part: str) -> None:
+        if self.timing is not None:
+            now = self.now()
+            self.timing[part] = self.timing.get(part, 0.0) + now - self.last
+            self.last = now
 
 
 @dataclass
@@ -233,7 +279,9 @@ class _GroupScorer:
                  chooser: AttemptChooser | None, on_candidates: Callable[[int, Candidates], None] | None):
         self.model, self.prompts, self.dataset, self.by_task = model, prompts, dataset, by_task
         self.cfg, self.device, self.stop, self.chooser, self.on_candidates = cfg, device, stop, chooser, on_candidates
-        self.rankings = [r for r in RANKINGS if r != "learned" or chooser is not None]
+        # the other rankings' pass@2 only where asked (--rank_all): logprob's reads every view of every candidate
+        self.rankings = [r for r in RANKINGS if (r != "learned" or chooser is not None)
+                         and (cfg.eval.rank_all or r == cfg.eval.attempt_ranking)]
         # the held-out loss's canvases hold the output
         self.fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None
 
@@ -254,7 +302,7 @@ class _GroupScorer:
                      enough=deadline.group_over if deadline is not None else lambda: False) as adaptation:
             if self.stop():
                 return None
-            adapted_at = clock()
+            adapted_at, compiled_before = clock(), compile_seconds()
             # tasks adapted together: each predicted with its own copy of the weights loaded
             parts = [group] if adaptation.weights is None else [[t] for t in group]
             cands: dict[int, Candidates] = {}
@@ -267,6 +315,8 @@ class _GroupScorer:
                     out.losses.update(adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, mine,
                                                      cfg=planned, device=self.device, adapted=adaptation))
             predicted_at = clock()
+            # a compile of the evaluation graphs during the predictions is paid once, not a view's pace
+            compiling = compile_seconds() - compiled_before
         for i in episodes:
             if cfg.eval.enumerate:
                 cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
@@ -282,7 +332,8 @@ class _GroupScorer:
             searched_until = marks[0] if marks else adapted_at
             deadline.measured(search=searched_until - began, steps=(marks[-1] - marks[0] if marks else 0.0,
                                                                      max(len(marks) - 1, 0)),
-                              views=(predicted_at - adapted_at, planned.eval.eval_augments * len(episodes)),
+                              views=(max(predicted_at - adapted_at - compiling, 0.0),
+                                     planned.eval.eval_augments * len(episodes)),
                               rest=(adapted_at - (marks[-1] if marks else adapted_at)) + clock() - predicted_at,
                               tasks=len(group))
         return out
@@ -325,8 +376,9 @@ def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeData
              stop: Callable[[], bool] | None = None, desc: str | None = None,
              chooser: AttemptChooser | None = None) -> EvalResult:
     """Score `tasks` (default: the first `--eval_tasks`, all when it is 0 or -1) as ARC Prize scores
-    them. Attempts are ranked by `--attempt_ranking`; `pass2_votes`, `pass2_logprob`, `pass2_hedged`
-    (and, with a `chooser`, `pass2_learned`) report every ranking. `stop`, `desc`: as `score_tasks`."""
+    them. Attempts are ranked by `--attempt_ranking`, whose pass@2 is also `pass2_<ranking>`; with
+    `--rank_all`, `pass2_votes`, `pass2_logprob`, `pass2_hedged` (and, with a `chooser`, `pass2_learned`)
+    report every ranking. `stop`, `desc`: as `score_tasks`."""
     task_ids = tasks if tasks is not None else first_tasks(dataset, cfg.eval.eval_tasks)
     scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc,
                          chooser=chooser)

@@ -20,14 +20,14 @@ from tqdm import tqdm
 
 from data.augment import view_ids
 from data.canvas import PAD
-from data.episodes import EpisodeDataset, collate
+from data.episodes import EpisodeDataset, collate, pad_rows
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks
 from evaluation.intervals import interval
-from evaluation.scoring import Candidates, grid_logprob_cells
+from evaluation.scoring import Candidates
 from model import ArcModel
 from prompt import EncodeStopped, QwenFeatures
 
@@ -65,6 +65,9 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
         for batch in loader:
             if stop is not None and stop():
                 break
+            rows = batch["episode"]
+            if cfg.agent.compile:  # one batch size for the compiled agent: the last batch is padded
+                batch = pad_rows(batch, cfg.eval.eval_batch_size)
             try:
                 batch = model.encode_prompts(to_device(batch, device), prompts, 0, training=False)
             except EncodeStopped:  # the batch's demos half encoded: left out like the batches after it
@@ -74,8 +77,8 @@ def pair_losses(model: ArcModel, prompts: QwenFeatures | None, fitted: EpisodeDa
             logits = model(batch, "mean", adapter).of("mean")[0]
             logp = F.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, S, S]
             cells = target != PAD
-            per_cell = (-(logp * cells).sum((1, 2)) / cells.sum((1, 2))).cpu().tolist()
-            for e, value in zip(batch["episode"], per_cell, strict=True):
+            per_cell = (-(logp * cells).sum((1, 2)) / cells.sum((1, 2)))[:len(rows)].cpu().tolist()
+            for e, value in zip(rows, per_cell, strict=True):
                 nats_cell[e].append(value)
             bar.update(len(per_cell))
     out = {}
@@ -104,11 +107,8 @@ def adapted_losses(model: ArcModel, prompts: QwenFeatures | None, dataset: Episo
             rest.append(i)
             continue
         target = dataset.episodes[i].query.output  # read by this loss, as by the scorer
-        per_view = []
-        for aug, logp in cands[i].views:
-            logprob, cells = grid_logprob_cells(target, aug, logp)
-            per_view.append(-logprob / cells)
-        mean = float(np.mean(per_view))
+        logprob, cells = cands[i].logprobs([target])  # [1, V] each: one gather over the views
+        mean = float(np.mean(-logprob[0] / cells[0]))
         out[i] = (dataset.episodes[i].task.task_id, mean, mean * grid_cells(target.shape) / math.log(2))
     if rest:
         out.update(pair_losses(model, prompts, fitted, rest, views=cfg.eval.eval_augments, cfg=cfg, device=device,

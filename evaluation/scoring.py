@@ -9,12 +9,15 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from data.arc import Grid
 from data.augment import Augmentation
 from data.canvas import PAD, encode
+from data.view_batch import ViewSet
 from engine.config import RANKINGS
 from evaluation.enumeration import enumerate_grids
+from evaluation.view_votes import ViewLogp, grids_logprob, vote
 
 CANDIDATE_RANKINGS = tuple(r for r in RANKINGS if r != "learned")  # what the candidates alone can rank by
 SHAPES_ENUMERATED = 2  # the most voted output shapes whose most probable grids are proposed
@@ -43,19 +46,42 @@ def grid_logprob_cells(grid: Grid, aug: Augmentation, logp: np.ndarray) -> tuple
 @dataclass
 class Candidates:
     """Predictions for one test input, mapped back to the original frame, with their votes, and
-    every view's log-probabilities to score them by (the augmentation scoring of the ARChitects)."""
+    every view's log-probabilities to score them by (the augmentation scoring of the ARChitects).
+
+    Built from a batch of views at once (`from_views`, evaluation/view_votes.py), or a view at a
+    time (`add`); either way the views' log-probabilities are one `ViewLogp` (`stack`) that scores
+    every candidate in one gather (`view_scores`)."""
 
     votes: dict[bytes, int] = field(default_factory=lambda: defaultdict(int))
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
-    views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list)
     proposed: list[bytes] = field(default_factory=list)  # grids no view predicted (`propose_likely`), in order
+    _stack: ViewLogp | None = field(default=None, repr=False)
+    _views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list, repr=False)
     # summed over views, computed once per state
     _view_scores: dict[bytes, float] | None = field(default=None, init=False, repr=False)
 
     @staticmethod
     def key(grid: Grid) -> bytes:
         return np.asarray(grid.shape, dtype=np.int64).tobytes() + grid.astype(np.int64).tobytes()
+
+    @classmethod
+    def from_views(cls, stack: ViewLogp, grids: torch.Tensor, shapes: torch.Tensor, mean: torch.Tensor) -> Candidates:
+        """One test input's views at once: `stack` their log-softmax, grids [V, G, G] int64 and shapes
+        [V, 2] their predictions in the task's frame, mean [V] float32 each one's mean colour
+        log-probability (evaluation.view_votes.decode_views, task_frame); any device."""
+        first, which = vote(grids, shapes, mean)
+        which = which.cpu().numpy()
+        distinct, sizes = grids[first].cpu().numpy(), shapes[first].cpu().numpy()
+        means = mean.double().cpu().numpy()
+        order = np.argsort(which, kind="stable")  # each distinct grid's views, in view order
+        bounds = np.cumsum(np.bincount(which, minlength=len(first)))[:-1]
+        out = cls(_stack=stack)
+        for grid, (h, w), views in zip(distinct, sizes, np.split(order, bounds), strict=True):
+            grid = grid[:h, :w].copy()
+            k = cls.key(grid)
+            out.grids[k], out.votes[k], out.logprob[k] = grid, len(views), means[views].tolist()
+        return out
 
     def add(self, grid: Grid, logprob: float, aug: Augmentation | None = None, logp: np.ndarray | None = None) -> None:
         """One view's prediction (original frame) and its mean colour log-probability; with `aug` and
@@ -66,7 +92,25 @@ class Candidates:
         self.votes[k] += 1
         self.logprob[k].append(logprob)
         if aug is not None:
-            self.views.append((aug, logp))
+            self._views.append((aug, logp))
+            self._stack = None
+
+    @property
+    def views(self) -> list[tuple[Augmentation, np.ndarray]]:
+        """Each view and its log-softmax [S, S, 12] float32 (numpy, S its batch's canvas side)."""
+        if not self._views and self._stack is not None:
+            logp = self._stack.logp.float().cpu().numpy()
+            self._views = [(aug, logp[v, :side, :side]) for v, (aug, side) in enumerate(
+                zip(self._stack.views.augmentations, self._stack.side.tolist(), strict=True))]
+        return self._views
+
+    @property
+    def stack(self) -> ViewLogp | None:
+        """The views' log-softmax as one ViewLogp (None without views)."""
+        if self._stack is None and self._views:
+            self._stack = ViewLogp.cat([ViewLogp(torch.from_numpy(logp[None]), ViewSet.of([aug], [logp.shape[0]]),
+                                                 torch.tensor([logp.shape[0]])) for aug, logp in self._views])
+        return self._stack
 
     def propose_likely(self, k: int, floor: float) -> None:
         """Propose up to `k` grids of each of the SHAPES_ENUMERATED most voted shapes, the most probable
@@ -87,15 +131,28 @@ class Candidates:
             by_shape[self.grids[key].shape] += n
         return sorted(by_shape, key=lambda s: -by_shape[s])
 
-    def view_score(self, grid: Grid) -> float:
-        """The candidate's log-probability summed over every view."""
-        return sum(grid_logprob(grid, aug, logp) for aug, logp in self.views)
+    def logprobs(self, grids: list[Grid]) -> tuple[np.ndarray, np.ndarray]:
+        """`grid_logprob_cells` of each of `grids` under each view: (log-probabilities [N, V] float64,
+        canvas cells read [N, V] int64), one gather on the views' device (evaluation.view_votes)."""
+        stack = self.stack
+        if stack is None or not grids:
+            return np.zeros((len(grids), 0)), np.zeros((len(grids), 0), dtype=np.int64)
+        size = max(max(g.shape) for g in grids)
+        padded = np.zeros((len(grids), size, size), dtype=np.int64)
+        for n, g in enumerate(grids):
+            padded[n, :g.shape[0], :g.shape[1]] = g
+        shapes = torch.tensor([g.shape for g in grids], dtype=torch.int64)
+        logprob, cells = grids_logprob(torch.from_numpy(padded), shapes, stack)
+        return logprob.cpu().numpy(), cells.cpu().numpy()
 
     def view_scores(self) -> dict[bytes, float]:
-        """Every candidate's `view_score` by key, computed once while the candidates stay the same
-        (every ranking, metric and chooser feature of a validation reads them)."""
+        """Every candidate's log-probability summed over every view (-inf where a view's canvas cannot
+        hold it), by key, computed once while the candidates stay the same (every ranking, metric and
+        chooser feature of a validation reads them)."""
         if self._view_scores is None:
-            self._view_scores = {k: self.view_score(g) for k, g in self.grids.items()}
+            keys = list(self.grids)
+            totals = self.logprobs([self.grids[k] for k in keys])[0].sum(1)
+            self._view_scores = dict(zip(keys, totals.tolist(), strict=True))
         return self._view_scores
 
     def ranked(self, by: str = "votes") -> list[Grid]:

