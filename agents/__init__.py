@@ -22,8 +22,11 @@ def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
         raise ConfigError(f"--agent {cfg.agent}: no such agent; choose one of {', '.join(AGENTS)}")
     agent = AGENTS[cfg.agent].from_config(cfg, prompt_dim=prompt_dim)
     if cfg.compile:
-        # in place: parameter names, and so checkpoints, stay those of the eager agent
-        agent.compile(mode=cfg.compile_mode)
+        # in place: parameter names, and so checkpoints, stay those of the eager agent. "blocks": each residual
+        # block compiled alone, the blocks sharing one graph (torch's regional compilation), so a compile costs
+        # one block's, not the whole agent's
+        for module in agent.residual_blocks() if cfg.compile_scope == "blocks" else [agent]:
+            module.compile(mode=cfg.compile_mode)
     return agent
 
 

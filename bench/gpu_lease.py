@@ -70,9 +70,8 @@ OVERHEAD_MINUTES = (STARTUP_S + VIEWS_S + REPORT_RESERVE_S) / 60
 VIEWS_TINY = ("agent_channels=32", "agent_layers=1", "prompt_dim=32", "eval_batch_size=32")
 REWRITE_S = 30  # lease.json and lease.md are rewritten this often while a phase runs
 # what a phase's log shows once in each part (the training's bar with a loss: a log step taken; the held-out
-# loss's bar; the scoring's)
-STOP_MARKERS = {"training": (", loss=",), "heldout": ("held-out loss, eval",),
-                "scoring": ("validate:", "evaluate:", "final:")}
+# loss's bar; the scoring's bar with a score: a group of tasks scored and journaled)
+STOP_MARKERS = {"training": (", loss=",), "heldout": ("held-out loss, eval",), "scoring": ("pass@2=",)}
 MEASURED_PEAK_TFLOPS = 790.0  # an H200's bf16 matrix product measured here (docs/gpu.md)
 # the same code at sizes a CPU runs in seconds: the recipe's agent, data and validation, smaller
 TINY_SIZES = ("--agent_channels", "32", "--agent_layers", "1", "--prompt_dim", "32", "--batch_size", "8",
@@ -276,7 +275,8 @@ class Lease:
             markers = STOP_MARKERS.get(self.args.stop_in or "", ()) if not untrained else ()
             return bool(markers) and log.exists() and any(m in log.read_text(errors="replace") for m in markers)
 
-        code, stopped = run_child(self.check, argv, log, reserve=REPORT_RESERVE_S, poll=poll)
+        code, stopped = run_child(self.check, argv, log, reserve=REPORT_RESERVE_S, poll=poll,
+                                  every=0.1 if self.args.stop_in else 1.0)
         finished = code == 0 and (run_dir / "summary.json").exists()
         status = "finished" if finished else \
             f"{'stopped' if stopped else f'exit code {code}'}: {last_line(log)}"

@@ -102,7 +102,8 @@ def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
     if done["train_minutes"] >= 0.99 * minutes:  # trained that long already (a rerun scores it again)
         return done
     done = done["train_minutes"]
-    cfg = Config.from_flags(epochs=10_000, max_minutes=minutes - done, run_dir=str(run_dir), log_every=50,
+    # --max_minutes counts over every invocation of the run: the resumed run trains what is left of `minutes`
+    cfg = Config.from_flags(epochs=10_000, max_minutes=minutes, run_dir=str(run_dir), log_every=50,
                             resume=str(run_dir) if done else "", prompt_cache_dir=str(run_dir.parent / "cache"),
                             **{**CHEAP_VALIDATION, **flags})
     summary = training.train(cfg, CPU)

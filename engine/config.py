@@ -29,6 +29,7 @@ LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's t
 FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
 # torch.compile's modes for --compile (max-autotune-no-cudagraphs: inductor's kernel search, no graphs)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("agent", "blocks")  # what --compile compiles (agents.build_agent)
 # how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
 RANKINGS = ("votes", "logprob", "hedged", "learned")
 POSITIONS = ("rotary", "learned", "both")  # where a cell's position enters, for an agent that reads --agent_positions
@@ -213,6 +214,10 @@ class AgentCfg:
                              "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)
     compile: bool = flag(False, "torch.compile the agent, on --canvas bucket (chosen for it) or full (compiled at "
                          "the first batch, again per batch size and canvas side, within --max_minutes)")
+    compile_scope: str = flag("agent", "what --compile compiles (read only with it): the whole agent, or each "
+                              "residual block alone "
+                              "(one graph every block reuses, the rest eager: a cold compile of the rope agent took "
+                              "2-3x less on a CPU, docs/gpu.md)", COMPILE_SCOPES)
     compile_mode: str = flag("default", "--compile's mode: default, or reduce-overhead (GPU: forward and backward one "
                              "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES)
     agent_context_demos: int = flag(0, "in-context reading: query cells attend to the cells of up to this many context "
@@ -410,8 +415,9 @@ class RunCfg:
 
     epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True)
     max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True)
-    max_minutes: float = flag(0.0, "stop after this many minutes of training (validations during training not "
-                                   "counted), then save and run the final validation (0: no limit)", result_free=True)
+    max_minutes: float = flag(0.0, "stop after this many minutes of training, counted over every invocation of the "
+                                   "run (validations not counted), then save and run the final validation (0: no "
+                                   "limit)", result_free=True)
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
     seed: int = flag(0, "seed of every random number in the run")
     run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True)

@@ -92,9 +92,11 @@ class Interrupted(Exception):
     """Raised where every process agreed to stop early (validation, adaptation): nothing it was doing
     is kept; the caller says what was saved and how to go on."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, partial: dict | None = None):
+        """`partial`: figures of what was done before the stop, for a caller to log as such (the
+        held-out loss of the pairs measured: heldout/*_pairs says how many)."""
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+        self.signum, self.partial = signum, partial or {}
 
 
 @contextmanager

@@ -62,26 +62,26 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
             segments = [(episodes[n], sets[episodes[n]].part(max(lo - n * views, 0), min(hi - n * views, views)))
                         for n in range(lo // views, (hi - 1) // views + 1)]
             batch = view_batch(dataset, segments, texts=prompts is not None)
-            rows = hi - lo
+            size = hi - lo
             if cfg.agent.compile:  # one batch size for the compiled agent: a last, short batch is padded
                 batch = pad_rows(batch, cfg.eval.eval_batch_size)
             batch = to_device(batch, device)
             tick("build")
             batch = model.encode_prompts(batch, prompts, 0, training=False)
             adapter = adapted.rows_of(batch, device) if adapted is not None else None
-            logits = model(batch, cfg.eval.eval_refinement, adapter).of(cfg.eval.eval_refinement)[0][:rows].float()
+            logits = model(batch, cfg.eval.eval_refinement, adapter).of(cfg.eval.eval_refinement)[0][:size].float()
             logp = F.log_softmax(logits, -1)  # [B, S, S, 12], kept on the device: decoded and voted there
             tick("model")
             batch_views = ViewSet.cat([v for _, v in segments])
             grids, shapes, mean = decode_views(logp, batch_views)
             grids, shapes = task_frame(grids, shapes, batch_views, dataset.canvas_side)
             tick("decode")
-            row = 0
+            start = 0
             for e, part in segments:
-                rows = slice(row, row + len(part))
+                mine = slice(start, start + len(part))
                 side = torch.full((len(part),), logp.shape[1], dtype=torch.int64)
-                parts[e].append((ViewLogp(logp[rows], part, side), grids[rows], shapes[rows], mean[rows]))
-                row += len(part)
+                parts[e].append((ViewLogp(logp[mine], part, side), grids[mine], shapes[mine], mean[mine]))
+                start += len(part)
     out = {e: Candidates.from_views(ViewLogp.cat([p[0] for p in parts[e]]),
                                     *(torch.cat([p[k] for p in parts[e]]) for k in (1, 2, 3))) for e in episodes}
     tick("vote")

@@ -161,9 +161,9 @@ def heldout_losses(model: ArcModel, prompts: QwenFeatures | None, sets: dict[str
             losses = pair_losses(model, prompts, target_fitted(dataset), mine, views=1, cfg=cfg, device=device,
                                  stop=stop, desc=desc)
             pairs[name] = {k: v for part in dist.gather(losses) for k, v in part.items()}
-            if dist.any(stop is not None and stop()):
-                raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM)
             metrics.update(loss_metrics(pairs[name], f"heldout/{name}"))
+            if dist.any(stop is not None and stop()):  # the pairs measured so far travel with the stop
+                raise Interrupted(getattr(stop, "signum", 0) or signal.SIGTERM, metrics)
     finally:
         model.train(was_training)
     return metrics, pairs

@@ -150,6 +150,11 @@ def test_a_stop_ends_it_within_a_batch(small_cfg, tmp_path):
     assert len(done) == 1 < len(fitted), "the pair of the first batch, no other"
     with pytest.raises(Interrupted):
         heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU, stop=lambda: True)
+    batches.clear()  # what was measured before the stop travels with it (a stopped run logs it, its pairs counted)
+    with pytest.raises(Interrupted) as stopped:
+        heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU,
+                       stop=lambda: len(batches) >= 1)
+    assert stopped.value.partial["heldout/eval_pairs"] == 1 and "heldout/eval_nats_cell" in stopped.value.partial
 
 
 def test_a_stop_is_read_between_qwens_forwards(small_cfg, tmp_path):

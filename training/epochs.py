@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import math
 import signal
+import sys
 import time
 
 import torch
@@ -79,7 +80,9 @@ class EpochLoop:
         self.seconds = 0.0  # this invocation's training clock, validation not counted, rank 0's on every rank
         self.saved_seconds = 0.0  # that clock at the last checkpoint (--save_minutes)
         self.outside_seconds = 0.0  # of it, checkpoints and logging (EpochLoop.outside_steps)
-        self.seconds_before = self.counters.train_seconds  # the earlier invocations' (Counters.train_seconds)
+        # the earlier invocations' training and compile seconds: --max_minutes and the lr schedule count over
+        # every invocation, so a stopped run resumed continues its own budget and schedule
+        self.seconds_before, self.compile_before = self.counters.train_seconds, self.counters.compile_seconds
         self.qwen_norm = torch.zeros(())  # the trainable Qwen's gradient norm at its last refresh step
         self.flops = TrainingFlops(cfg, device)  # the agent's FLOPs this invocation trains (perf/*, train_*)
 
@@ -87,9 +90,14 @@ class EpochLoop:
         """Every epoch left, then the final validation. -> the summary (summary.json's)."""
         self.state.model.train(True)
         try:
-            for epoch in range(self.counters.epoch, self.cfg.run.epochs):
-                if not self.epoch(epoch):
-                    break
+            if self.budget_spent():  # resumed after its --max_minutes ran out: its final validation is what is left
+                if self.dist.is_main:
+                    print(f"--max_minutes {self.cfg.run.max_minutes:g}: spent before this start ("
+                          f"{self.counters.train_seconds / 60:.2f} minutes trained); no training left", file=sys.stderr)
+            else:
+                for epoch in range(self.counters.epoch, self.cfg.run.epochs):
+                    if not self.epoch(epoch):
+                        break
             metrics = self.validate(final=True)
             return finish_run(self.run_dir, self.logger, self.started, self.counters.optimizer_steps,
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
@@ -116,7 +124,9 @@ class EpochLoop:
             self.step(window, epoch, bar)
             self.seconds = self.dist.from_main(time.time() - self.started) - self.validation.val_seconds
             counters.train_seconds = self.seconds_before + self.seconds
-            if cfg.run.max_minutes and self.seconds > 60 * cfg.run.max_minutes:
+            if cfg.agent.compile:
+                counters.compile_seconds = self.compile_before + compile_seconds()
+            if self.budget_spent():
                 in_time = False
                 break
             if counters.micro_batches_in_epoch < self.n_batches and self.validation.due(
@@ -137,8 +147,9 @@ class EpochLoop:
         """One optimizer step, its scalars, and what may follow it: a stop (with a checkpoint) on a
         stop request or too many skipped steps in a row, a checkpoint every `--save_every`."""
         cfg, counters = self.cfg, self.counters
-        # the schedule's clock leaves the compile out: a warm-up by the clock would pass during it
-        clock = self.seconds - compile_seconds() if cfg.agent.compile else self.seconds
+        # the schedule's clock, over every invocation, leaves the compiles out: a warm-up by the clock would
+        # pass during one
+        clock = counters.train_seconds - counters.compile_seconds
         lr_factor = self.lr_schedule.apply(counters.optimizer_steps, clock)
         stats = train_step(self.state, window, cfg, self.dist)
         stats["optim/lr_factor"] = lr_factor
@@ -163,6 +174,11 @@ class EpochLoop:
                                             f"at step {counters.optimizer_steps}; {self.resume_hint}")
         if cfg.run.save_every and counters.optimizer_steps % cfg.run.save_every == 0:
             self.checkpoint()
+
+    def budget_spent(self) -> bool:
+        """--max_minutes of training ran out, counted over every invocation of the run."""
+        minutes = self.cfg.run.max_minutes
+        return bool(minutes) and self.counters.train_seconds > 60 * minutes
 
     def outside_steps_figures(self) -> dict[str, float]:
         """summary.json's: seconds of this invocation's training clock spent in checkpoints and logging, and

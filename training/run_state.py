@@ -67,6 +67,9 @@ class Counters:
     # training time over every invocation of the run (validation not counted): what the held-out
     # loss's curve is drawn against (heldout/train_minutes); a checkpoint written before it holds 0
     train_seconds: float = 0.0
+    # of it, torch.compile's seconds (agents.compile_seconds, each invocation's added): the lr schedule's
+    # clock leaves them out, so a resumed run's schedule continues where it stopped
+    compile_seconds: float = 0.0
 
 
 @dataclass(kw_only=True)

@@ -180,8 +180,13 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
     covered = {"eval": set(first_tasks(data.eval_set, heldout_task_count(cfg, device, scored)))}
-    metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop,
-                                    tasks=covered, progress=True)
+    try:
+        metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop,
+                                        tasks=covered, progress=True)
+    except Interrupted as err:  # what was measured before the stop is logged (its heldout/*_pairs say how much)
+        if logger is not None and err.partial:
+            logger.write(step, err.partial)
+        raise
     metrics["heldout/seconds"] = dist.from_main(time.perf_counter() - started)
     if train_seconds is not None:
         metrics["heldout/train_minutes"] = train_seconds / 60
