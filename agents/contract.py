@@ -2,7 +2,9 @@
 nothing more of it (a new agent: docs/model.md, "Models"; tests/test_agents.py checks every registered
 agent, building each as `cls(prompt_dim=..., channels=...)`, so its `__init__` takes those two by
 keyword with defaults for the rest). Its `from_config` refuses what it cannot take
-(`refuse_unread_options`)."""
+(`refuse_unread_options`). Its forward runs under `torch.func.vmap` (tasks adapted together, each with
+its own copy of the weights: evaluation/task_batch.py), so it reads no tensor's value on the host and
+changes no shape by the data (tests/test_task_batch.py adapts every agent that way)."""
 
 from __future__ import annotations
 

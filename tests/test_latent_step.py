@@ -13,6 +13,9 @@ from prompt import with_qwen_features
 from prompt.latent_step import MAX_STEP_RATIO, LatentStep
 from tests.test_end_to_end import scalars
 
+# numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
+pytestmark = pytest.mark.numeric
+
 CPU = torch.device("cpu")
 
 

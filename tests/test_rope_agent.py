@@ -12,6 +12,9 @@ from agents.rope_transformer import RopeTransformerAgent, heads_for, rotary_angl
 from engine.config import Config
 from engine.errors import ConfigError
 
+# numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
+pytestmark = pytest.mark.numeric
+
 
 def test_rotary_positions_make_a_query_key_product_depend_on_the_2d_offset_only():
     """q at cell (r1, c1), k at (r2, c2): q'.k' is the same after shifting both cells by (a, b), and

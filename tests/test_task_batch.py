@@ -14,6 +14,9 @@ from evaluation.evaluate import candidates, score_tasks, task_groups
 from evaluation.task_batch import batches_shared_weights
 from tests.test_adaptation import setup as adaptation_setup
 
+# numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
+pytestmark = pytest.mark.numeric
+
 CPU = torch.device("cpu")
 
 
@@ -60,6 +63,23 @@ def adapt_alone_and_together(cfg, state, eval_set, tasks, observe=None):
     return alone, together
 
 
+# Tasks adapted together in float32 against each alone: a vmapped convolution, matrix product or attention sums
+# in another order than one task's, and six Adam steps (each element's step is its gradient over that gradient's
+# own size, so a gradient near zero turns its rounding into a whole step) carry that into the predictions.
+# Measured on 2 cores (tests/test_task_batch.py, every float32 case under ATEN_CPU_CAPABILITY default, avx2
+# and avx512, 2026-11-29): a view's log-probability moved by at most 1.1e-4 nats (1.2e-4 relative on another
+# AVX2 machine), and a demo loss by under 1e-5 relative. A task that read another task's copy would move them
+# by what adaptation moves them: 1.7-3.5 nats a log-probability on average, up to 10 (measured the same way).
+# So the float32 tolerance is 1e-2 nats absolute and 1e-3 relative on the loss: a hundred times under what a
+# wrong copy moves, ten times over what the summation order does on any kernel set torch picks.
+FLOAT32 = dict(loss_rel=1e-3, loss_abs=1e-5, logp_rtol=0.0, logp_atol=1e-2)
+
+
+def float32_approx(loss: float):
+    """A demo loss of a task adapted alone, as one adapted together may end it in float32 (FLOAT32)."""
+    return pytest.approx(loss, rel=FLOAT32["loss_rel"], abs=FLOAT32["loss_abs"])
+
+
 def together_as_alone(small_cfg, tolerance: dict, tasks: list[ArcTask] | None = None, **flags) -> dict:
     """`tasks` (the RULES tasks by default) adapted for 6 steps alone and together under `flags`:
     equal steps, demo losses and view predictions to `tolerance` (loss_rel, loss_abs, logp_rtol,
@@ -90,7 +110,7 @@ def test_tasks_adapted_together_end_as_each_alone(small_cfg, flags):
     (float tolerance: a vmapped convolution sums in another order), under the search's kept starts
     (the default) and under a schedule, warm-up and a clip tight enough to bind every step; the
     model's weights end bit for bit as they started."""
-    alone = together_as_alone(small_cfg, dict(loss_rel=1e-4, loss_abs=1e-5, logp_rtol=1e-4, logp_atol=1e-5), **flags)
+    alone = together_as_alone(small_cfg, FLOAT32, **flags)
     moved = [alone[t][1] for t in alone]
     assert len(set(np.round(moved, 4))) == len(moved)  # the tasks went separate ways
 
@@ -103,8 +123,7 @@ def test_tasks_of_different_demo_counts_reading_their_demos_adapt_together_as_al
     read as nothing, so each task adapts together as alone."""
     tasks = (made_tasks({"flip": RULES["flip"]}, demos=2) + made_tasks({"turn": RULES["turn"]}, demos=3)
              + made_tasks({"recolour": RULES["recolour"]}, demos=4))
-    alone = together_as_alone(small_cfg, dict(loss_rel=1e-4, loss_abs=1e-5, logp_rtol=1e-4, logp_atol=1e-5), tasks,
-                              **flags)
+    alone = together_as_alone(small_cfg, FLOAT32, tasks, **flags)
     assert len(set(np.round([alone[t][1] for t in alone], 4))) == len(alone)
 
 
@@ -129,7 +148,7 @@ def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg
     assert alone["copy"][0] < 40 and alone["copy"][0] % 5 == 0
     for task_id in alone:
         assert together[task_id][0] == alone[task_id][0]
-        assert together[task_id][1] == pytest.approx(alone[task_id][1], rel=1e-4, abs=1e-5)
+        assert together[task_id][1] == float32_approx(alone[task_id][1])
 
 
 def test_groups_of_tasks_adapted_together_never_mix_canvas_sides(small_cfg):
@@ -194,7 +213,7 @@ def test_a_task_whose_gradient_is_not_finite_keeps_its_weights_and_the_others_go
     np.testing.assert_allclose(together["blank"][2], alone["blank"][2], rtol=1e-5, atol=1e-6)  # its start's weights
     assert alone["flip"][0] == together["flip"][0] == 4
     for task_id in ("flip", "copy"):
-        assert together[task_id][1] == pytest.approx(alone[task_id][1], rel=1e-4, abs=1e-5)
+        assert together[task_id][1] == float32_approx(alone[task_id][1])
 
 
 def test_a_gradient_turning_non_finite_ends_the_task_there_alone_and_together(small_cfg, monkeypatch):
@@ -225,4 +244,4 @@ def test_a_gradient_turning_non_finite_ends_the_task_there_alone_and_together(sm
     for task_id, (steps, _, logps) in two.items():
         assert steps == alone[task_id][0] == together[task_id][0] == 2
         np.testing.assert_allclose(alone[task_id][2], logps, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(together[task_id][2], logps, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(together[task_id][2], logps, rtol=0.0, atol=FLOAT32["logp_atol"])

@@ -18,6 +18,9 @@ from data.view_batch import task_cell, view_batch, view_cell
 from evaluation.scoring import Candidates, grid_logprob_cells
 from evaluation.view_votes import ViewLogp, decode_views, grids_logprob, task_frame
 
+# numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
+pytestmark = pytest.mark.numeric
+
 VIEWS = 24
 
 
