@@ -4,9 +4,10 @@ An episode at canvas side S costs the FLOPs torch's FlopCounterMode counts in on
 backward of the agent through both refinements (the step's two rows an episode) at S, counted once
 a side on a copy of the agent as built (weights do not change FLOPs; the plain attention kernel, so
 the counter sees its matrix products, which a fused kernel hides from it). A micro-batch costs its
-episodes times that. Not counted: the prompt heads and a Qwen encoder (none in the lease recipe; trained
-with LoRA in configs/gpu-1.toml and in full in gpu-8.toml, so their MFU leaves Qwen's work out), the RL head, the optimizer, a latent step or meta step: the figures are a lower bound of
-the work a step does, and MFU the share of the device's bf16 peak those FLOPs a second are.
+episodes times that. Not counted: the prompt heads and a Qwen encoder (none in the lease recipe;
+trained with LoRA in configs/gpu-1.toml and in full in gpu-8.toml, so their MFU leaves Qwen's work
+out), the RL head, the optimizer, a latent step or meta step: the figures are a lower bound of the
+work a step does, and MFU the share of the device's bf16 peak those FLOPs a second are.
 """
 
 from __future__ import annotations
