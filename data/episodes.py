@@ -119,10 +119,10 @@ class EpisodeDataset(Dataset):
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
         # the unplaced side of each episode (what batches are bucketed by)
         self.sides = np.array([self._cut(fit_side((x,)), MAX_SIDE) for x in self.extents], dtype=np.int64)
-        # features by (episode, dihedral, background colour), texts by (episode, view id), view sets by
-        # (demos, extent, views): see view_features, demo_texts, view_set
+        # features by (episode, dihedral, background colour), a sample's features and texts by (episode,
+        # view id), view sets by (demos, extent, views): see view_features, described, view_set
         self._described: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._texts: dict[tuple[int, int], tuple[str, ...]] = {}
+        self._samples: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]] = {}
         self._view_sets: dict[tuple[int, int, int], ViewSet] = {}
 
     def __len__(self) -> int:
@@ -178,9 +178,16 @@ class EpisodeDataset(Dataset):
 
     def described(self, index: int, aug: Augmentation) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
         """What the prompt reads of sample (index, aug.aug_id): its numeric [15] and relation [129]
-        float32 features (`view_features`) and its context's demo texts (`demo_texts`)."""
-        numeric, relation = self.view_features(index, ViewSet.of([aug], [0]))
-        return numeric[0], relation[0], self.demo_texts(index, aug)
+        float32 features (`view_features`) and its context's demo texts (`demo_texts`); kept for the
+        next draw of the same sample (up to FEATURE_CACHE, the oldest dropped first), so a sample drawn
+        again costs a lookup. Shared by every draw: read, never written."""
+        key = (index, aug.aug_id)
+        if key not in self._samples:
+            if len(self._samples) >= FEATURE_CACHE:
+                del self._samples[next(iter(self._samples))]
+            numeric, relation = self.view_features(index, ViewSet.of([aug], [0]))
+            self._samples[key] = (numeric[0], relation[0], self.demo_texts(index, aug))
+        return self._samples[key]
 
     def view_features(self, index: int, views: ViewSet) -> tuple[torch.Tensor, torch.Tensor]:
         """The numeric [V, 15] and relation [V, 129] float32 features of episode `index` under each of
@@ -223,13 +230,8 @@ class EpisodeDataset(Dataset):
 
     def demo_texts(self, index: int, aug: Augmentation) -> tuple[str, ...]:
         """The Qwen stream's texts of sample (index, aug.aug_id): its augmented context demos, in the
-        view's order; kept like the features (up to FEATURE_CACHE)."""
-        key = (index, aug.aug_id)
-        if key not in self._texts:
-            if len(self._texts) >= FEATURE_CACHE:
-                del self._texts[next(iter(self._texts))]
-            self._texts[key] = tuple(demo_text(p) for p in aug.pairs(self.episodes[index].context))
-        return self._texts[key]
+        view's order (`described` keeps them with the sample's features)."""
+        return tuple(demo_text(p) for p in aug.pairs(self.episodes[index].context))
 
     def view_set(self, index: int, views: int) -> ViewSet:
         """The first `views` evaluation views of episode `index` (data.augment.view_ids) as the dataset

