@@ -90,6 +90,7 @@ def _attempts(rec: dict) -> dict[int, tuple[np.ndarray, np.ndarray]]:
 
 class Journal:
     """One process's journal file: `done` maps each finished task id to its record (`record`);
+    `heldout` is the held-out loss measured before the tasks (`write_heldout`; None until then);
     `spent` is the seconds of validation the file had recorded when it was opened (each line carries
     the seconds spent so far: a task's as it finishes, `note_time`'s at a stop)."""
 
@@ -97,6 +98,7 @@ class Journal:
         """`family`: every process's journal of this validation (this one alone by default)."""
         self.path = path
         self.done: dict[str, dict] = {}
+        self.heldout: dict | None = None
         self.spent = 0.0
         self.opened = time.perf_counter()
         self.family = family or [path]
@@ -133,6 +135,7 @@ class Journal:
             with open(self.path, "r+b") as fh:
                 fh.truncate(kept)
         self.done = {r["task"]: r for r in records[1:] if "task" in r}
+        self.heldout = next((r for r in records[1:] if "heldout" in r), None)
         self.spent = max((r.get("spent", 0.0) for r in records[1:]), default=0.0)
 
     def elapsed(self) -> float:
@@ -144,6 +147,13 @@ class Journal:
         disk before returning."""
         self._write({**record, "spent": round(self.elapsed(), 3)})
         self.done[record["task"]] = record
+
+    def write_heldout(self, metrics: dict[str, float], pairs: dict) -> None:
+        """Write the held-out loss (`heldout/*` metrics and report.json's per-pair records), with the
+        seconds spent so far: a continuation reads it back instead of measuring it again, and its
+        deadline has counted its seconds once."""
+        self.heldout = {"heldout": metrics, "pairs": pairs}
+        self._write({**self.heldout, "spent": round(self.elapsed(), 3)})
 
     def note_time(self) -> None:
         """A line of the seconds spent so far (a stop: the time since the last task counts too)."""

@@ -65,7 +65,8 @@ def test_a_resumed_run_whose_budget_is_spent_trains_nothing_and_validates_at_its
 def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_folder, tmp_path):
     """A time-bounded run SIGKILLed once its final validation's journal holds a task, then the same
     command with --resume: no training step (its budget is spent), the journaled tasks not scored
-    again, the submission byte for byte an uninterrupted validation's of the same checkpoint."""
+    again nor the held-out loss measured again, the submission byte for byte an uninterrupted
+    validation's of the same checkpoint."""
     run_dir = tmp_path / "killed"
     args = small_args(arc_folder, run_dir, "--epochs", "1000", "--max_minutes", "0.05", "--eval_tasks", "0",
                       "--ttt_steps", "30", "--ttt_check_every", "0", "--submission", str(run_dir / "submission.json"))
@@ -85,6 +86,8 @@ def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_
     out, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err[-1500:]
     assert out.startswith(f"done: {step} steps") and "no training left" in err
+    assert "held-out loss: as measured before the stop" in err  # measured once, before the kill
+    assert journal.read_text().count('"heldout"') == 1
     scored = [json.loads(line)["task"] for line in journal.read_text().splitlines()[1:] if '"task"' in line]
     assert scored[:len(done)] == done and len(scored) == len(set(scored)) == 3  # none scored twice
     alone = tmp_path / "alone"

@@ -129,7 +129,8 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
     with preserved_rng():
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 state.counters.train_seconds, len(chosen if final else first))
+                                                 state.counters.train_seconds, len(chosen if final else first),
+                                                 journal)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
@@ -169,14 +170,21 @@ def heldout_task_count(cfg: Config, device: torch.device, scored: int) -> int:
 def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: TrainingData, cfg: Config,
                     device: torch.device, dist: Dist, logger: RunLogger | None, step: int,
                     stop: StopRequest | None = None, train_seconds: float | None = None,
-                    scored: int = 0) -> tuple[dict[str, float], dict]:
+                    scored: int = 0, journal: Journal | None = None) -> tuple[dict[str, float], dict]:
     """The held-out loss before adaptation (evaluation/heldout.py) on the first `heldout_task_count`
     evaluation tasks ("eval": on synthetic data the held-out families; `scored`: the tasks the
     validation scores) and on the test pairs training held out ("train_tests"), with a progress bar,
     logged as `heldout/*` at `step` with its seconds (and, in a training run, the training minutes so
-    far over every invocation: `heldout/train_minutes`). -> (metrics, report.json's per-pair records)."""
+    far over every invocation: `heldout/train_minutes`). With a final validation's `journal` it is
+    measured once: written there, and read back by a continuation. -> (metrics, report.json's
+    per-pair records)."""
     if not cfg.eval.heldout_loss:
         return {}, {}
+    # A continued final validation keeps the loss its journal holds (every process agreeing: each
+    # writes its line after the measurement's last collective, so a kill can fall between two).
+    if journal is not None and not dist.any(journal.heldout is None):
+        announce(dist, "held-out loss: as measured before the stop (from the journal)")
+        return dict(journal.heldout["heldout"]), journal.heldout["pairs"]
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
     covered = {"eval": set(first_tasks(data.eval_set, heldout_task_count(cfg, device, scored)))}
@@ -192,7 +200,10 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
         metrics["heldout/train_minutes"] = train_seconds / 60
     if logger is not None:
         logger.write(step, metrics)
-    return metrics, pair_records(pairs, sets)
+    records = pair_records(pairs, sets)
+    if journal is not None:
+        journal.write_heldout(metrics, records)
+    return metrics, records
 
 
 def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seconds_so_far: float,
@@ -286,7 +297,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
         deadline, submission = final_budget(cfg, data, device, dist, len(tasks), journal)
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 scored=len(tasks))
+                                                 scored=len(tasks), journal=journal)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                              desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
                              submission=submission)
