@@ -306,7 +306,7 @@ class EvalCfg:
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md) at each validation: before adaptation on "
                               "--heldout_tasks tasks and held-out training pairs, after adaptation on the voted views")
     heldout_tasks: int = flag(-1, "the first N evaluation tasks get the held-out loss before adaptation (0: all; -1: "
-                              "all with the tiny Qwen or on a GPU, else the validated ones)", result_free=True)
+                              "all without Qwen or on a GPU, else the validated ones)", result_free=True)
     eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)")
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))

@@ -113,7 +113,7 @@ def test_a_run_logs_it_at_every_validation_and_saves_it(small_cfg, tmp_path):
 
     from tests.test_validation import scalars
     summary = training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=4, val_every="2", val_share=1e9,
-                                       val_tasks=1, eval_tasks=1, ttt_steps=1, hold_out_tests=3), CPU)
+                                       val_tasks=1, eval_tasks=1, ttt_steps=1, hold_out_tests=3, heldout_tasks=0), CPU)
     tags = scalars(summary["run_dir"])
     assert [s for s, _ in tags["heldout/eval_nats_cell"]] == [2, 4]
     assert [s for s, _ in tags["heldout/train_tests_nats_cell"]] == [2, 4]
@@ -173,8 +173,8 @@ def test_a_stop_is_read_between_qwens_forwards(small_cfg, tmp_path):
 
 
 def test_heldout_tasks_chooses_what_the_loss_before_adaptation_covers(small_cfg, tmp_path, capsys):
-    """--heldout_tasks N: the first N evaluation tasks' pairs (0: all); -1: all with the tiny Qwen or on
-    a GPU, the validation's own tasks with a real-sized Qwen on a CPU. The main process shows a bar."""
+    """--heldout_tasks N: the first N evaluation tasks' pairs (0: all); -1: all without Qwen or on a
+    GPU, the validation's own tasks with a Qwen (tiny or real-sized) on a CPU. The main process shows a bar."""
     cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
     tasks = list(dict.fromkeys(ep.task.task_id for ep in eval_set.episodes))
     pairs_of = {t: sum(ep.task.task_id == t for ep in eval_set.episodes) for t in tasks}
@@ -185,6 +185,7 @@ def test_heldout_tasks_chooses_what_the_loss_before_adaptation_covers(small_cfg,
         assert metrics["heldout/eval_pairs"] == (pairs_of[tasks[0]] if n == 1 else sum(pairs_of.values()))
     assert "held-out loss, eval" in capsys.readouterr().err
     real = cfg.replace(qwen_model="random:Qwen/Qwen2.5-0.5B")
-    assert heldout_task_count(cfg, CPU, 2) == 0 and heldout_task_count(real, CPU, 2) == 2
+    assert heldout_task_count(cfg, CPU, 2) == 2 and heldout_task_count(real, CPU, 2) == 2
+    assert heldout_task_count(cfg.replace(use_qwen=False), CPU, 2) == 0
     assert heldout_task_count(real, torch.device("cuda"), 2) == 0
     assert heldout_task_count(real.replace(heldout_tasks=0), CPU, 2) == 0

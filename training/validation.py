@@ -158,12 +158,13 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
 
 def heldout_task_count(cfg: Config, device: torch.device, scored: int) -> int:
     """How many evaluation tasks (the first; 0: all) the held-out loss before adaptation covers:
-    --heldout_tasks, or under -1 all of them where a forward is cheap (the tiny Qwen, no Qwen, a GPU)
-    and the `scored` tasks of the validation elsewhere (a real-sized Qwen on a CPU encodes a task's
-    demos in seconds: all 400 took 25 minutes of a smoke run)."""
+    --heldout_tasks, or under -1 all of them where a forward is cheap (no Qwen, or a GPU) and the
+    `scored` tasks of the validation elsewhere: any Qwen on a CPU spends most of the pass encoding
+    the tasks' demo texts, whose attention grows with their squared length (all 400 took 26 s of a
+    31 s smoke run with the tiny Qwen on one core; 25 minutes with a real-sized one)."""
     if cfg.eval.heldout_tasks >= 0:
         return cfg.eval.heldout_tasks
-    cheap = cfg.qwen.qwen_model == "tiny" or not cfg.prompt.use_qwen or device.type == "cuda"
+    cheap = not cfg.prompt.use_qwen or device.type == "cuda"
     return 0 if cheap else scored
 
 
