@@ -13,7 +13,7 @@ from engine.run_logger import read_scalars
 from tests.conftest import CPU
 from tests.test_loop_faults import cli, small_args, wait_for_checkpoint
 
-BUDGET_MINUTES = 0.25
+BUDGET_MINUTES = 0.15
 
 
 @pytest.mark.slow

@@ -157,10 +157,10 @@ def test_validations_log_the_subset_and_the_final_one_every_task_asked(small_cfg
 def test_max_minutes_counts_training_only(small_cfg, tmp_path):
     """--max_minutes is a training budget: the validations during it do not use it up, and the
     summary's training and validation times add up to the run's."""
-    # no validation skipped (val_share): on a loaded machine one validation outlasts the 3 s budget
-    summary = training.train(small_cfg(run_dir=str(tmp_path / "run"), epochs=1000, max_batches=2, max_minutes=0.05,
-                                    val_share=1e9, val_tasks=1, eval_tasks=1, ttt_steps=10), CPU)
-    assert summary["validations"] >= 2 and summary["train_seconds"] >= 3.0  # 0.05 min
+    # no validation skipped (val_share): on a loaded machine one validation outlasts the 1.2 s budget
+    summary = training.train(small_cfg(run_dir=str(tmp_path / "run"), epochs=1000, max_batches=2, max_minutes=0.02,
+                                    val_share=1e9, val_tasks=1, eval_tasks=1, ttt_steps=1), CPU)
+    assert summary["validations"] >= 2 and summary["train_seconds"] >= 1.2  # 0.02 min
     assert summary["train_seconds"] + summary["validation_seconds"] <= summary["seconds"] + 0.2
 
 
