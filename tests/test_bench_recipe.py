@@ -40,7 +40,7 @@ def bench(arc_folder, out, *args) -> str:
 
 @pytest.mark.slow
 def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rerun_trains_nothing(arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "1,3")
+    out = bench(arc_folder, tmp_path, "--minutes", "0.05", "--views", "1,3")
     first, gains = tables(out)
     assert all(len(row) == COLUMNS for row in first) and [row[5] for row in first] == ["1", "3"]  # views
     steps = first[0][3]
@@ -51,7 +51,7 @@ def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rer
         "a paired gain with its interval for each view count"
     untrained = tables(out, "untrained")[0]
     assert [row[3] for row in untrained] == ["0", "0"] and untrained[0][6] != first[0][6], "weights as built"
-    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.1", "--views", "2"))[0]
+    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.05", "--views", "2"))[0]
     assert len(again) == 1 and again[0][3] == steps and again[0][5] == "2", "the run found is scored, not trained"
 
 
