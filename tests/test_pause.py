@@ -32,9 +32,7 @@ def test_a_time_bounded_run_stopped_and_resumed_trains_its_budget_once_on_one_lr
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, err[-1500:]
     stopped_at = int((run_dir / "checkpoints" / "latest").read_text().split("_")[1])
-    resumed = cli(*args, "--resume", str(run_dir))
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err[-1500:]
+    assert training.main([*args, "--resume", str(run_dir)]) == 0  # in this process: no signal reaches it
     scalars = read_scalars(run_dir)
     factors = [v for _, v in sorted(scalars["optim/lr_factor"])]
     steps = [s for s, _ in sorted(scalars["optim/lr_factor"])]
@@ -62,7 +60,7 @@ def test_a_resumed_run_whose_budget_is_spent_trains_nothing_and_validates_at_its
 
 
 @pytest.mark.slow
-def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_folder, tmp_path):
+def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_folder, tmp_path, capsys):
     """A time-bounded run SIGKILLed once its final validation's journal holds a task, then the same
     command with --resume: no training step (its budget is spent), the journaled tasks not scored
     again nor the held-out loss measured again, the submission byte for byte an uninterrupted
@@ -82,18 +80,17 @@ def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_
     step = int(journal.name.split("_")[1].split(".")[0])
     done = [json.loads(line)["task"] for line in journal.read_text().splitlines()[1:] if '"task"' in line]
     assert 1 <= len(done) < 3, "killed in the middle of the validation"
-    resumed = cli(*args, "--resume", str(run_dir))
-    out, err = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, err[-1500:]
+    capsys.readouterr()  # the continuation and the check in this process: no signal reaches them
+    assert training.main([*args, "--resume", str(run_dir)]) == 0
+    out, err = capsys.readouterr()
     assert out.startswith(f"done: {step} steps") and "no training left" in err
     assert "held-out loss: as measured before the stop" in err  # measured once, before the kill
     assert journal.read_text().count('"heldout"') == 1
     scored = [json.loads(line)["task"] for line in journal.read_text().splitlines()[1:] if '"task"' in line]
     assert scored[:len(done)] == done and len(scored) == len(set(scored)) == 3  # none scored twice
     alone = tmp_path / "alone"
-    check = cli(*small_args(arc_folder, alone, "--eval_only", "--resume", str(run_dir / "checkpoints" /
-                                                                            f"step_{step:08d}"),
-                            "--eval_tasks", "0", "--ttt_steps", "30", "--ttt_check_every", "0",
-                            "--submission", str(alone / "submission.json")))
-    assert check.wait(timeout=300) == 0
+    assert training.main(small_args(arc_folder, alone, "--eval_only", "--resume",
+                                    str(run_dir / "checkpoints" / f"step_{step:08d}"), "--eval_tasks", "0",
+                                    "--ttt_steps", "30", "--ttt_check_every", "0",
+                                    "--submission", str(alone / "submission.json"))) == 0
     assert (run_dir / "submission.json").read_bytes() == (alone / "submission.json").read_bytes()
