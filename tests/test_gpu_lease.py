@@ -17,11 +17,9 @@ def _dry_run(out, re_arc, *extra: str) -> int:
                            "--train_minutes", "0.05", "--eval_minutes", "0.5", "--minutes", "3.5", *extra])
 
 
-@pytest.mark.slow
-def test_the_dry_run_trains_scores_the_untrained_start_and_reports_in_a_few_files(tmp_path, re_arc, capsys):
-    out = tmp_path / "device-out"
-    code = _dry_run(tmp_path / "lease", re_arc, "--copy_to", str(out))
-    assert code == 0, capsys.readouterr()
+def check_whole_lease(out) -> None:
+    """A finished dry run's report in `out` (its --copy_to): the run and the untrained start each
+    trained (or not) and scored, every figure filled, the views phase, and a few files."""
     report = json.loads((out / "lease.json").read_text())
     run, untrained = report["phases"]
     assert (run["phase"], untrained["phase"]) == ("run", "untrained")
@@ -44,8 +42,9 @@ def test_the_dry_run_trains_scores_the_untrained_start_and_reports_in_a_few_file
 @pytest.mark.parametrize("part", ["training", "heldout", "scoring"])
 def test_a_run_stopped_in_any_part_still_reports_what_it_did(tmp_path, re_arc, part):
     """SIGTERM to the run phase's child as it enters each part: its row is read from what the run
-    wrote as it went (events, journal), every figure of the parts it passed filled; a second lease in
-    the same folder (a warm machine) sets the first aside and runs."""
+    wrote as it went (events, journal), every figure of the parts it passed filled. After the stop in
+    training, a second lease in the same folder (a warm machine) sets the first aside and runs whole:
+    the dry run trains, scores, scores the untrained start and reports in a few files."""
     # scoring's 4 tiny tasks take well under a second: a task a group with 30 adaptation steps each keeps it
     # going after the first group is journaled, while the stop comes
     slower = ["--set", "ttt_steps=30", "ttt_check_every=0", "adapt_tasks=1"] if part == "scoring" else []
@@ -59,10 +58,10 @@ def test_a_run_stopped_in_any_part_still_reports_what_it_did(tmp_path, re_arc, p
     if part == "scoring":  # the held-out loss was passed: whole
         assert run["held-out pairs"] > 0 and run["held-out nats/cell before adaptation"][0].isdigit()
         assert run["tasks scored"] > 0 and run["pass@2"].endswith(")") and run["copy baseline pass@2"] != "n/a"
-    if part == "training":  # a second lease on the same folder: the first's phases set aside
-        assert _dry_run(tmp_path, re_arc, "--no-untrained", "--no-views") == 0
-        assert json.loads((tmp_path / "lease.json").read_text())["phases"][0]["status"] == "finished"
+    if part == "training":  # a second lease on the same folder: the first's phases set aside, then all of it
+        assert _dry_run(tmp_path, re_arc, "--copy_to", str(tmp_path / "device-out")) == 0
         assert len(list((tmp_path / "earlier").glob("*/run"))) == 1
+        check_whole_lease(tmp_path / "device-out")
 
 
 def test_the_budgets_shrink_with_the_minutes_the_caller_has(tmp_path):
