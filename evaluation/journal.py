@@ -135,7 +135,7 @@ class Journal:
             with open(self.path, "r+b") as fh:
                 fh.truncate(kept)
         self.done = {r["task"]: r for r in records[1:] if "task" in r}
-        self.heldout = next((r for r in records[1:] if "heldout" in r), None)
+        self.heldout = next((r for r in reversed(records[1:]) if "heldout" in r), None)  # the latest
         self.spent = max((r.get("spent", 0.0) for r in records[1:]), default=0.0)
 
     def elapsed(self) -> float:
@@ -148,11 +148,12 @@ class Journal:
         self._write({**record, "spent": round(self.elapsed(), 3)})
         self.done[record["task"]] = record
 
-    def write_heldout(self, metrics: dict[str, float], pairs: dict) -> None:
-        """Write the held-out loss (`heldout/*` metrics and report.json's per-pair records), with the
-        seconds spent so far: a continuation reads it back instead of measuring it again, and its
-        deadline has counted its seconds once."""
-        self.heldout = {"heldout": metrics, "pairs": pairs}
+    def write_heldout(self, metrics: dict[str, float], pairs: dict, covers: int) -> None:
+        """Write the held-out loss (`heldout/*` metrics and report.json's per-pair records) over the
+        first `covers` evaluation tasks (0: all), with the seconds spent so far: a continuation that
+        covers as many reads it back instead of measuring it again, and its deadline has counted its
+        seconds once."""
+        self.heldout = {"heldout": metrics, "pairs": pairs, "covers": covers}
         self._write({**self.heldout, "spent": round(self.elapsed(), 3)})
 
     def note_time(self) -> None:

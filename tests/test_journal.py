@@ -231,14 +231,14 @@ def test_a_continued_validation_gets_what_the_first_start_left_of_its_deadline(s
 def test_the_held_out_loss_is_measured_once_and_its_seconds_charged_once(small_cfg, tmp_path, capsys):
     """measure_heldout with a journal writes its metrics, pairs and seconds there; a continuation reads
     them back (nothing measured: the stale model it is given would measure other numbers) and its
-    deadline starts with the held-out seconds already spent."""
+    deadline starts with the held-out seconds already spent; one covering other tasks measures again."""
     cfg, data, state = setup(small_cfg, tmp_path, eval_minutes=10.0)
     path = tmp_path / "journal.jsonl"
     model, prompts = evaluation_view(state, cfg, CPU)
-    first = measure_heldout(model, prompts, data, cfg, CPU, Dist(), None, 0, journal=Journal(path, identity(
-        state.model, cfg, 1)))
+    ident = identity(state.model, cfg, 1)  # the weights' before they go stale below
+    first = measure_heldout(model, prompts, data, cfg, CPU, Dist(), None, 0, journal=Journal(path, ident))
     assert first[0]["heldout/eval_pairs"] > 0 and first[1]["eval"]
-    again = Journal(path, identity(state.model, cfg, 1))
+    again = Journal(path, ident)
     assert again.spent >= first[0]["heldout/seconds"]
     with torch.no_grad():
         for p in model.parameters():
@@ -249,6 +249,11 @@ def test_the_held_out_loss_is_measured_once_and_its_seconds_charged_once(small_c
     deadline, _ = final_budget(cfg, data, CPU, Dist(), 3, again)
     assert deadline.left() == pytest.approx(600 - again.spent, abs=5)
     assert measure_heldout(model, prompts, data, cfg, CPU, Dist(), None, 0)[0] != first[0]  # not the journal's
+    # another --heldout_tasks (a flag a journal ignores) covers other tasks: measured again, and kept
+    fewer = cfg.replace(heldout_tasks=1)
+    one_task = measure_heldout(model, prompts, data, fewer, CPU, Dist(), None, 0, journal=again)
+    assert one_task[0]["heldout/eval_pairs"] < first[0]["heldout/eval_pairs"]
+    assert measure_heldout(model, prompts, data, fewer, CPU, Dist(), None, 0, journal=Journal(path, ident)) == one_task
 
 
 @pytest.mark.slow

@@ -182,14 +182,17 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
     per-pair records)."""
     if not cfg.eval.heldout_loss:
         return {}, {}
-    # A continued final validation keeps the loss its journal holds (every process agreeing: each
-    # writes its line after the measurement's last collective, so a kill can fall between two).
-    if journal is not None and not dist.any(journal.heldout is None):
+    covers = heldout_task_count(cfg, device, scored)
+    # A continued final validation keeps the loss its journal holds over as many tasks (--heldout_tasks
+    # may change between starts), every process agreeing: each writes its line after the measurement's
+    # last collective, so a kill can fall between two.
+    kept = journal.heldout if journal is not None and journal.heldout else None
+    if journal is not None and not dist.any(kept is None or kept.get("covers") != covers):
         announce(dist, "held-out loss: as measured before the stop (from the journal)")
-        return dict(journal.heldout["heldout"]), journal.heldout["pairs"]
+        return dict(kept["heldout"]), kept["pairs"]
     started = time.perf_counter()
     sets = {"eval": data.eval_set, "train_tests": held_out_set(data)}
-    covered = {"eval": set(first_tasks(data.eval_set, heldout_task_count(cfg, device, scored)))}
+    covered = {"eval": set(first_tasks(data.eval_set, covers))}
     try:
         metrics, pairs = heldout_losses(model, prompts, sets, cfg=cfg, device=device, dist=dist, stop=stop,
                                         tasks=covered, progress=True)
@@ -204,7 +207,7 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
         logger.write(step, metrics)
     records = pair_records(pairs, sets)
     if journal is not None:
-        journal.write_heldout(metrics, records)
+        journal.write_heldout(metrics, records, covers)
     return metrics, records
 
 
