@@ -118,8 +118,9 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
         return plan(self, ttt_steps, views, tasks_left, pairs, tasks)
 
     monkeypatch.setattr(Deadline, "plan", spy)
+    # 6 s: room on a loaded machine for the held-out pass and the first group before the rest is planned
     cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, ttt_check_every=0,
-                    eval_minutes=0.05, run_dir=str(tmp_path / "run"))
+                    eval_minutes=0.1, run_dir=str(tmp_path / "run"))
     summary = training.train(cfg, CPU)
     tasks = int(summary["eval/tasks"])
     assert tasks == 3 and plans == [3, 2, 1]  # one task a group: the first is planned as one of three
