@@ -187,7 +187,7 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
     # may change between starts), every process agreeing: each writes its line after the measurement's
     # last collective, so a kill can fall between two.
     kept = journal.heldout if journal is not None else None
-    if journal is not None and not dist.any(kept is None or kept["covers"] != covers):
+    if journal is not None and not dist.any(kept is None or kept.get("covers") != covers):
         announce(dist, "held-out loss: as measured before the stop (from the journal)")
         return dict(kept["heldout"]), kept["pairs"]
     started = time.perf_counter()
