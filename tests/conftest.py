@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # `make test` runs the suite on two pytest-xdist workers, one per core: each worker, and what it
@@ -145,22 +146,83 @@ def descendants(pid: int) -> list[int]:
     return [d for c in children(pid) for d in (c, *descendants(c))]
 
 
+# `python` for a test's runs: `[*WARM_PYTHON, "fixed.py", ...]` or `-m bench.x`, and a launcher's
+# script, `[*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py", ...]`: each run forked from a server that has
+# imported torch and transformers once (tests/warm_python.py) when the test asks for the warm_python
+# fixture (otherwise a plain python, as slow as one). A few tests keep `python fixed.py` as typed.
+WARM_PYTHON_SCRIPT = str(ROOT / "tests" / "warm_python.py")
+WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
+
+
+@pytest.fixture(scope="session")
+def warm_python(tmp_path_factory) -> tuple[str, str]:
+    """WARM_PYTHON, with its server running: started for this pytest process, or the one a
+    mutant's run inherits from the pytest process that started it."""
+    from tests import warm_python as warm
+
+    if not os.environ.get(warm.ENV):
+        folder = tmp_path_factory.mktemp("warm")
+        socket_path = folder / "socket"
+        with open(folder / "server.log", "w") as log:
+            server = subprocess.Popen([sys.executable, WARM_PYTHON_SCRIPT, "--serve", str(socket_path)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
+        while not socket_path.exists():  # bound before the libraries load: clients queue from here
+            assert server.poll() is None, (folder / "server.log").read_text()
+            time.sleep(0.01)
+        os.environ[warm.ENV] = str(socket_path)
+        yield WARM_PYTHON
+        del os.environ[warm.ENV]
+        server.kill()
+        server.wait()
+    else:
+        yield WARM_PYTHON
+
+
+def start_command(command, stdout: bool = True, stderr: bool = True):
+    """Start `command` in the repository, its stdout and stderr text pipes (or /dev/null): a
+    WARM_PYTHON command is forked by the warm_python fixture's server (by a plain python where none
+    runs) -> a subprocess.Popen, or tests/warm_python.py's WarmRun, which behaves as one."""
+    from tests import warm_python as warm
+
+    if tuple(command[:2]) == WARM_PYTHON:
+        run = warm.start(list(command[2:]), str(ROOT), stdout, stderr)
+        if run is not None:
+            return run
+        command = [sys.executable, *command[2:]]
+    return subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
+                            stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, text=True)
+
+
+def run_command(command, timeout: float = 300) -> subprocess.CompletedProcess:
+    """subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout), with
+    start_command's warm python."""
+    proc = start_command(command)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(list(command), proc.returncode, out, err)
+
+
 @pytest.fixture
-def spawn():
-    """Start a command in the repository; whatever is left of it (torchrun's workers included, which
-    live in sessions of their own) is killed when the test ends, passed or failed."""
+def spawn(warm_python):
+    """Start a command in the repository (start_command); whatever is left of it (torchrun's workers
+    included, which live in sessions of their own, and a launcher's warm workers, which die with
+    their commands) is killed when the test ends, passed or failed."""
     started = []
 
-    def start(*command: str) -> subprocess.Popen:
-        proc = subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def start(*command: str):
+        proc = start_command(command)
         started.append(proc)
         return proc
 
     yield start
     for proc in started:
-        for pid in [*descendants(proc.pid), proc.pid]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if proc.poll() is None:  # (once ended and reaped, its pid may be another process's)
+            for pid in [*descendants(proc.pid), proc.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         proc.communicate()

@@ -4,13 +4,13 @@ setting; a longer start goes on from a shorter one; the rows are kept as they fi
 scores only the rows it lacks; the picture draws each start's frontier."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from bench.frontier import frontier, same_row
-from tests.conftest import ROOT
+from tests.conftest import WARM_PYTHON, run_command
+
+pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
 SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_check_every=0")
 
@@ -31,8 +31,8 @@ def across(stdout: str) -> list[list[str]]:
 
 def bench(arc_folder, out, *args) -> str:
     sets = [a for s in (f"data={arc_folder}", *SMALL) for a in ("--set", s)]
-    proc = subprocess.run([sys.executable, "-m", "bench.frontier", "--tasks", "2", "--out", str(out), *sets, *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_command([*WARM_PYTHON, "-m", "bench.frontier", "--tasks", "2", "--out", str(out), *sets, *args],
+                       timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 

@@ -3,12 +3,11 @@ at each number of views asked for beside the untrained start, with its paired ga
 rerun on the same folder scores the run it finds without training it again; with --seeds each row
 runs once a seed and a last table gives the mean and spread."""
 
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import WARM_PYTHON, run_command
+
+pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
 SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=2")
 
@@ -31,9 +30,8 @@ def tables(stdout: str, row: str = "defaults") -> list[list[list[str]]]:
 def bench(arc_folder, out, *args) -> str:
     """The bench's printed output."""
     sets = [a for s in (f"data={arc_folder}", *SMALL) for a in ("--set", s)]
-    proc = subprocess.run([sys.executable, "-m", "bench.recipe", "--rows", "defaults", "--tasks", "1", "--held", "2",
-                           "--unseen", "0", "--out", str(out), *sets, *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = run_command([*WARM_PYTHON, "-m", "bench.recipe", "--rows", "defaults", "--tasks", "1", "--held", "2",
+                        "--unseen", "0", "--out", str(out), *sets, *args], timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 

@@ -1,8 +1,6 @@
 """The real fixed.py, run as a user runs it, then what it wrote read back."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import training
 from engine.run_logger import read_scalars
-from tests.conftest import ROOT
+from tests.conftest import run_command
 
 REQUIRED_TAGS = {"loss/combined", "loss/efe", "rl/reward", "train/mask_ratio", "grad/norm", "grad/qwen_norm",
                  "amp/scale", "amp/skipped_steps", "optim/lr_factor", "eval/cell_acc", "eval/exact", "eval/pass2",
@@ -24,11 +22,11 @@ scalars = read_scalars  # {tag: [(step, value), ...]} of a run folder
 
 
 @pytest.mark.slow
-def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path, capsys):
+def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path, capsys, warm_python):
     run_dir = tmp_path / "run"
     common = ["--data", str(arc_folder), "--max_batches", "2", "--log_every", "1", "--batch_size", "4",
               "--run_dir", str(run_dir)]
-    out = subprocess.run([sys.executable, "fixed.py", *common], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = run_command([*warm_python, "fixed.py", *common])
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("done: 2 steps") and str(run_dir) in out.stdout
     assert "UNTRAINED" in out.stderr, "the tiny Qwen must be named as untrained"

@@ -262,6 +262,7 @@ def test_two_processes_killed_mid_validation_leave_their_finished_tasks_in_the_s
     has journaled two tasks: the submission holds the attempts of every task either process had
     journaled but its last (the one it may have been writing out), rank 1's included."""
     run = tmp_path / "run"
+    # workers started by python itself: WARM_PYTHON_SCRIPT's worker outlives its SIGKILLed command by a moment
     proc = spawn(*TORCHRUN, "fixed.py", *small(
         arc_folder, run, "--data", "synthetic:40", "--eval_only", "--eval_tasks", "0", "--ttt_steps", "20",
         "--ttt_check_every", "0", "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import training
 from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
 from engine.precision import MixedPrecision
-from tests.conftest import ROOT
+from tests.conftest import ROOT, WARM_PYTHON, start_command
 from training.step import train_step
 
 
@@ -34,9 +34,9 @@ def test_bf16_has_no_scaler():
     assert amp.scaler is None and amp.scale == 1.0
 
 
-def cli(*args, **kwargs):
-    return subprocess.Popen([sys.executable, "fixed.py", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+def cli(*args):
+    """fixed.py with `args` in a process of its own (a warm one in a test that asks for warm_python)."""
+    return start_command([*WARM_PYTHON, "fixed.py", *args])
 
 
 def small_args(arc_folder, run_dir, *extra):
@@ -45,7 +45,7 @@ def small_args(arc_folder, run_dir, *extra):
             "--eval_tasks", "1", "--ttt_steps", "4", "--run_dir", str(run_dir), *extra]
 
 
-def test_nan_storm_stops_with_a_message_and_a_checkpoint(arc_folder, tmp_path):
+def test_nan_storm_stops_with_a_message_and_a_checkpoint(arc_folder, tmp_path, warm_python):
     # A learning rate of 1e30 turns the weights to inf after the first step; every later loss is NaN.
     proc = cli(*small_args(arc_folder, tmp_path / "run", "--agent_lr", "1e30", "--max_consecutive_skips", "3",
                            "--max_batches", "8"))
@@ -66,7 +66,7 @@ def wait_for_checkpoint(run_dir, proc, timeout=120):
 
 
 @pytest.mark.slow
-def test_signal_saves_at_the_window_boundary_and_exits_cleanly(arc_folder, tmp_path, capsys):
+def test_signal_saves_at_the_window_boundary_and_exits_cleanly(arc_folder, tmp_path, capsys, warm_python):
     """SIGTERM (a scheduler's preemption) in training; SIGINT, the same handler's other signal, is
     sent in validation by tests/test_validation.py."""
     signum = signal.SIGTERM
@@ -85,7 +85,7 @@ def test_signal_saves_at_the_window_boundary_and_exits_cleanly(arc_folder, tmp_p
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_path):
+def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_path, warm_python):
     # the runs no signal reaches go in this process
     assert training.main(small_args(arc_folder, tmp_path / "straight", "--max_batches", "8")) == 0
     run_dir = tmp_path / "killed"

@@ -9,8 +9,11 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from tests.conftest import BIN, ROOT, TORCHRUN, accelerate_launch
+from tests.conftest import BIN, ROOT, TORCHRUN, WARM_PYTHON_SCRIPT, accelerate_launch
 from tests.test_end_to_end import scalars
+
+# each launcher's workers forked warm (tests/warm_python.py): its script is WARM_PYTHON_SCRIPT, then fixed.py
+pytestmark = pytest.mark.usefixtures("warm_python")
 
 
 def args(arc_folder, run_dir, batch, *extra):
@@ -41,8 +44,8 @@ TWO_WINDOWS = ("--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1
 def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_folder, tmp_path):
     extra = (*TWO_WINDOWS, "--qwen_train", qwen_train)
     assert training.main(args(arc_folder, tmp_path / "one", 4, *extra)[1:]) == 0  # one process: in this one
-    two = subprocess.run([*launcher, *args(arc_folder, tmp_path / "two", 2, *extra)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    two = subprocess.run([*launcher, WARM_PYTHON_SCRIPT, *args(arc_folder, tmp_path / "two", 2, *extra)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world_size=2" in two.stderr and two.stderr.count("world_size=") == 1, "start-up line from rank 0 only"
     assert two.stdout.count("done:") == 1
@@ -144,7 +147,8 @@ def test_a_nan_on_one_process_skips_the_step_on_every_process(arc_folder, tmp_pa
     loss, which still goes backward: every backward is a collective there)."""
     script = tmp_path / "nan_on_rank_1.py"
     script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), cases=NAN_CASES, out=str(tmp_path)))
-    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for name, amp, _, _ in NAN_CASES:
@@ -199,7 +203,7 @@ def test_refreshes_under_no_sync_keep_every_process_equal(arc_folder, tmp_path):
     moments stay as they were (no zero gradient, which weight decay and the moments would act on)."""
     script = tmp_path / "same_on_every_rank.py"
     script.write_text(SAME_ON_EVERY_RANK.format(root=str(ROOT), data=str(arc_folder), out=str(tmp_path)))
-    out = subprocess.run([*TORCHRUN, str(script)], cwd=ROOT, capture_output=True,
+    out = subprocess.run([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -215,7 +219,7 @@ def test_two_nodes_train_together(arc_folder, tmp_path):
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
     nodes = [subprocess.Popen([f"{BIN}/torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-                               "--master_addr", "127.0.0.1", "--master_port", str(port),
+                               "--master_addr", "127.0.0.1", "--master_port", str(port), WARM_PYTHON_SCRIPT,
                                *args(arc_folder, tmp_path / "run", 2, "--max_batches", "2")],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outs = [node.communicate(timeout=300) for node in nodes]

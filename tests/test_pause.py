@@ -17,7 +17,8 @@ BUDGET_MINUTES = 0.15
 
 
 @pytest.mark.slow
-def test_a_time_bounded_run_stopped_and_resumed_trains_its_budget_once_on_one_lr_curve(arc_folder, tmp_path):
+def test_a_time_bounded_run_stopped_and_resumed_trains_its_budget_once_on_one_lr_curve(arc_folder, tmp_path,
+                                                                                     warm_python):
     """SIGTERM at about 40% of the budget, then the same command with --resume: the training seconds
     over both invocations end within a step of the budget, the cosine's lr factor goes on falling from
     where it stopped (it would restart at 1 with a budget of the resumed run's own), one final validation."""
@@ -60,7 +61,8 @@ def test_a_resumed_run_whose_budget_is_spent_trains_nothing_and_validates_at_its
 
 
 @pytest.mark.slow
-def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_folder, tmp_path, capsys):
+def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_folder, tmp_path, capsys,
+                                                                            warm_python):
     """A time-bounded run SIGKILLed once its final validation's journal holds a task, then the same
     command with --resume: no training step (its budget is spent), the journaled tasks not scored
     again nor the held-out loss measured again, the submission byte for byte an uninterrupted

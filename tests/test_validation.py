@@ -23,7 +23,7 @@ from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import StopRequest
-from tests.conftest import ROOT, TORCHRUN, children
+from tests.conftest import ROOT, TORCHRUN, WARM_PYTHON, WARM_PYTHON_SCRIPT, children
 from tests.test_end_to_end import scalars
 from training.validation import ValidationSchedule, fits_in_training
 
@@ -174,7 +174,7 @@ def small(arc_folder, run_dir, *extra):
 
 
 ENDLESS = ("--ttt_steps", "1000000", "--ttt_check_every", "0", "--val_share", "1e9")  # validation never ends alone
-FIXED = (sys.executable, "fixed.py")
+FIXED = (*WARM_PYTHON, "fixed.py")  # forked warm by the spawn fixture
 GRACE = 30  # seconds between SIGTERM and SIGKILL on SLURM and Kubernetes
 
 
@@ -271,7 +271,7 @@ def test_processes_stop_together_when_one_of_them_is_signalled(arc_folder, tmp_p
     """Rank 1 alone gets SIGTERM; rank 0 learns it where the processes agree, after its task group (a
     task of 400 TTT steps here, a few seconds), and both stop there."""
     run = tmp_path / "run"
-    proc = spawn(*TORCHRUN, "fixed.py",
+    proc = spawn(*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py",
                  *small(arc_folder, run, "--epochs", "2", "--max_batches", "1", "--ttt_steps", "400",
                         "--ttt_check_every", "0", "--val_share", "1e9"))
     wait_for(run / "checkpoints" / "latest", proc, timeout=180)
@@ -292,8 +292,8 @@ def test_the_seeds_quick_check_validates_the_subset_its_start_up_line_names(tmp_
     figures are in docs/results.md): the start-up line names the tasks validation will score, the
     final validation scores those 16 (the bar's total), and SIGTERM then ends it as in any validation."""
     run = tmp_path / "run"
-    proc = spawn(*FIXED, "--epochs", "1", "--agent_lr", "1e-5", "--qwen_lr", "5e-5", "--device", "cpu",
-                 "--max_batches", "5", "--run_dir", str(run))
+    proc = spawn(sys.executable, "fixed.py", "--epochs", "1", "--agent_lr", "1e-5", "--qwen_lr", "5e-5",  # as typed
+                 "--device", "cpu", "--max_batches", "5", "--run_dir", str(run))
     lines = []
     while not any(line.startswith("validate:") and "/16 " in line for line in lines[-1:]):
         line = proc.stderr.readline()

