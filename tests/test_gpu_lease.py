@@ -2,14 +2,19 @@
 the CPU at tiny sizes, the same code a lent GPU's ten minutes run."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bench import gpu_lease
-from tests.conftest import ROOT
+from bench.gpu_check import arc
+from tests.conftest import ROOT, run_command
+
+
+@pytest.fixture(autouse=True)
+def warm_children(monkeypatch, warm_python):
+    """The check's children (fixed.py, the benches) forked from a warm python (tests/warm_python.py)."""
+    monkeypatch.setattr(arc, "PYTHON", tuple(warm_python))
 
 
 def _dry_run(out, re_arc, *extra: str) -> int:
@@ -94,10 +99,10 @@ def test_set_passes_fixed_py_flags_and_booleans_as_their_switches():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_without_cuda_it_exits_2_with_one_line(tmp_path):
+def test_without_cuda_it_exits_2_with_one_line(tmp_path, warm_python):
     (tmp_path / "re_arc.zip").write_bytes(b"")
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_lease", "--out", str(tmp_path / "out"), "--re_arc",
-                           str(tmp_path / "re_arc.zip")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = run_command([*warm_python, "-m", "bench.gpu_lease", "--out", str(tmp_path / "out"), "--re_arc",
+                        str(tmp_path / "re_arc.zip")], timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
 
 

@@ -41,16 +41,19 @@ CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates a
 # stops can follow it on the same line (the bar leaves no newline)
 PROGRESS_BAR = re.compile(r"^.*\d+%\|.*?\]")
 GRACE_SECONDS = 30  # from SIGTERM to SIGKILL: a stopped run saves its checkpoint in this time
+# the interpreter every child runs on, its command (the tests' is a warm one: tests/warm_python.py)
+PYTHON: tuple[str, ...] = (sys.executable,)
 
 
 def run_child(check: Check, argv: list[str], log: Path, reserve: float = 0.0,
               poll: Callable[[], bool] | None = None, every: float = 1.0) -> tuple[int, bool]:
-    """Run `argv` from the repository root, output to `log`, until it ends or the check's deadline
-    less `reserve` seconds; then SIGTERM, and SIGKILL after the grace. `poll`, called every `every`
-    seconds while the child runs: True stops it as the deadline would. -> (exit code, stopped)."""
+    """Run `python argv` (PYTHON's) from the repository root, output to `log`, until it ends or the
+    check's deadline less `reserve` seconds; then SIGTERM, and SIGKILL after the grace. `poll`, called
+    every `every` seconds while the child runs: True stops it as the deadline would. -> (exit code,
+    stopped)."""
     end = time.monotonic() + max(check.seconds_left() - reserve, 1.0)
     with open(log, "w") as out:
-        child = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        child = subprocess.Popen([*PYTHON, *argv], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         while True:
             left = end - time.monotonic()
             try:
@@ -90,14 +93,14 @@ def run(check: Check, section: Section, minutes: float, eval_minutes: float, tas
     `overrides` ("adapt_tasks=8": fixed.py's flags, last); -> the run folder when it saved a
     checkpoint, else None."""
     run_dir = check.out / "arc_run"
-    argv = [sys.executable, "fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
+    argv = ["fixed.py", "--device", check.device.type, *ONE_GPU_RECIPE,
             "--data", training_data(re_arc),
             *(TINY_SIZES if check.tiny else ()), "--epochs", "1000", "--max_minutes", f"{minutes:g}",
             "--val_every", "end", "--eval_tasks", str(tasks), "--eval_minutes", f"{eval_minutes:g}",
             "--run_dir", str(run_dir),
             "--prompt_cache_dir", str(check.out / "arc_prompt_cache"),
             *(arg for flag in overrides for arg in ("--" + flag.split("=", 1)[0], flag.split("=", 1)[1]))]
-    section.notes += [f"`{' '.join(argv[1:])}`", CPU_REFERENCE]
+    section.notes += [f"`python {' '.join(argv)}`", CPU_REFERENCE]
     log = check.out / "arc_run.log"
     code, stopped = run_child(check, argv, log, reserve=GRACE_SECONDS)
     summary = run_dir / "summary.json"
@@ -119,9 +122,9 @@ def run(check: Check, section: Section, minutes: float, eval_minutes: float, tas
 def ttt_curve(check: Check, section: Section, run_dir: Path, tasks: int, marks: str) -> None:
     """bench.ttt_curve on the run's checkpoint, rows from its --json output."""
     rows = check.out / "ttt_curve.json"
-    argv = [sys.executable, "-m", "bench.ttt_curve", str(run_dir), "--tasks", str(tasks), "--marks", marks,
+    argv = ["-m", "bench.ttt_curve", str(run_dir), "--tasks", str(tasks), "--marks", marks,
             "--device", check.device.type, "--json", str(rows)]
-    section.notes.append(f"`{' '.join(argv[1:])}`: identity view, no voting; see `make bench-ttt-curve`")
+    section.notes.append(f"`python {' '.join(argv)}`: identity view, no voting; see `make bench-ttt-curve`")
     log = check.out / "ttt_curve.log"
     code, stopped = run_child(check, argv, log)
     if code != 0 or not rows.exists():
