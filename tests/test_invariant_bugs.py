@@ -217,6 +217,7 @@ def survivors(mutants: list[Mutant], root, arc_folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_every_invariants_test_catches_its_bug(tmp_path, arc_folder):
+def test_every_invariants_test_catches_its_bug(tmp_path, arc_folder, warm_python):
+    # (warm_python: the mutants' runs of fixed.py and launchers fork from this process's server too)
     missed = survivors(MUTANTS, tmp_path, arc_folder)
     assert not missed, "\n\n".join(missed)
