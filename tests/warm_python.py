@@ -1,6 +1,6 @@
-"""A warm python for the tests' runs: `python tests/warm_python.py fixed.py --flags` (or `... -m
-bench.recipe --flags`) runs as `python fixed.py --flags` does, in a process forked from a server that
-has imported torch, transformers and the rest of the third-party stack once.
+"""A warm python for the tests' runs: `python tests/warm_python.py fixed.py --flags` (or `-m
+bench.recipe --flags`, or `-c program`) runs as `python fixed.py --flags` does, in a process forked
+from a server that has imported torch, transformers and the rest of the third-party stack once.
 
 Why: a run started in a process of its own (a test's fixed.py or bench, a launcher's worker) spends
 about 3 of its 4 start-up seconds importing the same libraries (torch 1 s; transformers, DTensor and
@@ -145,7 +145,8 @@ def die_with(pid: int) -> None:
 
 
 def run(request: dict) -> None:
-    """Run the request's script (or -m module) as `__main__`, as `python argv...` would from its folder."""
+    """Run the request's script (or -m module, or -c program) as `__main__`, as `python argv...` would
+    from its folder."""
     import io
     import runpy
 
@@ -160,7 +161,14 @@ def run(request: dict) -> None:
                                                write_through=buffering == 0, line_buffering=line_buffered)
                               for fd, stream, line_buffered in ((1, sys.stdout, os.isatty(1)), (2, sys.stderr, True)))
     argv = request["argv"]
-    if argv[0] == "-m":
+    if argv[0] == "-c":
+        import types
+
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        sys.modules["__main__"] = main = types.ModuleType("__main__")
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[0] == "-m":
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
