@@ -14,7 +14,6 @@ from prompt.latent_step import MAX_STEP_RATIO, LatentStep
 from tests.test_end_to_end import scalars
 
 # numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
-pytestmark = pytest.mark.numeric
 
 CPU = torch.device("cpu")
 
@@ -51,6 +50,7 @@ def context_losses(agent, prompt, batch):
     return torch.stack(losses)
 
 
+@pytest.mark.numeric
 def test_the_step_is_minus_lr_times_the_context_demos_gradient_and_descends(small_cfg, state_and_batches):
     """z = -lr * d(each sample's context loss)/d(its prompt), and it lowers that loss for every
     sample; a long step is cut to MAX_STEP_RATIO of the prompt's norm; a sample's step is the one
@@ -76,6 +76,7 @@ def test_the_step_is_minus_lr_times_the_context_demos_gradient_and_descends(smal
     torch.testing.assert_close(alone[0], z[0], rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.numeric
 def test_the_step_reads_at_most_its_own_count_of_a_samples_demos(small_cfg, state_and_batches):
     """The batch may carry more demos than the step reads (a demo stream reading 4): a step of
     --latent_step_demos 1 is the step on each sample's first demo alone."""

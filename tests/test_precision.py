@@ -17,7 +17,6 @@ from prompt import with_qwen_features
 from tests.conftest import ROOT
 
 # numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
-pytestmark = pytest.mark.numeric
 
 
 def toy(mode: str):
@@ -67,6 +66,7 @@ def test_max_batches_ending_mid_window_runs_through(small_cfg):
     assert summary["steps"] == 4  # per epoch: windows of 2 + 1
 
 
+@pytest.mark.numeric
 def test_partial_window_gradient_equals_full_batch_gradient(small_cfg, state_and_batches):
     """docs/invariants.md #2: with --grad_accum 2 and --batch_size 4 (a nominal 8 samples), a window
     of 4 + 2 samples steps with the mean gradient of those 6, computed here directly: one plain
@@ -155,6 +155,7 @@ def test_nan_in_half_a_window_skips_that_micro_batch_and_steps_on_the_rest(small
     assert any(not torch.equal(a, b) for a, b in zip(before, params, strict=True))
 
 
+@pytest.mark.numeric
 def test_a_window_with_a_dropped_micro_batch_steps_with_the_mean_gradient_of_the_rest(small_cfg, state_and_batches):
     """training/step.py: a micro-batch dropped for a NaN loss does not shrink the step: the window
     [NaN batch, good batch] steps with exactly the gradient of the window [good batch] (the mean over
@@ -192,6 +193,7 @@ def test_nan_in_a_partial_last_window_skips_it_and_training_goes_on(small_cfg, s
     assert training.train_step(state, [batches[3]], cfg)["amp/stepped"] == 1.0
 
 
+@pytest.mark.numeric
 def test_clip_sees_unscaled_gradients():
     """docs/invariants.md #4: unscale_ before clip_grad_norm_."""
     model, opt, amp = toy("off")

@@ -13,9 +13,9 @@ from engine.config import Config
 from engine.errors import ConfigError
 
 # numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
-pytestmark = pytest.mark.numeric
 
 
+@pytest.mark.numeric
 def test_rotary_positions_make_a_query_key_product_depend_on_the_2d_offset_only():
     """q at cell (r1, c1), k at (r2, c2): q'.k' is the same after shifting both cells by (a, b), and
     differs for another offset; prefix tokens are not turned."""
@@ -34,6 +34,7 @@ def test_rotary_positions_make_a_query_key_product_depend_on_the_2d_offset_only(
     assert product((1, 2), (4, 0)) != pytest.approx(product((1, 2), (0, 4)), abs=1e-3)  # the transposed offset
 
 
+@pytest.mark.numeric
 def test_rotary_turns_rows_with_the_first_quarter_of_pairs_and_columns_with_the_second():
     """Cell (0, 1) (token prefix + 1) turns pair 0 by 0 (row 0) and pair head_dim/4 by 1 radian
     (column 1 times the fastest frequency, 100^0 = 1); cell (1, 0) the other way round."""
