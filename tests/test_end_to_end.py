@@ -26,7 +26,7 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
     run_dir = tmp_path / "run"
     common = ["--data", str(arc_folder), "--max_batches", "2", "--log_every", "1", "--batch_size", "4",
               "--run_dir", str(run_dir)]
-    out = run_command([*warm_python, "fixed.py", *common])
+    out = run_command([*warm_python, "fixed.py", *common, "--ttt_steps", "2"])  # (the defaults: tests/test_recipe.py)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("done: 2 steps") and str(run_dir) in out.stdout
     assert "UNTRAINED" in out.stderr, "the tiny Qwen must be named as untrained"
@@ -48,7 +48,7 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 2 and 0 <= summary["eval/cell_acc"] <= 1
 
-    # validation flags may change on resume: this one adapts each task for 4 steps (the first run: 60);
+    # validation flags may change on resume: this one adapts each task for 4 steps (the first run: 2);
     # resumed in this process (fixed.py's own start was tested above)
     capsys.readouterr()
     assert training.main([*common, "--epochs", "2", "--ttt_steps", "4", "--resume", str(run_dir)]) == 0

@@ -189,7 +189,11 @@ def ask(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int
     if not path:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.connect(path)  # (refused: the server has ended, which the test that started it says)
+    try:
+        conn.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError) as err:
+        raise RuntimeError(f"warm_python: no server at {path} ({err}); its log: {os.path.dirname(path)}/server.log") \
+            from err
     socket.send_fds(conn, [b"r"], list(fds))
     conn.sendall(json.dumps({"argv": argv, "cwd": cwd, "env": env, "unbuffered": unbuffered}).encode() + b"\n")
     replies = conn.makefile("rb")
