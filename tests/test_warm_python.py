@@ -24,11 +24,12 @@ def test_a_run_is_forked_warm_with_its_own_pid_exit_code_and_output(warm_python)
 
 
 def test_a_commands_exit_code_signal_and_files_are_its_runs(warm_python, tmp_path):
-    """As a launcher's script (the command WARM_PYTHON): the run's exit code, killed by its own
-    SIGTERM as the run was, and the run in the command's folder with its arguments."""
+    """As a launcher's script (the command WARM_PYTHON): the run's exit code, killed by the signal
+    that killed the run, and the run in the command's folder with its arguments."""
     assert subprocess.run([*WARM_PYTHON, "-c", "raise SystemExit(5)"]).returncode == 5
-    killed = subprocess.run([*WARM_PYTHON, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"])
-    assert killed.returncode == -signal.SIGTERM
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        killed = subprocess.run([*WARM_PYTHON, "-c", f"import os; os.kill(os.getpid(), {int(signum)})"])
+        assert killed.returncode == -signum
     out = subprocess.run([*WARM_PYTHON, "-c", WARM + "; import os; print(os.getcwd(), sys.argv)", "x"],
                          cwd=tmp_path, capture_output=True, text=True, check=True).stdout
     assert out == f"True\n{tmp_path} ['-c', 'x']\n"
@@ -65,7 +66,7 @@ def test_an_environment_a_library_reads_at_import_gets_a_python_of_its_own(warm_
 def test_a_script_or_module_imports_from_its_own_folder_as_python_would(warm_python, tmp_path):
     (tmp_path / "neighbour.py").write_text("WHERE = __file__\n")
     (tmp_path / "script.py").write_text("import sys, neighbour\n"
-                                        "print(__name__, sys.argv, sys.path[0], neighbour.WHERE)\n")
+                                        "print(__name__, __file__, sys.argv, sys.path[0], neighbour.WHERE)\n")
     for command in (["script.py", "a"], ["-m", "script", "a"]):
         warm, cold = (subprocess.run([*python, *command], cwd=tmp_path, capture_output=True, text=True, check=True)
                       for python in (WARM_PYTHON, [sys.executable]))

@@ -18,7 +18,9 @@ environment differs from the server's in a variable a library may read when impo
 the launchers' and the suite's own run-time variables), the client execs python instead.
 
 The server imports no module of the suite: the child imports them from the script's folder as a
-fresh interpreter would (a mutant's copy in tests/test_invariant_bugs.py included).
+fresh interpreter would (a mutant's copy in tests/test_invariant_bugs.py included). What a fork
+cannot give: each run has the server's string-hash seed (ranks of one launch iterate a set in one
+order), so a launcher test with fresh pythons is kept (tests/test_journal.py's SIGKILLed one).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 ENV = "SUITE_WARM_PYTHON"
 # Environment variables read when a run starts, not when a library is imported: a request whose
@@ -58,8 +61,10 @@ def differs_at_import(env: dict[str, str], server: dict[str, str], set_by_import
 
 
 def serve(path: str) -> dict:
-    """Listen on `path` and fork a child per request; return only in a child, with its request, its
-    descriptors on 0, 1 and 2. The server ends with the process that started it."""
+    """Listen on `path` and fork a child per request; return only in a child, with its request (its
+    descriptors on 0, 1 and 2, "owner": a pidfd of the process it dies with). The server ends with
+    the process that started it."""
+    parent = os.pidfd_open(os.getppid())  # before the imports: a parent may die during them
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)  # a client waits in the backlog while the libraries load
@@ -68,12 +73,12 @@ def serve(path: str) -> dict:
         __import__(name)
     # what the imports set (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) a fresh interpreter sets too
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
-    import threading
-    if threading.active_count() != 1:  # a lock another thread holds at a fork stays held in the child
-        raise RuntimeError(f"warm_python: importing {PRELOAD} started threads: {threading.enumerate()}")
+    threads = os.listdir("/proc/self/task")  # native ones too (an OpenMP pool)
+    if len(threads) != 1:  # a lock another thread holds at a fork stays held in the child
+        raise RuntimeError(f"warm_python: importing {PRELOAD} started threads: {threads}")
     watch = selectors.DefaultSelector()
     watch.register(listener, selectors.EVENT_READ, "request")
-    watch.register(os.pidfd_open(os.getppid()), selectors.EVENT_READ, "parent")
+    watch.register(parent, selectors.EVENT_READ, "parent")
     running: dict[int, tuple[socket.socket, int]] = {}  # child -> (its client's connection, its pidfd)
     while True:
         for key, _ in watch.select():
@@ -82,23 +87,13 @@ def serve(path: str) -> dict:
                 os._exit(0)
             elif key.data == "request":
                 conn, _ = listener.accept()
-                _, fds, _, _ = socket.recv_fds(conn, 1, 3)
-                try:
-                    request = json.loads(conn.makefile("rb").readline())
-                except json.JSONDecodeError as e:  # its client died before it had asked
-                    print(f"warm_python: an unreadable request ({e}), dropped", file=sys.stderr)
-                    request = {"env": {"": "unreadable"}}
-                differing = differs_at_import(request["env"], dict(os.environ), set_by_imports)
-                if len(fds) != 3 or differing:  # (said in the server's log: tests/conftest.py's folder warm*/)
-                    print(f"warm_python: not forked, {differing} differ: {request.get('argv')}", file=sys.stderr,
-                          flush=True)
-                    conn.sendall(b"exec\n")
+                request, fds, owner = read_request(conn, started_with, set_by_imports)
+                if request is None:
+                    reply(conn, b"exec\n")
                     conn.close()
                     for fd in fds:
                         os.close(fd)
                     continue
-                request["client"] = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                        struct.calcsize("3i")))[0]
                 pid = os.fork()
                 if pid == 0:
                     for other, pidfd in running.values():
@@ -107,15 +102,17 @@ def serve(path: str) -> dict:
                     watch.close()
                     listener.close()
                     conn.close()
+                    os.close(parent)
                     for target, fd in enumerate(fds):
                         os.dup2(fd, target)
+                    for fd in set(fds) - {0, 1, 2}:
                         os.close(fd)
-                    request["env"] = {**set_by_imports, **request["env"]}
-                    return request
-                for fd in fds:
+                    return {**request, "owner": owner}
+                for fd in (*fds, owner):
                     os.close(fd)
-                conn.sendall(f"{pid}\n".encode())
                 pidfd = os.pidfd_open(pid)
+                if not reply(conn, f"{pid}\n".encode()):  # its client is gone: so goes the run
+                    os.kill(pid, signal.SIGKILL)
                 running[pid] = conn, pidfd
                 watch.register(pidfd, selectors.EVENT_READ, pid)
             else:  # a child ended: its exit code (or minus its signal) to its client
@@ -123,37 +120,63 @@ def serve(path: str) -> dict:
                 watch.unregister(pidfd)
                 os.close(pidfd)
                 _, status = os.waitpid(key.data, 0)
-                try:
-                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                except BrokenPipeError:  # its client was killed
-                    pass
+                reply(conn, f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 conn.close()
 
 
-def die_with(pid: int) -> None:
-    """SIGKILL this process once process `pid` has ended (a thread waits on it)."""
+def read_request(conn: socket.socket, started_with: dict[str, str], set_by_imports: dict[str, str]):
+    """A client's request: -> (the request, its descriptors, a pidfd of the client), or (None, its
+    descriptors, None) where it cannot be forked here (said in the server's log)."""
+    fds: list[int] = []
+    try:
+        _, fds, _, _ = socket.recv_fds(conn, 1, 3)
+        request = json.loads(conn.makefile("rb").readline())
+        client = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        owner = os.pidfd_open(client)
+    except (OSError, json.JSONDecodeError) as err:  # its client died before it had asked
+        print(f"warm_python: a request dropped ({err!r})", file=sys.stderr, flush=True)
+        return None, fds, None
+    differing = differs_at_import(request["env"], dict(os.environ), set_by_imports)
+    if len(fds) != 3 or differing:
+        print(f"warm_python: not forked, {differing} differ: {request['argv']}", file=sys.stderr, flush=True)
+        os.close(owner)
+        return None, fds, None
+    return {**request, "env": {**set_by_imports, **request["env"]}}, fds, owner
+
+
+def reply(conn: socket.socket, line: bytes) -> bool:
+    """Send a line to a client: -> whether it could (a client killed meanwhile cannot take it)."""
+    try:
+        conn.sendall(line)
+        return True
+    except OSError:
+        return False
+
+
+def die_with(owner: int) -> None:
+    """SIGKILL this process once the process of pidfd `owner` has ended (a thread waits on it)."""
     import select
     import threading
 
-    ended = os.pidfd_open(pid)
-
     def wait() -> None:
-        select.select([ended], [], [])
+        select.select([owner], [], [])
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="warm_python: dies with its client", daemon=True).start()
 
 
 def run(request: dict) -> None:
-    """Run the request's script (or -m module, or -c program) as `__main__`, as `python argv...` would
-    from its folder."""
+    """Run the request's script (or -m module, or -c program) as `__main__`, as `python argv...`
+    would from its folder."""
+    import importlib.machinery
     import io
     import runpy
+    import types
 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    die_with(request["client"])
+    die_with(request["owner"])
     # buffered as the client's python was: launchers start their workers with python -u
     buffering = 0 if request["unbuffered"] else -1
     sys.stdout, sys.stderr = (io.TextIOWrapper(open(fd, "wb", buffering=buffering, closefd=False),
@@ -161,21 +184,23 @@ def run(request: dict) -> None:
                                                write_through=buffering == 0, line_buffering=line_buffered)
                               for fd, stream, line_buffered in ((1, sys.stdout, os.isatty(1)), (2, sys.stderr, True)))
     argv = request["argv"]
-    if argv[0] == "-c":
-        import types
-
-        sys.argv = ["-c", *argv[2:]]
-        sys.path[0] = ""
-        sys.modules["__main__"] = main = types.ModuleType("__main__")
-        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
-    elif argv[0] == "-m":
+    if argv[0] == "-m":
         sys.argv = argv[1:]
         sys.path[0] = os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
+        return
+    main = types.ModuleType("__main__")
+    main.__spec__ = main.__package__ = main.__cached__ = None
+    if argv[0] == "-c":
+        sys.argv, sys.path[0], filename, source = ["-c", *argv[2:]], "", "<string>", argv[1]
+    else:  # a script: its __file__ absolute, argv[0] as typed
+        filename = main.__file__ = os.path.abspath(argv[0])
+        main.__loader__ = importlib.machinery.SourceFileLoader("__main__", filename)
+        sys.argv, sys.path[0] = argv, os.path.dirname(filename)
+        with open(filename, "rb") as f:
+            source = f.read()
+    sys.modules["__main__"] = main
+    exec(compile(source, filename, "exec"), main.__dict__)
 
 
 # ---------------------------------------------------------------- asking for a run
@@ -183,41 +208,84 @@ def run(request: dict) -> None:
 
 def ask(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int], unbuffered: bool):
     """Have the server named by env[SUITE_WARM_PYTHON] fork a run of `argv` on descriptors `fds`
-    (stdin, stdout, stderr): -> (the run's pid, a file that gives its exit code in a line once it has
-    ended), or None where no server is named or it cannot fork `env`."""
+    (stdin, stdout, stderr): -> (the run's pid, a pidfd of it, a file that gives its exit code in a
+    line once it has ended), or None where no server is named or it cannot fork `env`."""
     path = env.get(ENV)
     if not path:
         return None
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    gone = f"warm_python: the server at {path} has ended; its log: {os.path.dirname(path)}/server.log"
     try:
         conn.connect(path)
     except (ConnectionRefusedError, FileNotFoundError) as err:
-        raise RuntimeError(f"warm_python: no server at {path} ({err}); its log: {os.path.dirname(path)}/server.log") \
-            from err
+        raise RuntimeError(gone) from err
     socket.send_fds(conn, [b"r"], list(fds))
     conn.sendall(json.dumps({"argv": argv, "cwd": cwd, "env": env, "unbuffered": unbuffered}).encode() + b"\n")
     replies = conn.makefile("rb")
     answer = replies.readline().strip()
+    if not answer:
+        raise RuntimeError(gone)
     if answer == b"exec":
         conn.close()
         return None
-    return int(answer), replies
+    pid = int(answer)
+    try:  # (opened at once: the pid is the run's until the server reaps it, after the run has ended)
+        return pid, os.pidfd_open(pid), replies
+    except ProcessLookupError:  # ended and reaped already: nothing left to signal
+        return pid, -1, replies
+
+
+def exit_code(replies) -> int:
+    """The run's exit code from the server (minus its signal where one killed it)."""
+    line = replies.readline()
+    if not line:
+        raise RuntimeError("warm_python: the server ended before the run did")
+    return int(line)
+
+
+def send(pidfd: int, signum: int) -> None:
+    """Signal the run of `pidfd` (nothing where it has ended: its pid may be another process's)."""
+    try:
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, signum)
+    except ProcessLookupError:
+        pass
 
 
 def client(argv: list[str]) -> None:
     """As a launcher's script: run `argv` in the server, relay signals to it and end as it ended;
     without a server (or one that cannot fork this environment), exec python."""
     unbuffered = sys.stdout.write_through  # python -u, as launchers start their workers
+    run_fd: list[int] = []  # the run's pidfd, once it runs
+    pending: list[int] = []  # signals that came before it did
+
+    def relay(signum, _):
+        if run_fd:
+            send(run_fd[0], signum)
+        else:
+            pending.append(signum)
+
+    for signum in RELAYED:
+        signal.signal(signum, relay)
     asked = ask(argv, os.getcwd(), dict(os.environ), (0, 1, 2), unbuffered)
     if asked is None:
+        if pending:  # as if the signal had come to the python this exec starts
+            end_as(-pending[0])
         os.execv(sys.executable, [sys.executable, *(["-u"] if unbuffered else []), *argv])
-    child, replies = asked
-    for signum in RELAYED:
-        signal.signal(signum, lambda signum, _: os.kill(child, signum))
-    code = int(replies.readline())
-    if code < 0:  # killed by a signal: so is this process
-        signal.signal(-code, signal.SIG_DFL)
+    _, pidfd, replies = asked
+    run_fd.append(pidfd)
+    for signum in pending:
+        send(pidfd, signum)
+    end_as(exit_code(replies))
+
+
+def end_as(code: int) -> None:
+    """Exit with `code`, or, where it is minus a signal, be killed by that signal."""
+    if code < 0:
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
+        time.sleep(1)  # (a signal whose default is not to end a process: end as a shell says it)
     sys.exit(code if code >= 0 else 128 - code)
 
 
@@ -226,15 +294,17 @@ class WarmRun:
     run's own (a signal, SIGKILL too, reaches the run itself), and poll, wait, communicate,
     send_signal, kill and returncode behave as Popen's."""
 
-    def __init__(self, args: list[str], pid: int, replies, stdout, stderr):
+    def __init__(self, args: list[str], pid: int, pidfd: int, replies, stdout, stderr):
         self.args, self.pid, self.stdout, self.stderr, self.returncode = args, pid, stdout, stderr, None
-        self._replies = replies
+        self._pidfd, self._replies = pidfd, replies
+        self._readers: list | None = None
+        self._texts: dict[str, str] = {}
 
     def poll(self) -> int | None:
         import select
 
         if self.returncode is None and select.select([self._replies], [], [], 0)[0]:
-            self.returncode = int(self._replies.readline())
+            self.returncode = exit_code(self._replies)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -244,31 +314,35 @@ class WarmRun:
         if self.returncode is None:
             if not select.select([self._replies], [], [], timeout)[0]:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            self.returncode = int(self._replies.readline())
+            self.returncode = exit_code(self._replies)
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
         """Read stdout and stderr to their ends (a thread each, as Popen does where it cannot select
-        on text files), then wait."""
+        on text files), then wait; the pipes are closed once read."""
+        import subprocess
         import threading
-        import time
 
-        start = time.monotonic()
-        texts: dict[str, str] = {}
-        readers = [threading.Thread(target=lambda name=name, f=f: texts.__setitem__(name, f.read()), daemon=True)
-                   for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
-        self.wait(None if timeout is None else max(0.0, timeout - (time.monotonic() - start)))
-        for reader in readers:
-            reader.join()
-        return texts.get("out"), texts.get("err")
+        end = None if timeout is None else time.monotonic() + timeout
+        if self._readers is None:
+            self._readers = [threading.Thread(target=lambda name=name, f=f: self._texts.__setitem__(name, f.read()),
+                                              daemon=True)
+                             for name, f in (("out", self.stdout), ("err", self.stderr)) if f is not None]
+            for reader in self._readers:
+                reader.start()
+        for reader in self._readers:
+            reader.join(None if end is None else max(0.0, end - time.monotonic()))
+        if any(reader.is_alive() for reader in self._readers):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if end is None else max(0.0, end - time.monotonic()))
+        for f in (self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        return self._texts.get("out"), self._texts.get("err")
 
     def send_signal(self, signum: int) -> None:
-        if self.returncode is None:
-            os.kill(self.pid, signum)
+        if self.poll() is None:
+            send(self._pidfd, signum)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -282,7 +356,7 @@ def start(argv: list[str], cwd: str, stdout_pipe: bool = True, stderr_pipe: bool
     null = os.open(os.devnull, os.O_RDWR)
     try:
         asked = ask(argv, cwd, dict(os.environ), (null, out[1] if out else null, err[1] if err else null),
-                    unbuffered=False)
+                    unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
     finally:  # the run has its own copies of the write ends
         for fd in {null, *(pipe[1] for pipe in (out, err) if pipe)}:
             os.close(fd)
