@@ -165,7 +165,8 @@ def run(copy, test):
     os.dup2(log, 1)
     os.dup2(log, 2)
     signal.alarm(600)  # a mutant that hangs ends as not caught (its test's own timeouts come first)
-    os._exit(pytest.main(["-x", "-q", "-p", "no:cacheprovider", test]))
+    # (one test in one process: no xdist, no anyio, 0.3 s a mutant)
+    os._exit(pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:anyio", test]))
 
 def reap():
     pid, status = os.wait()
