@@ -39,7 +39,7 @@ ENV = "SUITE_WARM_PYTHON"
 # environment differs from the server's in these alone is forked (a launcher sets them per worker).
 RUNTIME_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                  "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED",
-                 "CUDA_VISIBLE_DEVICES", "PWD", "OLDPWD", "SHLVL", "_"}
+                 "CUDA_VISIBLE_DEVICES", "COLUMNS", "LINES", "PWD", "OLDPWD", "SHLVL", "_"}
 RUNTIME_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_", "NCCL_", "ACCELERATE_", "FSDP_", "PYTEST_", "SUITE_")
 # What the suite's runs import, loaded once by the server (none of the suite's own modules)
 PRELOAD = ("numpy", "torch", "torch.distributed.tensor", "torch.distributed.checkpoint", "torch._dynamo",
@@ -69,13 +69,17 @@ def serve(path: str) -> dict:
     listener.bind(path)
     listener.listen(64)  # a client waits in the backlog while the libraries load
     started_with = dict(os.environ)
+    import numpy  # noqa: F401  (its OpenBLAS starts a thread pool, which stops itself around a fork)
+    blas_threads = os.listdir("/proc/self/task")  # native threads too
     for name in PRELOAD:
         __import__(name)
     # what the imports set (torch._dynamo: TORCHINDUCTOR_CACHE_DIR) a fresh interpreter sets too
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
-    threads = os.listdir("/proc/self/task")  # native ones too (an OpenMP pool)
-    if len(threads) != 1:  # a lock another thread holds at a fork stays held in the child
-        raise RuntimeError(f"warm_python: importing {PRELOAD} started threads: {threads}")
+    threads = os.listdir("/proc/self/task")
+    forkable = len(threads) == len(blas_threads)  # a lock another thread holds at a fork stays held in the child
+    if not forkable:
+        print(f"warm_python: importing {PRELOAD} started threads ({len(blas_threads)} -> {len(threads)}): "
+              "every run gets a python of its own", file=sys.stderr, flush=True)
     watch = selectors.DefaultSelector()
     watch.register(listener, selectors.EVENT_READ, "request")
     watch.register(parent, selectors.EVENT_READ, "parent")
@@ -87,7 +91,7 @@ def serve(path: str) -> dict:
                 os._exit(0)
             elif key.data == "request":
                 conn, _ = listener.accept()
-                request, fds, owner = read_request(conn, started_with, set_by_imports)
+                request, fds, owner = read_request(conn, set_by_imports) if forkable else (None, [], None)
                 if request is None:
                     reply(conn, b"exec\n")
                     conn.close()
@@ -124,7 +128,7 @@ def serve(path: str) -> dict:
                 conn.close()
 
 
-def read_request(conn: socket.socket, started_with: dict[str, str], set_by_imports: dict[str, str]):
+def read_request(conn: socket.socket, set_by_imports: dict[str, str]):
     """A client's request: -> (the request, its descriptors, a pidfd of the client), or (None, its
     descriptors, None) where it cannot be forked here (said in the server's log)."""
     fds: list[int] = []
