@@ -21,18 +21,22 @@ run: $(STAMP)
 # plain `.venv/bin/python -m pytest` runs it serially
 TEST_WORKERS ?= 2
 
-# then the numerically sensitive tests (-m numeric) again on the AVX2 and the plain kernels torch may pick on
-# another machine of this kind (a tolerance must hold on every kernel set, not only this machine's): the two
-# side by side, one process and one thread each (two xdist sessions one after the other cost 66 s, these 41),
-# each one's output printed when both have ended
-NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) $(PY) -m pytest -p no:xdist -p no:cacheprovider -m numeric -q \
-	> $(VENV)/numeric-$(1).log 2>&1
+# and the numerically sensitive tests (-m numeric) again on the AVX2 and the plain kernels torch may pick on
+# another machine of this kind (a tolerance must hold on every kernel set, not only this machine's): one
+# process and one thread each, started beside the suite at the lowest priority (nice 19), so they take the
+# CPU the suite leaves idle (its last tests on one worker, its waits on launches) and finish after it;
+# each one's output printed when all have ended
+NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest -p no:xdist -p no:cacheprovider \
+	-m numeric -q > $(VENV)/numeric-$(1).log 2>&1
 test: lint browser
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15
-	@echo "the numeric tests under ATEN_CPU_CAPABILITY=avx2 and =default, side by side"
-	@$(call NUMERIC,avx2) & avx2=$$!; $(call NUMERIC,default); plain=$$?; wait $$avx2; wide=$$?; \
+	@$(call NUMERIC,avx2) & avx2=$$!; $(call NUMERIC,default) & plain=$$!; \
+	trap 'kill $$avx2 $$plain 2>/dev/null; exit 130' INT TERM; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15; suite=$$?; \
+	wait $$avx2; wide=$$?; wait $$plain; narrow=$$?; \
+	echo "the numeric tests again under ATEN_CPU_CAPABILITY=avx2 and =default (beside the suite, at nice 19)"; \
 	for kernels in avx2 default; do echo "ATEN_CPU_CAPABILITY=$$kernels: $$(tail -n 1 $(VENV)/numeric-$$kernels.log)"; done; \
-	[ $$((wide | plain)) = 0 ] || { grep -h -B2 -A40 "^=* FAILURES" $(VENV)/numeric-*.log; exit 1; }
+	[ $$((wide | narrow)) = 0 ] || { grep -h -B2 -A40 "^=* FAILURES" $(VENV)/numeric-*.log; exit 1; }; \
+	exit $$suite
 
 # ruff, configured in pyproject.toml (pyflakes, pycodestyle, isort, bugbear, pyupgrade): part of
 # `make test`, so a lint error fails CI; `.venv/bin/ruff check --fix .` mends the import order

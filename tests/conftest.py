@@ -11,24 +11,38 @@ import time
 from pathlib import Path
 
 # `make test` runs the suite on two pytest-xdist workers, one per core: each worker, and what it
-# starts, computes on one thread (two torch thread pools of two on two cores fight for them).
+# starts, computes on one thread (two torch thread pools of two on two cores fight for them), and
+# inductor compiles a graph's kernels in the worker itself (its pool of compile processes would be one
+# more interpreter to start, importing torch, for the few compiles of the suite: 4 s of CPU a worker).
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = str(Path(sys.executable).parent)
+# `python` for a test's runs: `[*WARM_PYTHON, "fixed.py", ...]` or `-m bench.x`, and a launcher's
+# script, `[*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py", ...]`: each run forked from a server that has
+# imported torch and transformers once (tests/warm_python.py) when the test asks for the warm_python
+# fixture (otherwise a plain python, as slow as one). A few tests keep `python fixed.py` as typed.
+WARM_PYTHON_SCRIPT = str(ROOT / "tests" / "warm_python.py")
+WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
 # Launchers of two processes, each on a free port of its own (--standalone; accelerate's port 0), so
 # two tests that launch may run at once on the two xdist workers (the default 29500 would clash).
-TORCHRUN = [f"{BIN}/torchrun", "--standalone", "--nproc_per_node", "2"]
+# `torchrun` and `accelerate launch` are these modules' mains: run by the warm python, a launcher
+# starts in a fork too (1.3 and 2.3 s of imports saved a launch)
+LAUNCHER_ARGS = ["--standalone", "--nproc_per_node", "2"]
+TORCHRUN = [*WARM_PYTHON, "-m", "torch.distributed.run", *LAUNCHER_ARGS]
+TORCHRUN_AS_TYPED = [f"{BIN}/torchrun", *LAUNCHER_ARGS]  # a fresh python, for the one test that needs it
 
 
 def accelerate_launch(config: str) -> list[str]:
     """`accelerate launch` of two processes with one of the repository's configs/accelerate/ files."""
-    return [f"{BIN}/accelerate", "launch", "--config_file", str(ROOT / "configs" / "accelerate" / config),
-            "--num_processes", "2", "--main_process_port", "0", "--dynamo_backend", "no"]
+    return [*WARM_PYTHON, "-m", "accelerate.commands.launch", "--config_file",
+            str(ROOT / "configs" / "accelerate" / config), "--num_processes", "2", "--main_process_port", "0",
+            "--dynamo_backend", "no"]
 
 sys.path.insert(0, str(ROOT))
 
@@ -145,14 +159,6 @@ def children(pid: int) -> list[int]:
 
 def descendants(pid: int) -> list[int]:
     return [d for c in children(pid) for d in (c, *descendants(c))]
-
-
-# `python` for a test's runs: `[*WARM_PYTHON, "fixed.py", ...]` or `-m bench.x`, and a launcher's
-# script, `[*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py", ...]`: each run forked from a server that has
-# imported torch and transformers once (tests/warm_python.py) when the test asks for the warm_python
-# fixture (otherwise a plain python, as slow as one). A few tests keep `python fixed.py` as typed.
-WARM_PYTHON_SCRIPT = str(ROOT / "tests" / "warm_python.py")
-WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
 
 
 @pytest.fixture(scope="session")

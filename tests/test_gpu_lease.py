@@ -50,9 +50,9 @@ def test_a_run_stopped_in_any_part_still_reports_what_it_did(tmp_path, re_arc, p
     wrote as it went (events, journal), every figure of the parts it passed filled. After the stop in
     training, a second lease in the same folder (a warm machine) sets the first aside and runs whole:
     the dry run trains, scores, scores the untrained start and reports in a few files."""
-    # scoring's 4 tiny tasks take well under a second: a task a group with 30 adaptation steps each keeps it
-    # going after the first group is journaled, while the stop comes
-    slower = ["--set", "ttt_steps=30", "ttt_check_every=0", "adapt_tasks=1"] if part == "scoring" else []
+    # scoring's 4 tiny tasks take well under a second: a task a group with 12 adaptation steps each (1.4 s a
+    # task here) keeps it going after the first groups are journaled, while the stop comes (polled every 0.1 s)
+    slower = ["--set", "ttt_steps=12", "ttt_check_every=0", "adapt_tasks=1"] if part == "scoring" else []
     _dry_run(tmp_path, re_arc, "--stop_in", part, "--no-untrained", "--no-views", *slower)
     run, = json.loads((tmp_path / "lease.json").read_text())["phases"]
     assert run["status"].startswith("stopped"), run

@@ -18,7 +18,7 @@ from engine.errors import ConfigError
 from engine.loop import Interrupted
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.journal import RESULT_FREE, Journal, differences, identity
-from tests.conftest import CPU, TORCHRUN, descendants
+from tests.conftest import CPU, TORCHRUN_AS_TYPED, descendants
 from tests.test_validation import FIXED, small
 from training.validation import evaluation_view, final_budget, measure_heldout
 
@@ -274,7 +274,7 @@ def test_two_processes_killed_mid_validation_leave_their_finished_tasks_in_the_s
     journaled but its last (the one it may have been writing out), rank 1's included."""
     run = tmp_path / "run"
     # workers started by python itself: WARM_PYTHON_SCRIPT's worker outlives its SIGKILLed command by a moment
-    proc = spawn(*TORCHRUN, "fixed.py", *small(
+    proc = spawn(*TORCHRUN_AS_TYPED, "fixed.py", *small(
         arc_folder, run, "--data", "synthetic:40", "--eval_only", "--eval_tasks", "0", "--ttt_steps", "20",
         "--ttt_check_every", "0", "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks
     journals = [run / "journal" / f"evaluate.rank{r}of2.jsonl" for r in range(2)]

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from tests.conftest import BIN, ROOT, TORCHRUN, WARM_PYTHON_SCRIPT, accelerate_launch
+from tests.conftest import ROOT, TORCHRUN, WARM_PYTHON, WARM_PYTHON_SCRIPT, accelerate_launch
 from tests.test_end_to_end import scalars
 
 # each launcher's workers forked warm (tests/warm_python.py): its script is WARM_PYTHON_SCRIPT, then fixed.py
@@ -218,8 +218,9 @@ def test_two_nodes_train_together(arc_folder, tmp_path):
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    nodes = [subprocess.Popen([f"{BIN}/torchrun", "--nnodes", "2", "--nproc_per_node", "1", "--node_rank", str(rank),
-                               "--master_addr", "127.0.0.1", "--master_port", str(port), WARM_PYTHON_SCRIPT,
+    torchrun = [*WARM_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+                "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    nodes = [subprocess.Popen([*torchrun, "--node_rank", str(rank), WARM_PYTHON_SCRIPT,
                                *args(arc_folder, tmp_path / "run", 2, "--max_batches", "2")],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outs = [node.communicate(timeout=300) for node in nodes]
