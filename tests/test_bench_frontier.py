@@ -55,7 +55,7 @@ def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
 @pytest.mark.slow
 def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_rerun_scores_only_what_is_new(
         arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--settings", "default,search", "--minutes", "0.05", "--svg",
+    out = bench(arc_folder, tmp_path, "--settings", "default,search", "--minutes", "0.02", "--svg",
                 str(tmp_path / "f.svg"))
     table = rows(out)
     assert [(r[0].split()[0], r[1]) for r in table] == [("untrained", "default"), ("untrained", "search"),
@@ -72,7 +72,7 @@ def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_
     assert svg.count("<polyline") == 2 and svg.count("<circle") == 4
     kept = json.loads((tmp_path / "frontier.json").read_text())
     assert len(kept) == 4
-    again = bench(arc_folder, tmp_path, "--settings", "default,search,steps-30", "--minutes", "0.05")
+    again = bench(arc_folder, tmp_path, "--settings", "default,search,steps-30", "--minutes", "0.02")
     assert [r[1] for r in rows(again)] == ["default", "search", "steps-30"] * 2
     assert rows(again)[:2] == table[:2], "rows found in frontier.json are printed, not scored again"
     assert len(json.loads((tmp_path / "frontier.json").read_text())) == 6
@@ -80,12 +80,13 @@ def test_every_setting_is_scored_from_both_starts_paired_with_the_default_and_a_
 
 @pytest.mark.slow
 def test_a_longer_start_goes_on_from_the_shorter_one_and_the_first_setting_is_the_base(arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.05,0.1", "--starts", "trained")
+    out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.02,0.04", "--starts", "trained")
     table = rows(out)
     assert [r[1] for r in table] == ["search", "search"] and table[0][8] == "(the base)", "no default asked for"
-    shorter, longer = (json.loads((tmp_path / f"defaults-{m}min" / "recipe.json").read_text()) for m in ("0.05", "0.1"))
+    shorter, longer = (json.loads((tmp_path / f"defaults-{m}min" / "recipe.json").read_text())
+                       for m in ("0.02", "0.04"))
     assert longer["steps"] > shorter["steps"] and longer["train_minutes"] > shorter["train_minutes"]
-    assert (tmp_path / "defaults-0.1min" / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
+    assert (tmp_path / "defaults-0.04min" / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
     (row,) = across(out)
     assert row[0] == "search" and f"({longer['steps']:,} steps)" in row[1], "the longer start against the shorter"
 

@@ -38,7 +38,7 @@ def bench(arc_folder, out, *args) -> str:
 
 @pytest.mark.slow
 def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rerun_trains_nothing(arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--minutes", "0.05", "--views", "1,3")
+    out = bench(arc_folder, tmp_path, "--minutes", "0.02", "--views", "1,3")
     first, gains = tables(out)
     assert all(len(row) == COLUMNS for row in first) and [row[5] for row in first] == ["1", "3"]  # views
     steps = first[0][3]
@@ -49,13 +49,13 @@ def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rer
         "a paired gain with its interval for each view count"
     untrained = tables(out, "untrained")[0]
     assert [row[3] for row in untrained] == ["0", "0"] and untrained[0][6] != first[0][6], "weights as built"
-    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.05", "--views", "2"))[0]
+    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--views", "2"))[0]
     assert len(again) == 1 and again[0][3] == steps and again[0][5] == "2", "the run found is scored, not trained"
 
 
 @pytest.mark.slow
 def test_seeds_run_each_row_once_a_seed_and_give_mean_and_spread(arc_folder, tmp_path):
-    runs, gains, spread = tables(bench(arc_folder, tmp_path, "--minutes", "0.05", "--seeds", "2", "--views", "1"))
+    runs, gains, spread = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--seeds", "2", "--views", "1"))
     assert [row[1] for row in runs] == ["0", "1"] and [row[1] for row in gains] == ["0", "1"]
     assert runs[0][6] != runs[1][6], "two seeds, two runs"
     assert len(spread) == 1 and spread[0][3] == "2" and "(" in spread[0][4]
@@ -64,10 +64,10 @@ def test_seeds_run_each_row_once_a_seed_and_give_mean_and_spread(arc_folder, tmp
 
 @pytest.mark.slow
 def test_a_curve_keeps_a_checkpoint_at_each_mark_that_validation_can_name(arc_folder, tmp_path):
-    rows = tables(bench(arc_folder, tmp_path, "--curve", "0.05,0.1", "--no_untrained"))[0]
+    rows = tables(bench(arc_folder, tmp_path, "--curve", "0.02,0.04", "--no_untrained"))[0]
     assert len(rows) == 2 and int(rows[1][3].replace(",", "")) > int(rows[0][3].replace(",", ""))
     from engine.checkpoint import find_checkpoint
 
     marks = tmp_path / "defaults" / "marks"
-    assert sorted(p.name for p in marks.iterdir()) == ["0.05min", "0.1min"]
-    assert find_checkpoint(str(marks / "0.05min")) == marks / "0.05min"  # intact, and a checkpoint folder
+    assert sorted(p.name for p in marks.iterdir()) == ["0.02min", "0.04min"]
+    assert find_checkpoint(str(marks / "0.02min")) == marks / "0.02min"  # intact, and a checkpoint folder
