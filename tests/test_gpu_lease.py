@@ -19,7 +19,7 @@ def warm_children(monkeypatch, warm_python):
 
 def _dry_run(out, re_arc, *extra: str) -> int:
     return gpu_lease.main(["--out", str(out), "--device", "cpu", "--tiny", "--re_arc", str(re_arc[1]),
-                           "--train_minutes", "0.05", "--eval_minutes", "0.5", "--minutes", "3.5", *extra])
+                           "--train_minutes", "0.02", "--eval_minutes", "0.5", "--minutes", "3.5", *extra])
 
 
 def check_whole_lease(out) -> None:
