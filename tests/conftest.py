@@ -161,13 +161,6 @@ def descendants(pid: int) -> list[int]:
     return [d for c in children(pid) for d in (c, *descendants(c))]
 
 
-
-def pytest_collection_modifyitems(items):
-    """The slow tests (end-to-end runs, launches, compiles) first, each file's order otherwise kept:
-    pytest-xdist hands tests out in this order, so what runs last on each worker is short and the two
-    end within seconds of each other, not one idle while the other finishes a 30 s test."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
 @pytest.fixture(scope="session")
 def warm_python(tmp_path_factory) -> tuple[str, str]:
     """WARM_PYTHON, with its server running: started for this pytest process, or the one a
