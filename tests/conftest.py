@@ -150,11 +150,24 @@ def re_arc(arc_folder, tmp_path_factory) -> tuple[Path, Path]:
     return write_re_arc(tmp_path_factory.mktemp("re-arc"), ids)
 
 
+# A process that ends while /proc is read: its files are gone (FileNotFoundError) or, opened a moment
+# before, read as gone (ProcessLookupError)
+GONE = (FileNotFoundError, ProcessLookupError)
+
+
 def children(pid: int) -> list[int]:
     try:
         return [int(p) for p in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-    except FileNotFoundError:
+    except GONE:
         return []
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended (a zombie, not yet reaped, has ended)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except GONE:
+        return False
 
 
 def descendants(pid: int) -> list[int]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import WARM_PYTHON, run_command, start_command
+from tests.conftest import WARM_PYTHON, run_command, running, start_command
 
 WARM = "import sys; print('torch' in sys.modules, flush=True)"  # before any import of its own
 
@@ -50,7 +50,7 @@ def test_a_signal_to_the_command_reaches_the_run_and_a_kill_takes_it_along(warm_
     command.kill()
     command.wait()
     deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{run}") and open(f"/proc/{run}/stat").read().split()[2] != "Z":
+    while running(run):
         assert time.monotonic() < deadline, "the run outlived its SIGKILLed command"
         time.sleep(0.01)
 
