@@ -24,7 +24,7 @@ TEST_WORKERS ?= 2
 # and the numerically sensitive tests (-m numeric) again on the AVX2 and the plain kernels torch may pick on
 # another machine of this kind (a tolerance must hold on every kernel set, not only this machine's): one
 # process and one thread each, started beside the suite at the lowest priority (nice 19), so they take the
-# CPU the suite leaves idle (its last tests on one worker, its waits on launches) and finish after it;
+# CPU the suite leaves idle (its last tests on one worker, its waits on launches) and end with it or soon after;
 # each one's output printed when all have ended
 NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest -p no:xdist -p no:cacheprovider \
 	-m numeric -q > $(VENV)/numeric-$(1).log 2>&1
