@@ -34,7 +34,8 @@ WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
 # `torchrun` and `accelerate launch` are these modules' mains: run by the warm python, a launcher
 # starts in a fork too (1.3 and 2.3 s of imports saved a launch)
 LAUNCHER_ARGS = ["--standalone", "--nproc_per_node", "2"]
-TORCHRUN = [*WARM_PYTHON, "-m", "torch.distributed.run", *LAUNCHER_ARGS]
+TORCHRUN_MODULE = [*WARM_PYTHON, "-m", "torch.distributed.run"]  # with a test's own launcher flags
+TORCHRUN = [*TORCHRUN_MODULE, *LAUNCHER_ARGS]
 TORCHRUN_AS_TYPED = [f"{BIN}/torchrun", *LAUNCHER_ARGS]  # a fresh python, for the one test that needs it
 
 
@@ -194,6 +195,15 @@ def warm_python(tmp_path_factory) -> tuple[str, str]:
         server.wait()
     else:
         yield WARM_PYTHON
+
+
+@pytest.fixture
+def warm_bench_children(monkeypatch, warm_python):
+    """The GPU check's and the lease's children (fixed.py, the benches: bench/gpu_check/arc.py's
+    PYTHON) forked from the warm python."""
+    from bench.gpu_check import arc
+
+    monkeypatch.setattr(arc, "PYTHON", tuple(warm_python))
 
 
 def start_command(command):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bench.gpu_check import __main__ as gpu_check
-from bench.gpu_check import arc, seeds
+from bench.gpu_check import seeds
 from bench.gpu_check.arc import ONE_GPU_RECIPE, run_child
 from bench.gpu_check.context import Check
 from bench.gpu_check.report import markdown_table
@@ -19,10 +19,7 @@ DRY_RUN = ["--device", "cpu", "--tiny", "--agent_variants", "fp32,bf16,context",
            "--arc_tasks", "1", "--curve_tasks", "1", "--curve_marks", "0,1"]
 
 
-@pytest.fixture(autouse=True)
-def warm_children(monkeypatch, warm_python):
-    """The check's children (fixed.py, the benches) forked from a warm python (tests/warm_python.py)."""
-    monkeypatch.setattr(arc, "PYTHON", tuple(warm_python))
+pytestmark = pytest.mark.usefixtures("warm_bench_children")
 
 
 def report(out) -> dict:

@@ -7,14 +7,9 @@ import pytest
 import torch
 
 from bench import gpu_lease
-from bench.gpu_check import arc
 from tests.conftest import ROOT, run_command
 
-
-@pytest.fixture(autouse=True)
-def warm_children(monkeypatch, warm_python):
-    """The check's children (fixed.py, the benches) forked from a warm python (tests/warm_python.py)."""
-    monkeypatch.setattr(arc, "PYTHON", tuple(warm_python))
+pytestmark = pytest.mark.usefixtures("warm_bench_children")
 
 
 def _dry_run(out, re_arc, *extra: str) -> int:

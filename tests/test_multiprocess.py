@@ -2,14 +2,21 @@
 
 import json
 import socket
-import subprocess
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import training
-from tests.conftest import ROOT, TORCHRUN, WARM_PYTHON, WARM_PYTHON_SCRIPT, accelerate_launch
+from tests.conftest import (
+    ROOT,
+    TORCHRUN,
+    TORCHRUN_MODULE,
+    WARM_PYTHON_SCRIPT,
+    accelerate_launch,
+    run_command,
+    start_command,
+)
 from tests.test_end_to_end import scalars
 
 # each launcher's workers forked warm (tests/warm_python.py): its script is WARM_PYTHON_SCRIPT, then fixed.py
@@ -44,8 +51,7 @@ TWO_WINDOWS = ("--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1
 def test_two_processes_equal_one_with_twice_the_batch(launcher, qwen_train, arc_folder, tmp_path):
     extra = (*TWO_WINDOWS, "--qwen_train", qwen_train)
     assert training.main(args(arc_folder, tmp_path / "one", 4, *extra)[1:]) == 0  # one process: in this one
-    two = subprocess.run([*launcher, WARM_PYTHON_SCRIPT, *args(arc_folder, tmp_path / "two", 2, *extra)], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    two = run_command([*launcher, WARM_PYTHON_SCRIPT, *args(arc_folder, tmp_path / "two", 2, *extra)])
     assert two.returncode == 0, two.stderr[-3000:]
     assert "world_size=2" in two.stderr and two.stderr.count("world_size=") == 1, "start-up line from rank 0 only"
     assert two.stdout.count("done:") == 1
@@ -147,8 +153,7 @@ def test_a_nan_on_one_process_skips_the_step_on_every_process(arc_folder, tmp_pa
     loss, which still goes backward: every backward is a collective there)."""
     script = tmp_path / "nan_on_rank_1.py"
     script.write_text(NAN_ON_RANK_1.format(root=str(ROOT), data=str(arc_folder), cases=NAN_CASES, out=str(tmp_path)))
-    out = subprocess.run([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    out = run_command([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)])
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for name, amp, _, _ in NAN_CASES:
@@ -203,8 +208,7 @@ def test_refreshes_under_no_sync_keep_every_process_equal(arc_folder, tmp_path):
     moments stay as they were (no zero gradient, which weight decay and the moments would act on)."""
     script = tmp_path / "same_on_every_rank.py"
     script.write_text(SAME_ON_EVERY_RANK.format(root=str(ROOT), data=str(arc_folder), out=str(tmp_path)))
-    out = subprocess.run([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=180)
+    out = run_command([*TORCHRUN, WARM_PYTHON_SCRIPT, str(script)], timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["qwen_moved"] and r["qwen_untouched"] for r in ranks)
@@ -218,11 +222,10 @@ def test_two_nodes_train_together(arc_folder, tmp_path):
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         port = free.getsockname()[1]
-    torchrun = [*WARM_PYTHON, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-                "--master_addr", "127.0.0.1", "--master_port", str(port)]
-    nodes = [subprocess.Popen([*torchrun, "--node_rank", str(rank), WARM_PYTHON_SCRIPT,
-                               *args(arc_folder, tmp_path / "run", 2, "--max_batches", "2")],
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    torchrun = [*TORCHRUN_MODULE, "--nnodes", "2", "--nproc_per_node", "1", "--master_addr", "127.0.0.1",
+                "--master_port", str(port)]
+    nodes = [start_command([*torchrun, "--node_rank", str(rank), WARM_PYTHON_SCRIPT,
+                            *args(arc_folder, tmp_path / "run", 2, "--max_batches", "2")]) for rank in (0, 1)]
     outs = [node.communicate(timeout=300) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     assert "world_size=2" in outs[0][1] and outs[0][0].count("done: 2 steps") == 1

@@ -33,12 +33,11 @@ def test_device_activity_counts_launches_syncs_and_kernel_time_per_step():
     """The names the CUDA runtime records: launches, synchronizations and copies on the host, kernels
     and the phases' GPU-side copies on the device (not kernel time)."""
     cpu, cuda = DeviceType.CPU, DeviceType.CUDA
-    events = [RecordedEvent("cudaLaunchKernel", cpu, 1e-6, False), RecordedEvent("cuLaunchKernelEx", cpu, 1e-6, False),
-              RecordedEvent("cudaStreamSynchronize", cpu, 0.004, False),
-              RecordedEvent("cudaMemcpyAsync", cpu, 0.002, False),
-              RecordedEvent("void gemm_kernel<float>", cuda, 0.010, False), RecordedEvent("Memcpy DtoH", cuda, 0.001,
-                                                                                         False),
-              RecordedEvent("step/forward", cuda, 0.5, True), RecordedEvent("step/forward", cpu, 0.25, True)]
+    events = [RecordedEvent(*e) for e in [
+        ("cudaLaunchKernel", cpu, 1e-6, False), ("cuLaunchKernelEx", cpu, 1e-6, False),
+        ("cudaStreamSynchronize", cpu, 0.004, False), ("cudaMemcpyAsync", cpu, 0.002, False),
+        ("void gemm_kernel<float>", cuda, 0.010, False), ("Memcpy DtoH", cuda, 0.001, False),
+        ("step/forward", cuda, 0.5, True), ("step/forward", cpu, 0.25, True)]]
     assert device_activity(events, 2) == pytest.approx({"kernels": 1.0, "gpu busy": 0.0055, "syncs": 1.0,
                                                         "sync wait": 0.003})
     assert phase_seconds(events, 2) == pytest.approx({"step/forward": 0.125})
