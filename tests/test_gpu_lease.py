@@ -45,10 +45,13 @@ def test_a_run_stopped_in_any_part_still_reports_what_it_did(tmp_path, re_arc, p
     wrote as it went (events, journal), every figure of the parts it passed filled. After the stop in
     training, a second lease in the same folder (a warm machine) sets the first aside and runs whole:
     the dry run trains, scores, scores the untrained start and reports in a few files."""
-    # scoring's 4 tiny tasks take well under a second: a task a group with 12 adaptation steps each (1.4 s a
-    # task here) keeps it going after the first groups are journaled, while the stop comes (polled every 0.1 s)
-    slower = ["--set", "ttt_steps=12", "ttt_check_every=0", "adapt_tasks=1"] if part == "scoring" else []
-    _dry_run(tmp_path, re_arc, "--stop_in", part, "--no-untrained", "--no-views", *slower)
+    # training's marker is the progress bar's loss, written at log steps: every step, since a slow machine makes
+    # one step in the 0.02-minute budget (the tiny sizes log every 2nd); scoring's 4 tiny tasks take well under
+    # a second: a task a group with 12 adaptation steps each (1.4 s a task here) keeps it going after the first
+    # groups are journaled, while the stop comes (polled every 0.1 s)
+    timely = {"training": ["--set", "log_every=1"], "heldout": [],
+              "scoring": ["--set", "ttt_steps=12", "ttt_check_every=0", "adapt_tasks=1"]}[part]
+    _dry_run(tmp_path, re_arc, "--stop_in", part, "--no-untrained", "--no-views", *timely)
     run, = json.loads((tmp_path / "lease.json").read_text())["phases"]
     assert run["status"].startswith("stopped"), run
     assert run["steps"] > 0 and run["training s"] > 0 and run["episodes/s (whole training)"] > 0
