@@ -14,6 +14,7 @@ def test_a_window_costs_each_micro_batch_its_episodes_times_one_episode_at_its_s
     once; 5 episodes over 2 s (the clock moved by hand) are 2.5 a second; torch's random stream is
     left as it was (counting builds an agent)."""
     cfg = small_cfg()
+    flops._counted.cache_clear()  # counted here, not by an earlier test
     counted = TrainingFlops(cfg, torch.device("cpu"))
     clock = iter([100.0, 102.0])
     monkeypatch.setattr(flops.time, "time", lambda: next(clock))
@@ -28,6 +29,21 @@ def test_a_window_costs_each_micro_batch_its_episodes_times_one_episode_at_its_s
     assert rates["perf/model_tflops"] == pytest.approx(counted.total / 2 / 1e12)
     assert "perf/mfu" not in rates, "no peak on a CPU"
     assert episode_flops(cfg, 7) > episode_flops(cfg, 5) > 0
+
+
+def test_a_count_is_made_once_a_process_for_each_agent_and_side(small_cfg, monkeypatch):
+    """Runs of the same agent in one process (a bench's rows, the tests) count each side once; another
+    side or width is counted anew, and --compile is not part of the agent counted."""
+    flops._counted.cache_clear()
+    built = []
+    real = flops.build_agent
+    monkeypatch.setattr(flops, "build_agent", lambda cfg, **kw: built.append(cfg.agent_channels) or real(cfg, **kw))
+    cfg = small_cfg()
+    first = episode_flops(cfg, 6)
+    compiled = small_cfg(compile=True, canvas="bucket")
+    assert episode_flops(cfg, 6) == episode_flops(compiled, 6) == first and built == [16]
+    assert episode_flops(cfg, 7) > first and episode_flops(small_cfg(agent_channels=24), 6) > first
+    assert built == [16, 16, 24]
 
 
 def test_mfu_is_the_share_of_the_given_peak():

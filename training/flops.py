@@ -13,6 +13,7 @@ work a step does, and MFU the share of the device's bf16 peak those FLOPs a seco
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 
 import torch
@@ -22,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from agents import build_agent
 from agents.context import DemoSlots
 from data.canvas import NUM_CLASSES
-from engine.config import Config
+from engine.config import AgentCfg, Config
 
 # Dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins.
 # An H200 measured about 790 on a large bf16 matrix product here (docs/gpu.md): the lease's report
@@ -46,13 +47,21 @@ def episode_flops(cfg: Config, side: int, device: torch.device = CPU) -> int:
     """FLOPs of one episode's forward and backward through the agent at canvas side `side`: both
     refinements (two rows), the prompt a random vector of the agent's prompt width, and with
     in-context reading its demos (all `--agent_context_demos` of them, at that side). Built eager
-    (`--compile` changes no FLOPs) on `device`, with torch's global random stream left as it was."""
+    (`--compile` changes no FLOPs) on `device`, with torch's global random stream left as it was.
+    Counted once a process for each agent, prompt width, side and device, of which the count is a
+    function: a count builds an agent and steps it (60 ms at the tests' sizes, where one process
+    trains many short runs of the same agent: 3% of their time)."""
+    return _counted(dataclasses.replace(cfg.agent, compile=False), cfg.prompt.prompt_dim, side, device)
+
+
+@functools.lru_cache(maxsize=256)
+def _counted(agent_cfg: AgentCfg, prompt_dim: int, side: int, device: torch.device) -> int:
     cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(0)
-        agent = build_agent(dataclasses.replace(cfg.agent, compile=False), prompt_dim=cfg.prompt.prompt_dim).to(device)
+        agent = build_agent(agent_cfg, prompt_dim=prompt_dim).to(device)
         canvas = torch.randint(0, NUM_CLASSES, (2, side, side), device=device)
-        prompt = torch.randn(2, cfg.prompt.prompt_dim, device=device)
+        prompt = torch.randn(2, prompt_dim, device=device)
         context = {}
         if agent.context_demos:  # in-context reading: as many demos as it reads, every cell covered
             d = agent.context_demos
