@@ -1,4 +1,4 @@
-"""TensorBoard scalars with grouped tags, averaged over each logging interval."""
+"""TensorBoard scalars with grouped tags, averaged over each logging interval and every process."""
 
 from __future__ import annotations
 
@@ -10,6 +10,40 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
+from engine.distributed import Dist
+
+
+class IntervalMeans:
+    """The running means of a logging interval's step scalars, kept by every process: a step's
+    losses are each process's own samples', so the means written are over every process's values
+    (one gather a log step), and a run's curves read the same at any number of processes."""
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor | float] = defaultdict(float)
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, values: dict[str, torch.Tensor | float]) -> None:
+        """Add a step's values. Tensors stay tensors (on their device) until `means`, so logging costs
+        one device sync an interval, not one a step."""
+        for k, v in values.items():
+            self.sums[k] = self.sums[k] + (v.detach() if torch.is_tensor(v) else v)
+            self.counts[k] += 1
+
+    def means(self, dist: Dist) -> dict[str, float]:
+        """Each value's mean over the interval's steps on every process (a collective: every process
+        calls it at the same step); a new interval starts. A value some process lacks (its steps' losses
+        all non-finite) is the mean of those that have it."""
+        mine = {k: (float(v), self.counts[k]) for k, v in self.sums.items()}
+        self.sums.clear()
+        self.counts.clear()
+        totals: dict[str, list[float]] = {}
+        for part in dist.gather(mine):
+            for k, (total, count) in part.items():
+                totals.setdefault(k, [0.0, 0])
+                totals[k][0] += total
+                totals[k][1] += count
+        return {k: total / count for k, (total, count) in totals.items()}
+
 
 class RunLogger:
     def __init__(self, run_dir: Path, config: dict, description: str, *, purge_step: int | None = None):
@@ -18,27 +52,10 @@ class RunLogger:
         self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
         self.writer.add_text("models", description, 0)
-        self.sums: dict[str, torch.Tensor | float] = defaultdict(float)
-        self.counts: dict[str, int] = defaultdict(int)
         self.last: dict[str, float] = {}
 
-    def accumulate(self, values: dict[str, torch.Tensor | float]) -> None:
-        """Add values to the running means of the current interval. Tensors stay tensors (on their
-        device) until `flush`, so logging costs one device sync per interval, not one per step."""
-        for k, v in values.items():
-            self.sums[k] = self.sums[k] + (v.detach() if torch.is_tensor(v) else v)
-            self.counts[k] += 1
-
-    def flush(self, step: int, extra: dict[str, float] | None = None) -> dict[str, float]:
-        """Write the interval's means (and `extra` as they are) at `step`; start a new interval."""
-        values = {k: float(self.sums[k]) / self.counts[k] for k in self.sums}
-        values.update(extra or {})
-        self.sums.clear()
-        self.counts.clear()
-        return self.write(step, values)
-
     def write(self, step: int, values: dict[str, float]) -> dict[str, float]:
-        """Write `values` as they are at `step` (the interval's running means stay open)."""
+        """Write `values` as they are at `step`."""
         for k, v in values.items():
             self.writer.add_scalar(k, v, step)
         self.writer.flush()

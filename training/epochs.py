@@ -24,6 +24,7 @@ from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows, seed_everything
+from engine.run_logger import IntervalMeans
 from engine.schedule import TrainingSchedule
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.chooser import train_chooser
@@ -85,6 +86,7 @@ class EpochLoop:
         self.seconds_before, self.compile_before = self.counters.train_seconds, self.counters.compile_seconds
         self.qwen_norm = torch.zeros(())  # the trainable Qwen's gradient norm at its last refresh step
         self.flops = TrainingFlops(cfg, device)  # the agent's FLOPs this invocation trains (perf/*, train_*)
+        self.interval = IntervalMeans()  # the step scalars since the last log step, on every process
 
     def run(self) -> dict:
         """Every epoch left, then the final validation. -> the summary (summary.json's)."""
@@ -158,11 +160,10 @@ class EpochLoop:
         qwen_norm = stats.pop("grad/qwen_norm", None)  # zero on steps without a Qwen gradient (not refreshed)
         if qwen_norm is not None:  # on the device: kept there until a log step reads it
             self.qwen_norm = torch.where(qwen_norm > 0, qwen_norm, self.qwen_norm)
-        if self.logger is not None:
-            self.logger.accumulate(stats)
-            if counters.optimizer_steps % cfg.run.log_every == 0:
-                values = self.log(epoch)
-                bar.set_postfix(loss=f"{values.get('loss/combined', float('nan')):.3f}")
+        self.interval.add(stats)
+        if counters.optimizer_steps % cfg.run.log_every == 0:
+            values = self.log(epoch)
+            bar.set_postfix(loss=f"{values.get('loss/combined', float('nan')):.3f}")
         if counters.consecutive_skips >= cfg.run.max_consecutive_skips:
             self.checkpoint()
             raise TrainingStopped(f"stopped: {counters.consecutive_skips} steps in a row skipped for non-finite loss "
@@ -232,14 +233,14 @@ class EpochLoop:
             self.flops.restart_interval()  # the rates are training's: a validation's time is not counted
 
     def log(self, epoch: int) -> dict[str, float]:
-        """Write the scalars accumulated since the last write, with the counters as they stand
-        (amp, prompt cache, curriculum; not averaged). -> what was written."""
-        if self.logger is None:
-            return {}
+        """Write the step scalars accumulated since the last write, averaged over every process, with
+        the counters as they stand (amp, prompt cache, curriculum; rank 0's, not averaged). Every
+        process calls it at the same steps. -> what was written (nothing on the other processes)."""
         with self.outside_steps():
-            return self._log(epoch)
+            means = self.interval.means(self.dist)
+            return {} if self.logger is None else self._log(epoch, means)
 
-    def _log(self, epoch: int) -> dict[str, float]:
+    def _log(self, epoch: int, means: dict[str, float]) -> dict[str, float]:
         state = self.state
         values = {"amp/scale": state.amp.scale, "amp/skipped_steps": state.amp.skipped_steps,
                   "grad/qwen_norm": float(self.qwen_norm),
@@ -251,6 +252,6 @@ class EpochLoop:
         # this invocation's totals so far: what a run stopped before its summary is read from (bench.gpu_lease)
         values.update({"time/train_seconds": self.seconds, "time/outside_steps_seconds": self.outside_seconds,
                        "perf/train_episodes": float(self.flops.episodes), "perf/train_pflop": self.flops.total / 1e15})
-        written = self.logger.flush(self.counters.optimizer_steps, values)
+        written = self.logger.write(self.counters.optimizer_steps, {**means, **values})
         # after the flush, which waits for the device: the interval's wall time covers the work queued in it
         return {**written, **self.logger.write(self.counters.optimizer_steps, self.flops.interval())}
