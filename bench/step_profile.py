@@ -29,9 +29,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import training
 from engine.config import Config
+from engine.distributed import Dist
 from engine.loop import epoch_windows
 from engine.precision import slow_precision
-from engine.run_logger import RunLogger
+from engine.run_logger import IntervalMeans, RunLogger
 
 CPU = torch.device("cpu")
 SIZES = {11: "10-10", 30: "29-29"}  # canvas side -> synthetic grid sides
@@ -62,15 +63,16 @@ def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps
     data.sampler.set_epoch(0)
     windows = epoch_windows(data.loader, cfg.optim.grad_accum * (warmup + steps), cfg.optim.grad_accum, device)
     took: dict = {"data": [], "train_step": [], "logging": [], "bare": []}
+    interval = IntervalMeans()
     for i in range(warmup + steps):
         t0 = clock(device)
         window = next(windows)
         t1 = clock(device)
         stats = training.train_step(state, window, cfg)
         t2 = clock(device)
-        logger.accumulate(stats)
+        interval.add(stats)
         if state.counters.optimizer_steps % cfg.run.log_every == 0:
-            logger.flush(state.counters.optimizer_steps)
+            logger.write(state.counters.optimizer_steps, interval.means(Dist()))
         t3 = clock(device)
         if i >= warmup:
             for key, seconds in (("data", t1 - t0), ("train_step", t2 - t1), ("logging", t3 - t2)):
