@@ -17,9 +17,8 @@ $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 run: $(STAMP)
 	$(PY) fixed.py --config configs/smoke.toml
 
-# the whole suite on TEST_WORKERS pytest-xdist workers, each test sent to the next free worker but a
-# group (an xdist_group mark: the compiled agents) sent whole to one; plain `.venv/bin/python -m pytest`
-# runs it serially
+# the whole suite on TEST_WORKERS pytest-xdist workers, each test sent to the next free worker;
+# plain `.venv/bin/python -m pytest` runs it serially
 TEST_WORKERS ?= 2
 
 # and the numerically sensitive tests (-m numeric) again on the AVX2 and the plain kernels torch may pick on
@@ -33,7 +32,7 @@ NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest 
 test: lint browser
 	@$(call NUMERIC,avx2) & avx2=$$!; $(call NUMERIC,default) & plain=$$!; \
 	trap 'kill $$avx2 $$plain 2>/dev/null; exit 130' INT TERM; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15; suite=$$?; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15; suite=$$?; \
 	wait $$avx2; wide=$$?; wait $$plain; narrow=$$?; \
 	echo "the numeric tests again under ATEN_CPU_CAPABILITY=avx2 and =default (beside the suite, at nice 19)"; \
 	for kernels in avx2 default; do echo "ATEN_CPU_CAPABILITY=$$kernels: $$(tail -n 1 $(VENV)/numeric-$$kernels.log)"; done; \

@@ -180,14 +180,11 @@ def test_a_new_agent_is_one_class_and_one_registry_line_with_its_own_rules(monke
 # Each compile costs 25-40 s with torch's inductor cache cold (a fresh CI machine; a second or so warm),
 # so the recompiles are watched once, on the agent whose compile is cheapest (rope's blocks: 15 s for
 # all three), and the others once, for what only they can show: the default agent whole, and the rope
-# agent whole (its attention and rotary outside the blocks' graph too). The three run one after the other
-# in one xdist worker (`make test`'s --dist loadgroup): the rope agent's kernels built for one are the
-# other's (a third of them), and one process pays inductor's start (its imports, the first compile's probes)
+# agent whole (its attention and rotary outside the blocks' graph too).
 FIRST, SMALLER, WIDER = "first batch", "a smaller batch", "a wider canvas"
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("inductor")
 @pytest.mark.parametrize("agent,batches", [({}, (FIRST,)),
                                            ({"agent": "rope", "agent_channels": 16}, (FIRST,)),
                                            ({"agent": "rope", "agent_channels": 16, "compile_scope": "blocks"},
