@@ -25,8 +25,8 @@ TEST_WORKERS ?= 2
 # another machine of this kind (a tolerance must hold on every kernel set, not only this machine's): one
 # process and one thread each, started beside the suite at the lowest priority (nice 19), so they take the
 # CPU the suite leaves idle (its last tests on one worker, its waits on launches) and end with it or soon after;
-# each one's output printed when all have ended. They collect only the files that name the mark (3 s of
-# each one's 6 s of collecting)
+# each one's output printed when all have ended. They collect only the files where the word `numeric`
+# appears (3 s of each one's 6 s of collecting; tests/test_docs.py checks none is missed)
 NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest -p no:xdist -p no:cacheprovider \
 	-m numeric -q $$(grep -lw numeric tests/test_*.py) > $(VENV)/numeric-$(1).log 2>&1
 test: lint browser

@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from tests.conftest import ROOT
 
 INVARIANTS = ROOT / "docs" / "invariants.md"
@@ -36,5 +38,8 @@ def test_the_numeric_reruns_collect_every_file_holding_a_numeric_test(request):
     makefile = (ROOT / "Makefile").read_text()
     assert "-m numeric -q $$(grep -lw numeric tests/test_*.py)" in makefile
     files = {item.path for item in request.session.items if item.get_closest_marker("numeric")}
-    unnamed = [f.name for f in files if not re.search(r"\bnumeric\b", f.read_text())]
+    if not files:
+        pytest.skip("no numeric test collected in this session")
+    unnamed = [f.name for f in files if not (f.parent == ROOT / "tests" and f.name.startswith("test_")
+                                            and re.search(r"\bnumeric\b", f.read_text()))]
     assert not unnamed, f"numeric tests in files the reruns do not collect: {unnamed}"

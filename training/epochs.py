@@ -253,5 +253,5 @@ class EpochLoop:
         values.update({"time/train_seconds": self.seconds, "time/outside_steps_seconds": self.outside_seconds,
                        "perf/train_episodes": float(self.flops.episodes), "perf/train_pflop": self.flops.total / 1e15})
         written = self.logger.write(self.counters.optimizer_steps, {**means, **values})
-        # after the flush, which waits for the device: the interval's wall time covers the work queued in it
+        # after the means, whose float() waits for the device: the interval's wall time covers the work queued in it
         return {**written, **self.logger.write(self.counters.optimizer_steps, self.flops.interval())}

@@ -51,7 +51,9 @@ def episode_flops(cfg: Config, side: int, device: torch.device = CPU) -> int:
     Counted once a process for each agent, prompt width, side and device, of which the count is a
     function: a count builds an agent and steps it (60 ms at the tests' sizes, where one process
     trains many short runs of the same agent: 3% of their time)."""
-    return _counted(dataclasses.replace(cfg.agent, compile=False), cfg.prompt.prompt_dim, side, device)
+    eager = dataclasses.replace(cfg.agent, compile=False, compile_scope=AgentCfg.compile_scope,
+                                compile_mode=AgentCfg.compile_mode)
+    return _counted(eager, cfg.prompt.prompt_dim, side, device)
 
 
 @functools.lru_cache(maxsize=256)
