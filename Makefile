@@ -26,8 +26,9 @@ TEST_WORKERS ?= 2
 # process and one thread each, started beside the suite at the lowest priority (nice 19), so they take the
 # CPU the suite leaves idle (its last tests on one worker, its waits on launches) and end with it or soon after;
 # each one's output printed when all have ended. They collect only the files where the word `numeric`
-# appears (3 s of each one's 6 s of collecting; tests/test_docs.py checks none is missed)
-NUMERIC = OMP_NUM_THREADS=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest -p no:xdist -p no:cacheprovider \
+# appears (3 s of each one's 6 s of collecting; tests/test_docs.py checks none is missed); on a machine whose
+# own kernels are one of the two (AVX2 without AVX-512), that rerun ends at once (tests/conftest.py)
+NUMERIC = OMP_NUM_THREADS=1 SUITE_NUMERIC_RERUN=1 ATEN_CPU_CAPABILITY=$(1) nice -n 19 $(PY) -m pytest -p no:xdist -p no:cacheprovider \
 	-m numeric -q $$(grep -lw numeric tests/test_*.py) > $(VENV)/numeric-$(1).log 2>&1
 test: lint browser
 	@$(call NUMERIC,avx2) & avx2=$$!; $(call NUMERIC,default) & plain=$$!; \

@@ -1,9 +1,13 @@
-"""Every reference between the docs and the tests points at something that exists."""
+"""Every reference between the docs and the tests points at something that exists, and `make test`'s numeric
+reruns (Makefile) reach every numeric test."""
 
+import os
 import re
 
 import pytest
+import torch
 
+from tests import conftest
 from tests.conftest import ROOT
 
 INVARIANTS = ROOT / "docs" / "invariants.md"
@@ -43,3 +47,18 @@ def test_the_numeric_reruns_collect_every_file_holding_a_numeric_test(request):
     unnamed = [f.name for f in files if not (f.parent == ROOT / "tests" and f.name.startswith("test_")
                                             and re.search(r"\bnumeric\b", f.read_text()))]
     assert not unnamed, f"numeric tests in files the reruns do not collect: {unnamed}"
+
+
+def test_the_numeric_reruns_skip_the_kernels_the_suite_ran_on(request, monkeypatch):
+    """A rerun under this machine's own kernels (the suite's: torch's pick when not told) ends before
+    collecting; under any other it runs."""
+    if "ATEN_CPU_CAPABILITY" not in os.environ:
+        assert conftest.own_kernels() == torch.backends.cpu.get_cpu_capability().lower()
+    monkeypatch.setenv("SUITE_NUMERIC_RERUN", "1")
+    for kernels in ("avx512", "avx2", "default"):
+        monkeypatch.setenv("ATEN_CPU_CAPABILITY", kernels)
+        if kernels == conftest.own_kernels():
+            with pytest.raises(pytest.exit.Exception, match="this machine's own"):
+                conftest.pytest_configure(request.config)
+        else:
+            assert conftest.pytest_configure(request.config) is None
