@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import math
-from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -52,8 +51,7 @@ def step_flops(cfg: Config, windows: int = 16) -> float:
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, CPU)
     data.sampler.set_epoch(0)
-    at_side = cache(lambda side: episode_flops(cfg, side))
-    totals = [sum(batch["input"].shape[0] * at_side(batch["input"].shape[1]) for batch in window)
+    totals = [sum(batch["input"].shape[0] * episode_flops(cfg, batch["input"].shape[1]) for batch in window)
               for window in epoch_windows(data.loader, cfg.optim.grad_accum * windows, cfg.optim.grad_accum, CPU)]
     return float(np.mean(totals))
 

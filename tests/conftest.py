@@ -22,22 +22,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def own_kernels() -> str:
-    """The ATEN_CPU_CAPABILITY torch picks on this machine unless told: the widest its CPU runs
-    (AVX-512 with VL, BW and DQ; else AVX2; else the plain kernels)."""
-    return "avx512" if torch.cpu._is_avx512_supported() else "avx2" if torch.cpu._is_avx2_supported() else "default"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """`make test` runs the numeric tests again under other kernels (SUITE_NUMERIC_RERUN, the kernels in
-    ATEN_CPU_CAPABILITY); under this machine's own the suite has just run them: not again (an AVX2
-    machine, whose own are avx2, saves a rerun)."""
-    kernels = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
-    if os.environ.get("SUITE_NUMERIC_RERUN") and kernels == own_kernels():
-        pytest.exit(f"ATEN_CPU_CAPABILITY={kernels} is this machine's own: the suite ran the numeric tests on it",
-                     returncode=0)
 BIN = str(Path(sys.executable).parent)
 # `python` for a test's runs: `[*WARM_PYTHON, "fixed.py", ...]` or `-m bench.x`, and a launcher's
 # script, `[*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py", ...]`: each run forked from a server that has
@@ -88,6 +72,22 @@ def _small(tasks, n):
 
 # A folder another pytest process made (tests/test_invariant_bugs.py hands its own to each mutant's run)
 ARC_FOLDER_ENV = "SUITE_ARC_FOLDER"
+
+
+def own_kernels() -> str:
+    """The ATEN_CPU_CAPABILITY torch picks on this machine unless told: the widest its CPU runs
+    (AVX-512 with VL, BW and DQ; else AVX2; else the plain kernels)."""
+    return "avx512" if torch.cpu._is_avx512_supported() else "avx2" if torch.cpu._is_avx2_supported() else "default"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make test` runs the numeric tests again under other kernels (SUITE_NUMERIC_RERUN, the kernels in
+    ATEN_CPU_CAPABILITY); under this machine's own the suite has just run them: not again (an AVX2
+    machine, whose own are avx2, saves a rerun)."""
+    kernels = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if os.environ.get("SUITE_NUMERIC_RERUN") and kernels == own_kernels():
+        pytest.exit(f"ATEN_CPU_CAPABILITY={kernels} is this machine's own: the suite ran the numeric tests on it",
+                     returncode=0)
 
 
 @pytest.fixture(scope="session")
