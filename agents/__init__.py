@@ -26,7 +26,7 @@ def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
         # block compiled alone, the blocks sharing one graph (torch's regional compilation), so a compile costs
         # one block's, not the whole agent's
         for module in agent.residual_blocks() if cfg.compile_scope == "blocks" else [agent]:
-            module.compile(mode=cfg.compile_mode)
+            module.compile(backend=cfg.compile_backend, mode=cfg.compile_mode)
     return agent
 
 

@@ -30,6 +30,10 @@ FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybri
 # torch.compile's modes for --compile (max-autotune-no-cudagraphs: inductor's kernel search, no graphs)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("agent", "blocks")  # what --compile compiles (agents.build_agent)
+# what --compile hands the captured graphs to: inductor (code generation), or torch's debug backends, which
+# run every stage before it: aot_eager_decomp_partition (dynamo's capture, AOT autograd's forward and
+# backward, inductor's decompositions and partitioner, then eager kernels), aot_eager, eager (capture only)
+COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition", "aot_eager", "eager")
 # how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
 RANKINGS = ("votes", "logprob", "hedged", "learned")
 POSITIONS = ("rotary", "learned", "both")  # where a cell's position enters, for an agent that reads --agent_positions
@@ -218,6 +222,9 @@ class AgentCfg:
                               "residual block alone "
                               "(one graph every block reuses, the rest eager: a cold compile of the rope agent took "
                               "2-3x less on a CPU, docs/gpu.md)", COMPILE_SCOPES)
+    compile_backend: str = flag("inductor", "--compile's backend: inductor, or one of torch's debug backends that "
+                                "stop before code generation (to find which stage a compile failure is in; a "
+                                "graph break or recompile shows under each)", COMPILE_BACKENDS)
     compile_mode: str = flag("default", "--compile's mode: default, or reduce-overhead (GPU: forward and backward one "
                              "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES)
     agent_context_demos: int = flag(0, "in-context reading: query cells attend to the cells of up to this many context "
@@ -501,6 +508,12 @@ class Config:
             raise ConfigError("--eval_only and --train_chooser are two commands: run one, then the other")
         if self.agent.compile_mode != "default" and not self.agent.compile:
             raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of --compile: add --compile")
+        if self.agent.compile_backend != "inductor" and not self.agent.compile:
+            raise ConfigError(f"--compile_backend {self.agent.compile_backend} is a backend of --compile: "
+                              "add --compile")
+        if self.agent.compile_backend != "inductor" and self.agent.compile_mode != "default":
+            raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of inductor: it takes "
+                              f"--compile_backend inductor, not {self.agent.compile_backend}")
         if self.agent.compile_mode == "reduce-overhead" and (self.eval.adapt_tasks > 1 or self.optim.meta_steps):
             raise ConfigError("--compile_mode reduce-overhead takes --adapt_tasks 1 and no --meta_steps: tasks adapted "
                               "together and meta steps swap the agent's weights, which a CUDA graph holds by address")

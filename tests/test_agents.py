@@ -177,26 +177,31 @@ def test_a_new_agent_is_one_class_and_one_registry_line_with_its_own_rules(monke
 
 
 
-# Each compile costs 25-40 s with torch's inductor cache cold (a fresh CI machine; a second or so warm),
-# so the recompiles are watched once, on the agent whose compile is cheapest (rope's blocks: 15 s for
-# all three), and the others once, for what only they can show: the default agent whole, and the rope
-# agent whole (its attention and rotary outside the blocks' graph too).
+# A compile through inductor costs 25-50 s with torch's inductor cache cold (a fresh CI machine; a second or
+# so warm): a C++ build of about a second for each kernel, 87 for the three cases below when all three
+# went through it. So inductor compiles once here, the GPU lease's agent as the lease compiles it (rope,
+# block by block, one batch); the default agent and the rope agent whole go through torch's
+# aot_eager_decomp_partition backend (--compile_backend), which runs every stage of a compile before the
+# code generation: dynamo's capture (its graph breaks, guards and recompiles), AOT autograd's forward and
+# backward graphs, inductor's decompositions and partitioner. A bug of the agents' own code shows there
+# (in 7 and 18 s, not 48 and 38); what inductor alone adds is torch's C++ code generation, run here on
+# the blocks. The recompiles (a new batch size, a new canvas side) are watched on the rope agent whole.
 FIRST, SMALLER, WIDER = "first batch", "a smaller batch", "a wider canvas"
+CAPTURED = {"compile_backend": "aot_eager_decomp_partition"}
+ROPE = {"agent": "rope", "agent_channels": 16}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent,batches", [({}, (FIRST,)),
-                                           ({"agent": "rope", "agent_channels": 16}, (FIRST,)),
-                                           ({"agent": "rope", "agent_channels": 16, "compile_scope": "blocks"},
-                                            (FIRST, SMALLER, WIDER))],
-                         ids=["conv", "rope", "rope-blocks"])
+@pytest.mark.parametrize("agent,batches", [(CAPTURED, (FIRST,)), ({**ROPE, **CAPTURED}, (FIRST, SMALLER, WIDER)),
+                                           ({**ROPE, "compile_scope": "blocks"}, (FIRST,))],
+                         ids=["conv", "rope", "rope-blocks-inductor"])
 def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_buckets(small_cfg, state_and_batches,
                                                                                        agent, batches):
     """--compile --canvas bucket, through the model: compiled at the first batch, once more for a
     second batch size (a dynamic batch dimension) and once for a second canvas side (each side
     static); logits and gradients agree with the eager model, and nothing falls back to eager. The
-    default agent, and the rope agent the GPU lease compiles (scaled_dot_product_attention, rotary),
-    whole and block by block."""
+    default agent and the rope agent the GPU lease compiles (scaled_dot_product_attention, rotary),
+    whole up to inductor's code generation, and block by block through inductor as the lease does."""
     from torch._dynamo.utils import counters
 
     from agents import compile_seconds
@@ -206,7 +211,7 @@ def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_bu
     cfg = small_cfg(**{"agent_channels": 8, **agent}, compile=True, canvas="bucket")
     state, _ = state_and_batches(cfg, 1)
     compiled = state.model
-    eager = build_model(cfg.replace(compile=False), qwen=compiled.qwen)
+    eager = build_model(cfg.replace(compile=False, compile_backend="inductor"), qwen=compiled.qwen)
     eager.load_state_dict(compiled.state_dict())  # the same parameter names: checkpoints are interchangeable
     dataset = training.build_data(cfg, CPU).loader.dataset
     samples = [dataset[(i, 0)] for i in range(4)]
@@ -228,7 +233,7 @@ def test_a_compiled_agent_matches_the_eager_one_across_batch_sizes_and_canvas_bu
     # a forward and a backward graph for each compile, one a batch (compiled blocks: one set the blocks share)
     assert counters["stats"]["unique_graphs"] <= len(batches) * 2
     assert not counters["unimplemented"] and not counters["graph_break"]
-    assert compile_seconds() > 1.0, "torch's account of the compiles (a run logs it as time/compile_seconds)"
+    assert compile_seconds() > 0.1, "torch's account of the compiles (a run logs it as time/compile_seconds)"
 
 
 def test_a_bucket_canvas_cuts_each_batch_to_the_smallest_bucket_holding_it():

@@ -104,6 +104,17 @@ def test_a_compile_mode_needs_compile():
     assert graphs.agent.compile_mode == "reduce-overhead"
 
 
+def test_a_compile_backend_needs_compile_and_takes_no_inductor_mode():
+    with pytest.raises(ConfigError, match="--compile_backend eager is a backend of --compile: add --compile"):
+        Config.from_flags(compile_backend="eager")
+    with pytest.raises(ConfigError, match="--compile_mode max-autotune-no-cudagraphs is a mode of inductor: it takes "
+                                          "--compile_backend inductor, not aot_eager"):
+        Config.from_flags(compile=True, canvas="full", compile_backend="aot_eager",
+                          compile_mode="max-autotune-no-cudagraphs")
+    captured = Config.from_flags(compile=True, canvas="full", compile_backend="aot_eager")
+    assert captured.agent.compile_backend == "aot_eager"
+
+
 def test_configs_are_keyword_only_and_flag_names_are_field_names():
     """Two floats swapped by position must fail, not run; a flag has one home."""
     with pytest.raises(TypeError):

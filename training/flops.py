@@ -52,7 +52,7 @@ def episode_flops(cfg: Config, side: int, device: torch.device = CPU) -> int:
     function: a count builds an agent and steps it (60 ms at the tests' sizes, where one process
     trains many short runs of the same agent: 3% of their time)."""
     eager = dataclasses.replace(cfg.agent, compile=False, compile_scope=AgentCfg.compile_scope,
-                                compile_mode=AgentCfg.compile_mode)
+                                compile_backend=AgentCfg.compile_backend, compile_mode=AgentCfg.compile_mode)
     return _counted(eager, cfg.prompt.prompt_dim, side, device)
 
 
