@@ -3,8 +3,6 @@ checkpoint, signals checkpoint and exit, a killed run resumes to the same weight
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -14,7 +12,7 @@ from safetensors.torch import load_file
 import training
 from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
 from engine.precision import MixedPrecision
-from tests.conftest import ROOT, WARM_PYTHON, start_command
+from tests.conftest import ROOT, WARM_PYTHON, run_command, start_command
 from training.step import train_step
 
 
@@ -146,7 +144,7 @@ def test_partial_checkpoint_folder_is_never_resumed_from(small_cfg, tmp_path):
     assert find_checkpoint(str(run)).name == "step_00000002"
 
 
-def test_summary_json_is_whole_or_absent_when_the_disk_fills_while_it_is_written(tmp_path):
+def test_summary_json_is_whole_or_absent_when_the_disk_fills_while_it_is_written(tmp_path, warm_python):
     """summary.json marks a run finished: a write that fails halfway (here the file-size limit, as
     a full disk would) must leave no summary.json and no temporary file, only the error."""
     script = f"""
@@ -164,7 +162,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails wi
 resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 finish_run(run, logger, 0.0, 3, {{f"eval/metric_{{i}}": float(i) for i in range(200)}}, Dist())
 """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = run_command([*warm_python, "-c", script], timeout=120)  # its own process: the file-size limit
     assert out.returncode == 1 and "File too large" in out.stderr, out.stderr[-1000:]
     assert not [p.name for p in tmp_path.iterdir() if not p.name.startswith("events.out.tfevents")]
 

@@ -6,7 +6,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
@@ -23,7 +22,7 @@ from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from engine.loop import StopRequest
-from tests.conftest import ROOT, TORCHRUN, WARM_PYTHON, WARM_PYTHON_SCRIPT, children
+from tests.conftest import TORCHRUN, WARM_PYTHON, WARM_PYTHON_SCRIPT, children, run_command
 from tests.test_end_to_end import scalars
 from training.validation import ValidationSchedule, fits_in_training
 
@@ -245,7 +244,7 @@ def test_evaluation_only_stopped_writes_nothing_that_looks_finished(arc_folder, 
 
 
 @pytest.mark.slow
-def test_a_second_signal_ends_the_process_at_once():
+def test_a_second_signal_ends_the_process_at_once(warm_python):
     script = ("import os, signal, time\n"
               "from engine.loop import StopRequest\n"
               "with StopRequest() as stop:\n"
@@ -255,7 +254,7 @@ def test_a_second_signal_ends_the_process_at_once():
               "    os.kill(os.getpid(), signal.SIGINT)\n"
               "    time.sleep(10)\n"
               "    print('still running', flush=True)\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    out = run_command([*warm_python, "-c", script], timeout=60)
     assert out.returncode == -signal.SIGINT, out.stderr[-1500:]
     assert out.stdout == "first: True\n"
     assert "SIGINT again: stopping now, without saving" in out.stderr
