@@ -33,7 +33,7 @@ def test_a_window_costs_each_micro_batch_its_episodes_times_one_episode_at_its_s
 
 def test_a_count_is_made_once_a_process_for_each_agent_and_side(small_cfg, monkeypatch):
     """Runs of the same agent in one process (a bench's rows, the tests) count each side once; another
-    side or width is counted anew, and --compile (its scope and mode too) is not part of the agent counted."""
+    side or width is counted anew, and --compile (its scope, backend and mode too) is not part of the agent counted."""
     flops._counted.cache_clear()
     built = []
     real = flops.build_agent
@@ -41,7 +41,9 @@ def test_a_count_is_made_once_a_process_for_each_agent_and_side(small_cfg, monke
     cfg = small_cfg()
     first = episode_flops(cfg, 6)
     compiled = small_cfg(compile=True, canvas="bucket", compile_scope="blocks")
-    assert episode_flops(cfg, 6) == episode_flops(compiled, 6) == first and built == [16]
+    captured = small_cfg(compile=True, canvas="bucket", compile_backend="aot_eager")
+    assert episode_flops(cfg, 6) == episode_flops(compiled, 6) == episode_flops(captured, 6) == first
+    assert built == [16]
     assert episode_flops(cfg, 7) > first and episode_flops(small_cfg(agent_channels=24), 6) > first
     assert built == [16, 16, 24]
 
