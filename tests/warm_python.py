@@ -77,8 +77,7 @@ def serve(path: str) -> dict:
     set_by_imports = {k: v for k, v in os.environ.items() if k not in started_with}
     # the imported objects moved out of the collector's reach (Python's advice for a forking server): a
     # child's garbage collection would otherwise write to every one of them, copying the server's pages
-    # into the child (its pytest's last gc.collect alone: 0.5 s a mutant in tests/test_invariant_bugs.py;
-    # that test 42 -> 28 CPU-s, tests/test_fsdp.py's launches 35 -> 21)
+    # into the child (tests/test_fsdp.py's launches: 35 -> 21 CPU-s; the mutation harness's runner does the same)
     import gc
 
     gc.freeze()

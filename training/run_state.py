@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # the experiment's class is named here, not imported: a train
 # validation flag does).
 RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
                "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only",
-               "train_chooser", "compile", "compile_backend", "compile_mode", "grad_bucket_mb", "fsdp",
+               "train_chooser", "compile", "compile_scope", "compile_backend", "compile_mode", "grad_bucket_mb", "fsdp",
                *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
