@@ -107,7 +107,7 @@ def test_without_cuda_it_exits_2_with_one_line(tmp_path, warm_python):
 def test_the_untrained_start_runs_eager_whatever_the_sets_say_of_the_compile(tmp_path):
     """--set compile_backend=aot_eager (a compile failure looked into): the run compiles so, the
     untrained start's validation runs eager, its compile options back at their defaults (each
-    needs --compile), and the views phase's sets end the same."""
+    needs --compile): EAGER, which the views phase's sets also end with."""
     from training.cli import parse
 
     (tmp_path / "re_arc.zip").write_bytes(b"")
