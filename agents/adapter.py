@@ -1,17 +1,14 @@
 """Per-task adapters: a small state per task that batches over tasks, each sample reading its own
-task's slice (evaluation/adaptation.py trains them on a task's demos; the shared weights never change).
+task's slice (evaluation/adaptation.py sets and trains them on a task's demos; the shared weights
+never change).
 
-    latent      [T, P]              added to the refined prompt: the latent the search moves
-    gate_bias   [T, V]              added to the view gate's logits: a view the prompt cannot pick
-                                    (a flip, when training showed only rotations) is one step away
-    class_bias  [T, 12, 12]         added to the prompted class map: a per-task colour map
-    down, up    [T, L, C, r], [T, L, r, C]   a low-rank update of the cell states after each of the
-                                    agent's L blocks: x + (x @ down) @ up
+    latent      [T, P]              added to the refined prompt (trained by --ttt_view_rows)
+    gate_bias   [T, V]              added to the view gate's logits: a view start forces its view
+                                    (a flip, when training showed only rotations)
 
-`T` counts slots: a task may have several (the starts of a latent search), or one per view it is
-seen under (`per_view`: VARC's auxiliary tasks, each augmentation of a task a task of its own with
-its own row). Everything starts at zero but `down` (small random, so `up` gets a gradient), so an
-untrained adapter changes nothing.
+`T` counts slots: a task may have several (the starts of the search), or one per view it is seen
+under (`per_view`: VARC's auxiliary tasks, each augmentation of a task a task of its own with its own
+row). Everything starts at zero, so an untrained adapter changes nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ import torch
 from torch import nn
 
 from agents.views import views_in_frame
-from data.arc import NUM_COLOURS
-from data.canvas import NUM_CLASSES
 from engine.loop import host_to_device
 
 
@@ -33,9 +28,6 @@ class AdapterSlice:
 
     latent: torch.Tensor  # [B, P]
     gate_bias: torch.Tensor  # [B, V]
-    class_bias: torch.Tensor  # [B, 12, 12]
-    down: torch.Tensor  # [B, L, C, r]
-    up: torch.Tensor  # [B, L, r, C]
 
     def repeat(self, k: int) -> AdapterSlice:
         """The slice of a batch repeated k times along the batch (K refinements in one call)."""
@@ -46,68 +38,40 @@ class AdapterSlice:
         read its adapter."""
         return AdapterSlice(*(t[rows] for t in vars(self).values()))
 
-    def in_frames(self, dihedral: torch.Tensor, colours: torch.Tensor) -> AdapterSlice:
+    def in_frames(self, dihedral: torch.Tensor) -> AdapterSlice:
         """The rows as each sample's augmented frame must read them: an adapter is trained and kept in
-        its task's own frame, and a sample seen under dihedral transform d with colour map c needs the
-        view gate's biases moved to the views doing the same there (agents/views.VIEWS_IN_FRAME: a
-        transpose start is an anti-transpose under a quarter turn) and the class map's rows and
-        columns moved to the new colours. Without this a view start fits only the frames whose
+        its task's own frame, and a sample seen under dihedral transform d needs the view gate's biases
+        moved to the views doing the same there (agents/views.VIEWS_IN_FRAME: a transpose start is an
+        anti-transpose under a quarter turn). Without this a view start fits only the frames whose
         transform commutes with it, and votes over views split between two answers.
-        dihedral [B] int64 in 0..7, colours [B, 10] int64 (colour k is shown as colours[:, k])."""
+        dihedral [B] int64 in 0..7."""
         gate_bias = self.gate_bias
         if gate_bias.shape[1]:  # agents without views have no gate
             views = views_in_frame(dihedral.device)[dihedral]  # [B, V]
             gate_bias = torch.zeros_like(gate_bias).scatter(1, views, gate_bias)
-        markers = torch.arange(NUM_COLOURS, NUM_CLASSES, device=colours.device).expand(len(colours), -1)
-        classes = torch.cat([colours, markers], 1)  # [B, 12]: class k is shown as classes[:, k]
-        rows = torch.zeros_like(self.class_bias).scatter(1, classes[:, :, None].expand_as(self.class_bias),
-                                                         self.class_bias)
-        class_bias = torch.zeros_like(rows).scatter(2, classes[:, None, :].expand_as(rows), rows)
-        return AdapterSlice(self.latent, gate_bias, class_bias, self.down, self.up)
+        return AdapterSlice(self.latent, gate_bias)
 
     def detach(self) -> AdapterSlice:
         """The same rows, cut from the graph: a fixed start that nothing trains."""
         return AdapterSlice(*(t.detach() for t in vars(self).values()))
 
 
-def residual_update(x: torch.Tensor, adapter: AdapterSlice | None, block: int, channels_first: bool) -> torch.Tensor:
-    """x + (x @ down) @ up for block `block`: x [B, C, H, W] (channels_first) or [B, N, C]."""
-    if adapter is None:
-        return x
-    down, up = adapter.down[:, block].to(x.dtype), adapter.up[:, block].to(x.dtype)
-    if channels_first:
-        return x + torch.einsum("bchw,bcr,brd->bdhw", x, down, up)
-    return x + torch.einsum("bnc,bcr,brd->bnd", x, down, up)
-
-
 class TaskAdapters(nn.Module):
     """`slots` adapters; `forward(slot [B] int64)` gathers the rows of each sample (gradients reach
     exactly the rows a batch used)."""
 
-    def __init__(self, *, slots: int, prompt_dim: int, channels: int, blocks: int, views: int, rank: int = 8,
-                 seed: int = 0):
+    def __init__(self, *, slots: int, prompt_dim: int, views: int):
         super().__init__()
         self.view_ids: tuple[int, ...] = ()  # augmentation ids with a row of their own per slot (per_view)
         self.latent = nn.Parameter(torch.zeros(slots, prompt_dim))
         self.gate_bias = nn.Parameter(torch.zeros(slots, views))
-        self.class_bias = nn.Parameter(torch.zeros(slots, NUM_CLASSES, NUM_CLASSES))
-        generator = torch.Generator().manual_seed(seed)
-        self.down = nn.Parameter(torch.randn(slots, blocks, channels, rank, generator=generator) / channels**0.5)
-        self.up = nn.Parameter(torch.zeros(slots, blocks, rank, channels))
-
-    def param_groups(self, *, lr: float, bias_lr: float, latent_lr: float) -> list[dict]:
-        """Adam groups: the biases are logits (a step of ~1 changes a choice), the latent lives in
-        the prompt's LayerNorm scale, the low-rank update in the cell states' scale."""
-        return [{"params": [self.gate_bias, self.class_bias], "lr": bias_lr},
-                {"params": [self.latent], "lr": latent_lr}, {"params": [self.down, self.up], "lr": lr}]
 
     def per_view(self, view_ids: list[int]) -> TaskAdapters:
         """A copy with a row per view of every slot: slot t's row for the k-th of `view_ids` (augmentation
         ids) is row t * len(view_ids) + k, each starting as slot t's row here. `forward` then reads a
         sample's row by its slot and its augmentation."""
         k = len(view_ids)
-        out = TaskAdapters(slots=1, prompt_dim=self.latent.shape[1], channels=self.down.shape[2],
-                           blocks=self.down.shape[1], views=self.gate_bias.shape[1], rank=self.down.shape[3])
+        out = TaskAdapters(slots=1, prompt_dim=self.latent.shape[1], views=self.gate_bias.shape[1])
         for name, value in self.named_parameters():
             setattr(out, name, nn.Parameter(value.detach().repeat_interleave(k, 0)))
         out.view_ids = tuple(view_ids)
@@ -120,8 +84,7 @@ class TaskAdapters(nn.Module):
         first = adapters[0]
         if any(a.view_ids != first.view_ids for a in adapters):
             raise ValueError("concat: adapters with rows for different views")
-        out = cls(slots=1, prompt_dim=first.latent.shape[1], channels=first.down.shape[2],
-                  blocks=first.down.shape[1], views=first.gate_bias.shape[1], rank=first.down.shape[3])
+        out = cls(slots=1, prompt_dim=first.latent.shape[1], views=first.gate_bias.shape[1])
         for name, _ in first.named_parameters():
             setattr(out, name, nn.Parameter(torch.cat([getattr(a, name).detach() for a in adapters])))
         out.view_ids = first.view_ids
@@ -134,7 +97,7 @@ class TaskAdapters(nn.Module):
 
     def at(self, row: torch.Tensor) -> AdapterSlice:
         """The adapter's rows `row` [B] int64 (`rows` names each sample's), one a sample."""
-        return AdapterSlice(self.latent[row], self.gate_bias[row], self.class_bias[row], self.down[row], self.up[row])
+        return AdapterSlice(self.latent[row], self.gate_bias[row])
 
     def rows(self, slot: torch.Tensor, aug_ids: list[int] | None = None) -> torch.Tensor:
         """The row each sample reads -> [B] int64: its slot (slot [B] int64), or with rows per view its

@@ -109,13 +109,9 @@ class PromptedOutput(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def forward(self, h: torch.Tensor, prompt: torch.Tensor, viewed: torch.Tensor,
-                adapter: AdapterSlice | None = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, prompt: torch.Tensor, viewed: torch.Tensor) -> torch.Tensor:
         h = self.norm(h)
         weight = self.generated(prompt).view(-1, h.shape[-1], NUM_CLASSES).to(h.dtype)
-        class_map = self.class_map(prompt).view(-1, NUM_CLASSES, NUM_CLASSES)
-        if adapter is not None:
-            class_map = class_map + adapter.class_bias
-        class_map = class_map.to(h.dtype)
+        class_map = self.class_map(prompt).view(-1, NUM_CLASSES, NUM_CLASSES).to(h.dtype)
         return (self.out(h) + torch.einsum("bhwc,bck->bhwk", h, weight)
                 + torch.einsum("bhwj,bjk->bhwk", viewed.to(h.dtype), class_map))

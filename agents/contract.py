@@ -15,22 +15,18 @@ import torch
 from torch import nn
 
 from agents.adapter import AdapterSlice
-from agents.context import DemoSlots
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
 
 @runtime_checkable
 class Agent(Protocol):
-    # Its shape, which a per-task adapter (agents/adapter.py) is sized by: the agent's residual
-    # blocks, where it calls agents.adapter.residual_update(x, adapter, block, ...) after each;
-    # the channels of its cell states; the prompt-gated views of the input it reads (0: none); the
-    # context demos a sample's query reads in context (--agent_context_demos; 0: none, and the agent
-    # is never given `context`).
+    # Its shape: the agent's residual blocks (`residual_blocks`); the channels of its cell states;
+    # the prompt-gated views of the input it reads (0: none), which a per-task adapter's view-gate
+    # biases are sized by (agents/adapter.py).
     num_blocks: int
     channels: int
     num_views: int
-    context_demos: int
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> Agent:
@@ -38,13 +34,11 @@ class Agent(Protocol):
         for options it cannot take."""
 
     def __call__(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
-                 enclosed: torch.Tensor | None = None, context: DemoSlots | None = None) -> torch.Tensor:
+                 enclosed: torch.Tensor | None = None) -> torch.Tensor:
         """input_canvas [B, S, S] int64 (S <= `--canvas_side`, 30 by default; data/canvas.py), prompt
         [B, P] float, an adapter's rows for each sample or None, the canvas's enclosed background
         [B, S, S] bool as the batch carries it (data/enclosed.py; None: the agent computes it, which
-        waits for a GPU), each sample's context demos in up to `context_demos` slots (DemoSlots,
-        [B, D, S, S]: agents/context.py; given only to an agent with context_demos > 0) -> logits
-        [B, S, S, 12] (10 colours, PAD, end-of-grid)."""
+        waits for a GPU) -> logits [B, S, S, 12] (10 colours, PAD, end-of-grid)."""
 
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer (`--ttt_params late`)."""

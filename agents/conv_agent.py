@@ -1,9 +1,7 @@
 """A convolutional grid agent conditioned on the prompt.
 
 The prompt enters the cells' input embedding (agents/cells.py), as FiLM (scale and shift) in every
-residual block, and through the generated output layer. With `--agent_context_demos` the cells read
-the demos (agents/context.py) after the 2nd and the 6th block: after a few cells' context is mixed
-in, and again with blocks left to apply what was read.
+residual block, and through the generated output layer.
 """
 
 from __future__ import annotations
@@ -11,9 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from agents.adapter import AdapterSlice, residual_update
+from agents.adapter import AdapterSlice
 from agents.cells import CellEmbedding, PromptedOutput
-from agents.context import ContextRead, DemoMemory, DemoSlots
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
@@ -21,8 +18,6 @@ from engine.config import AgentCfg
 from engine.errors import ConfigError
 
 GROUPS = 8  # GroupNorm groups of each block: the channels must divide into them
-READS_AFTER = (1, 5)  # the blocks after which the cells read the demos (--agent_context_demos)
-READ_HEADS = 4
 
 
 class FiLMBlock(nn.Module):
@@ -50,37 +45,29 @@ class FiLMConvAgent(nn.Module):
 
     def __init__(self, *, prompt_dim: int, channels: int = 64,
                  dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True,
-                 canvas_side: int = MAX_SIDE, context_demos: int = 0):
+                 canvas_side: int = MAX_SIDE):
         super().__init__()
         self.num_blocks, self.channels, self.num_views = len(dilations), channels, NUM_VIEWS if views else 0
-        self.context_demos = context_demos
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
         self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
-        self.memory = DemoMemory(channels, context_demos) if context_demos else None
-        self.reads = nn.ModuleDict({str(i): ContextRead(channels, READ_HEADS) for i in READS_AFTER} if context_demos
-                                   else {})
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> FiLMConvAgent:
-        refuse_unread_options(cfg, reads=("agent_channels", "agent_context_demos"))
+        refuse_unread_options(cfg, reads=("agent_channels",))
         if cfg.agent_channels % GROUPS:
             raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by {GROUPS} (its GroupNorm "
                               f"groups), got {cfg.agent_channels}")
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views,
-                   canvas_side=cfg.canvas_side, context_demos=cfg.agent_context_demos)
+                   canvas_side=cfg.canvas_side)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
-                enclosed: torch.Tensor | None = None, context: DemoSlots | None = None) -> torch.Tensor:
+                enclosed: torch.Tensor | None = None) -> torch.Tensor:
         x, viewed = self.cells(input_canvas, prompt, adapter, enclosed)
-        memory = self.memory(context, self.cells) if self.memory is not None else None
         x = x.permute(0, 3, 1, 2)
-        for i, block in enumerate(self.blocks):
-            x = residual_update(block(x, prompt), adapter, i, channels_first=True)
-            if memory is not None and str(i) in self.reads:
-                read = self.reads[str(i)](x.flatten(2).transpose(1, 2), *memory, context.repeats)  # [B, S*S, C]
-                x = read.transpose(1, 2).reshape(x.shape)
-        return self.head(x.permute(0, 2, 3, 1), prompt, viewed, adapter)  # cells [B, S, S, channels]
+        for block in self.blocks:
+            x = block(x, prompt)
+        return self.head(x.permute(0, 2, 3, 1), prompt, viewed)  # cells [B, S, S, channels]
 
     def residual_blocks(self) -> list[nn.Module]:
         return list(self.blocks)
@@ -88,9 +75,7 @@ class FiLMConvAgent(nn.Module):
     def late_parameters(self) -> list[nn.Parameter]:
         """The second half of the blocks and the output layer: training only these, the backward
         pass stops halfway (about 1.5x cheaper a step)."""
-        late_reads = [r for i, r in self.reads.items() if int(i) >= self.num_blocks // 2]
-        return [*self.blocks[self.num_blocks // 2:].parameters(), *(p for r in late_reads for p in r.parameters()),
-                *self.head.parameters()]
+        return [*self.blocks[self.num_blocks // 2:].parameters(), *self.head.parameters()]
 
     def adapter_parameters(self) -> list[nn.Parameter]:
         """What reads the prompt outside the blocks: the cells' prompt input and view gate, the output layer."""

@@ -1,14 +1,13 @@
 """A transformer over the canvas cells with 2D rotary positions, shaped for a GPU.
 
-One token a cell (agents/cells.py's embedding) and the prompt as `prefix` extra tokens, as in the
-transformer agent; what differs is how attention runs and where positions come from:
+One token a cell (agents/cells.py's embedding, without its learned positions) and the prompt as
+`prefix` extra tokens:
 
 - attention is torch's `scaled_dot_product_attention` on [B, heads, T, 64]-shaped queries (heads of
   64 channels from 256 channels up), the call that takes the flash kernel on a GPU under bf16;
-- positions are rotary (`--agent_positions rotary`, the default): half of each head's rotary pairs
-  turn with the cell's row, half with its column, so a query and a key meet at their 2D offset
-  (mdlARC's ablation: 1D positions cost it 44% -> 24% on ARC-AGI-1). Prefix tokens are not turned.
-  `learned` gives the cells the other agents' learned embeddings instead, `both` adds the two;
+- positions are rotary: half of each head's rotary pairs turn with the cell's row, half with its
+  column, so a query and a key meet at their 2D offset (mdlARC's ablation: 1D positions cost it
+  44% -> 24% on ARC-AGI-1). Prefix tokens are not turned;
 - every block is the same pre-norm attention + MLP, no convolution and no data-dependent shape, so
   one compile per canvas side covers every step (`--canvas full`: one shape).
 """
@@ -19,12 +18,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from agents.adapter import AdapterSlice, residual_update
+from agents.adapter import AdapterSlice
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
 from data.arc import MAX_SIDE
-from engine.config import POSITIONS, AgentCfg
+from engine.config import AgentCfg
 from engine.errors import ConfigError
 from engine.precision import Float32LayerNorm
 
@@ -62,7 +61,7 @@ def rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
 
 
 class RopeBlock(nn.Module):
-    """Tokens x [B, T, C] and rotary angles [T, C/heads/2] (None: no rotation) -> x plus its change:
+    """Tokens x [B, T, C] and rotary angles [T, C/heads/2] -> x plus its change:
     pre-norm attention over all tokens, then a pre-norm MLP four times as wide."""
 
     def __init__(self, channels: int, heads: int):
@@ -73,11 +72,10 @@ class RopeBlock(nn.Module):
         self.proj = nn.Linear(channels, channels, bias=False)
         self.up, self.down = nn.Linear(channels, 4 * channels), nn.Linear(4 * channels, channels)
 
-    def forward(self, x: torch.Tensor, angles: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
-        if angles is not None:
-            q, k = rotate(q, angles), rotate(k, angles)
+        q, k = rotate(q, angles), rotate(k, angles)
         mixed = F.scaled_dot_product_attention(q, k, v)  # [B, H, T, D]
         x = x + self.proj(mixed.transpose(1, 2).reshape(b, t, c))
         return x + self.down(F.gelu(self.up(self.mlp_norm(x))))
@@ -87,29 +85,26 @@ class RopeTransformerAgent(nn.Module):
     """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, prefix: int = 4, cycles: int = 1,
-                 positions: str = "rotary", views: bool = True, canvas_side: int = MAX_SIDE):
+                 views: bool = True, canvas_side: int = MAX_SIDE):
         super().__init__()
         heads = heads_for(channels)
         if channels % heads or (channels // heads) % 4:
             raise ConfigError(f"--agent rope needs --agent_channels split into {heads} heads of a multiple of 4 "
                               f"channels (2D rotary pairs), got {channels}")
-        if positions not in POSITIONS:
-            raise ConfigError(f"--agent_positions {positions}: choose one of {', '.join(POSITIONS)}")
         self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
-        self.head_dim, self.rotary = channels // heads, positions != "learned"
-        self.context_demos = 0  # it reads no demos in context (--agent_context_demos is refused)
+        self.head_dim = channels // heads
         self.num_views = NUM_VIEWS if views else 0
         self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side,
-                                   positions=positions != "rotary")
+                                   positions=False)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         self.blocks = nn.ModuleList(RopeBlock(channels, heads) for _ in range(layers))
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
     @classmethod
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> RopeTransformerAgent:
-        refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles", "agent_positions"))
+        refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles"))
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
-                   cycles=cfg.agent_cycles, positions=cfg.agent_positions, views=cfg.input_views,
+                   cycles=cfg.agent_cycles, views=cfg.input_views,
                    canvas_side=cfg.canvas_side)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
@@ -118,12 +113,12 @@ class RopeTransformerAgent(nn.Module):
         batch, side = input_canvas.shape[:2]
         prefix = self.prompt_tokens(prompt).reshape(batch, self.prefix, -1).to(cells.dtype)
         x = start = torch.cat([prefix, cells.flatten(1, 2)], 1)  # [B, prefix + S*S, C]
-        angles = rotary_angles(side, self.prefix, self.head_dim, x.device) if self.rotary else None
+        angles = rotary_angles(side, self.prefix, self.head_dim, x.device)
         for cycle in range(self.cycles):
             x = x if cycle == 0 else x + start
-            for i, block in enumerate(self.blocks):
-                x = residual_update(block(x, angles), adapter, i, channels_first=False)
-        return self.head(x[:, self.prefix:].reshape(batch, side, side, -1), prompt, viewed, adapter)
+            for block in self.blocks:
+                x = block(x, angles)
+        return self.head(x[:, self.prefix:].reshape(batch, side, side, -1), prompt, viewed)
 
     def residual_blocks(self) -> list[nn.Module]:
         return list(self.blocks)

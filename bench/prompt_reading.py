@@ -5,9 +5,8 @@
 For every test pair of the run's evaluation tasks (and of the training tasks it held out), the
 held-out loss before adaptation (evaluation/heldout.py: nats a cell, the identity view) with its own
 prompt, then with one stream of the prompt taken from the pair `SHIFT` places on in the set (always
-another task's): the relation features, the numeric features, the demo texts (the Qwen stream), the
-demos' grids (read by the demo stream, `--demo_stream`, and by an agent that reads them in context,
-`--agent_context_demos`, when the run has either), or all of them. The query
+another task's): the relation features, the numeric features, the demo texts (the Qwen stream), or
+all three. The query
 input, its canvas and the target stay the pair's own. What the loss rises by is what that stream
 carries about the task; nothing rising means the agent predicts from the query input alone. Each
 swap is paired with the pair's own loss: B - A with its 95% interval over tasks
@@ -29,20 +28,6 @@ from evaluation.intervals import METHOD, beyond_noise, paired
 
 STREAMS = {"relation features": ("relation",), "numeric features": ("numeric",),
            "demo texts (Qwen)": ("demo_texts",), "all three": ("relation", "numeric", "demo_texts")}
-# each context demo's grids, with their enclosed maps: what the demo stream (prompt/demo_stream.py)
-# and an agent reading in context (agents/context.py) read
-DEMO_GRIDS = ("context_input", "context_target", "context_present", "context_enclosed")
-
-
-def streams(cfg: Config) -> dict[str, tuple[str, ...]]:
-    """The swaps a run has: the three fixed streams, and where the demos' grids are read (a demo
-    stream, in context, or both) the grids and all four."""
-    readers = [name for name, on in (("demo stream", cfg.prompt.demo_stream), ("in context",
-                                                                            cfg.agent.agent_context_demos)) if on]
-    if not readers:
-        return STREAMS
-    return {**STREAMS, f"demo grids ({' and '.join(readers)})": DEMO_GRIDS,
-            "all four": STREAMS["all three"] + DEMO_GRIDS}
 
 
 class SwappedPrompt:
@@ -101,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         base = by_pair(own, fitted)
         print(f"| {name} | its own | {sum(base.values()) / len(base):.3f} | | |", flush=True)
         donor = donors(fitted)
-        for label, fields in streams(cfg).items():
+        for label, fields in STREAMS.items():
             swapped = pair_losses(state.model, state.prompts, SwappedPrompt(fitted, donor, fields), episodes, views=1,
                                   cfg=cfg, device=CPU)
             d = paired(base, by_pair(swapped, fitted))

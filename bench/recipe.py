@@ -64,8 +64,6 @@ ROWS: dict[str, dict] = {
     "re-arc + placed": {"data": RE_ARC, PLACED: True},
     "placed in training": {PLACED: True, "place_validation": False},  # validation votes over unplaced views
     "loop-vit": {"agent": "loop_vit"},
-    # training through adaptation (training/meta_step.py): 3 inner steps on 2 episodes a micro-batch
-    "meta": {"meta_steps": 3, "meta_tasks": 2},
     "everything": {"data": RE_ARC, PLACED: True, "agent": "loop_vit"},
     # what the Qwen text stream buys: the prompt from the numeric and relation features only
     "everything without qwen": {"data": RE_ARC, PLACED: True, "agent": "loop_vit", "use_qwen": False},
@@ -154,7 +152,7 @@ def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: 
         if dataset is None:
             continue
         scores = score_tasks(state.model, state.prompts, dataset, chosen or first_tasks(dataset, 0), cfg=cfg,
-                             device=CPU, desc=f"score {name}", chooser=state.chooser)
+                             device=CPU, desc=f"score {name}")
         out |= prefixed(name, scores.metrics("eval", cfg))
         pairs[f"{name} pass@2"] = {key: m["pass2"] for key, m in by_pair(scores.records, dataset).items()}
     if unseen:

@@ -85,17 +85,14 @@ def loop_pass(state, data, cfg: Config, logger: RunLogger, *, warmup: int, steps
 
 def bare_agent(state, batch: dict, prompt_dim: int) -> float:
     """Seconds of one agent forward + backward on the doubled batch (the step runs both
-    refinements in one call), prompt fixed, the batch's context demos with in-context reading; the
-    gradients it leaves are dropped."""
+    refinements in one call), prompt fixed; the gradients it leaves are dropped."""
     agent = state.model.agent
     grid = torch.cat([batch["input"], batch["input"]])
     enclosed = torch.cat([batch["input_enclosed"], batch["input_enclosed"]])  # the loader's, as in the step
     prompt = torch.randn(grid.shape[0], prompt_dim, device=grid.device)
-    # an agent reading demos in context reads the batch's, once for both refinements (as model.forward)
-    context = {"context": state.model.demo_slots(batch, 2)} if agent.context_demos else {}
     start = clock(grid.device)
     with state.amp.autocast():
-        loss = agent(grid, prompt, None, enclosed, **context).float().logsumexp(-1).mean()
+        loss = agent(grid, prompt, None, enclosed).float().logsumexp(-1).mean()
     loss.backward()
     took = clock(grid.device) - start
     agent.zero_grad(set_to_none=True)

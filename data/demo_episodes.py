@@ -17,8 +17,7 @@ from data.episodes import EpisodeDataset, collate, training_episodes, with_enclo
 class DemoEpisodes:
     """Augmented leave-one-out episodes of several tasks' demos; each sample is computed once (the
     pool is finite: episodes x `views`). A batch is cut to the largest side of its tasks' pools
-    (`sides`), whichever episodes it draws, its context demos (if any) in the evaluation set's
-    `context_demos` slots: a task's batches all have one shape, so its adaptation
+    (`sides`), whichever episodes it draws: a task's batches all have one shape, so its adaptation
     is the same alone or beside others of its side (evaluation/task_batch.py), and a compiled agent
     sees one shape a task."""
 
@@ -27,7 +26,7 @@ class DemoEpisodes:
         flat = [ep for eps in self.episodes for ep in eps]
         # demo outputs are known; the task embedding rows are the evaluation set's
         self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows,
-                                      context_demos=eval_set.context_demos, placing=eval_set.placing)
+                                      placing=eval_set.placing)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
         self.sides = _pool_sides(self.dataset, [len(e) for e in self.episodes], self.views)
@@ -54,7 +53,7 @@ class DemoEpisodes:
                 i = self.first[task] + int(self.rng.integers(len(self.episodes[task])))
                 samples.append(self.sample(int(i), self.views[int(self.rng.integers(len(self.views)))]))
                 of.append(row)
-        return collate(samples, self.side(rows), self.dataset.context_demos), torch.tensor(of)
+        return collate(samples, self.side(rows)), torch.tensor(of)
 
     def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
         """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
@@ -65,7 +64,7 @@ class DemoEpisodes:
                 for aug in self.views[:views]:
                     samples.append(self.sample(int(self.first[task] + j), aug))
                     of.append(row)
-        return collate(samples, self.side(rows), self.dataset.context_demos), torch.tensor(of)
+        return collate(samples, self.side(rows)), torch.tensor(of)
 
     def side(self, rows: dict[int, int]) -> int:
         """The side a batch of these rows' tasks is cut to: the largest of their pools'."""

@@ -99,21 +99,19 @@ class EpisodeDataset(Dataset):
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
                  scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True,
-                 task_rows: dict[str, int] | None = None, context_demos: int = 0, placing: Placing = Placing()):
+                 task_rows: dict[str, int] | None = None, placing: Placing = Placing()):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "bucket" to the smallest of
         CANVAS_BUCKETS holding it, "full" keeps 30x30 (the placing's side with placed views).
         `fit_target`: False for evaluation episodes, whose side must not depend on their output and
         whose samples carry no target at all (docs/invariants.md #8).
         `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
-        `context_demos`: each sample also carries up to this many of its augmented context demos as
-        grids, in slots (docs/model.md, "In-context reading"); they fit the episode's side.
         `placing`: where views other than the identity place the grids (data/canvas.Placing; the
         default: at the top-left of a 30x30 canvas)."""
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
-        self.permute_background, self.context_demos, self.fit_target = permute_background, context_demos, fit_target
+        self.permute_background, self.fit_target = permute_background, fit_target
         self.task_rows, self.placing = task_rows or {}, placing
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
@@ -168,12 +166,6 @@ class EpisodeDataset(Dataset):
             # output (a task to predict) gets a target of PAD only, which no loss counts
             sample["target"] = torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
                                                 else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64))
-        if self.context_demos:
-            demos = aug.pairs(ep.context)[:self.context_demos]
-            slots = len(demos) if self.canvas == "fit" else self.context_demos
-            sample["context_input"] = self.canvases([p.input for p in demos], placement, slots)
-            sample["context_target"] = self.canvases([p.output for p in demos], placement, slots)
-            sample["context_present"] = torch.arange(slots) < len(demos)
         return sample
 
     def described(self, index: int, aug: Augmentation) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
@@ -260,75 +252,44 @@ class EpisodeDataset(Dataset):
         fits = grid[: (side - placement.row) // placement.scale, : (side - placement.col) // placement.scale]
         return encode(fits, placement, side)
 
-    def canvases(self, grids: list, placement: Placement, slots: int) -> torch.Tensor:
-        """Grids [h, w] int64 -> their canvases in `slots` >= len(grids) slots [slots, C, C] int64,
-        the slots past the grids all PAD."""
-        canvases = np.full((slots, self.canvas_side, self.canvas_side), PAD, dtype=np.int64)
-        for i, grid in enumerate(grids):
-            canvases[i] = self.encode(grid, placement)
-        return torch.from_numpy(canvases)
-
 
 def with_enclosed(sample: dict) -> dict:
-    """The sample with the enclosed-background maps of its input canvases (`input_enclosed` [S, S],
-    `context_enclosed` [D, S, S] bool with context demos): for a sample drawn again and again, as
-    a task's adaptation draws its demo episodes, computed once (data.demo_episodes)."""
-    maps = {"input_enclosed": enclosed_map(sample["input"][None])[0]}
-    if "context_input" in sample:
-        maps["context_enclosed"] = enclosed_map(sample["context_input"])
-    return {**sample, **maps}
+    """The sample with the enclosed-background map of its input canvas (`input_enclosed` [S, S]
+    bool): for a sample drawn again and again, as a task's adaptation draws its demo episodes,
+    computed once (data.demo_episodes)."""
+    return {**sample, "input_enclosed": enclosed_map(sample["input"][None])[0]}
 
 
-def _enclosed(samples: list[dict], key: str, side: int, canvases: torch.Tensor) -> torch.Tensor:
-    """The batch's `key` map ("input_enclosed" or "context_enclosed") of its cut `canvases`: the
-    samples' own cut to `side` where every sample carries one (`with_enclosed`: a grid and its
-    markers fit the cut, so its edge is the same), else computed on the host (data/enclosed.py)."""
-    if not all(key in s for s in samples):
-        return enclosed_map(canvases)
-    if key == "input_enclosed":
-        return torch.stack([s[key][:side, :side] for s in samples])
-    return torch.stack([_in_slots(s[key][:, :side, :side], canvases.shape[1], False) for s in samples])
+def _enclosed(samples: list[dict], side: int, inputs: torch.Tensor) -> torch.Tensor:
+    """The batch's input_enclosed map of its cut `inputs`: the samples' own cut to `side` where
+    every sample carries one (`with_enclosed`: a grid and its markers fit the cut, so its edge is
+    the same), else computed on the host (data/enclosed.py)."""
+    if not all("input_enclosed" in s for s in samples):
+        return enclosed_map(inputs)
+    return torch.stack([s["input_enclosed"][:side, :side] for s in samples])
 
 
-def _in_slots(context: torch.Tensor, slots: int, empty: int | bool) -> torch.Tensor:
-    """A sample's context [n, ...] (n <= slots: canvases [n, S, S], or present [n]) -> [slots, ...],
-    the slots added filled with `empty`."""
-    return torch.cat([context, context.new_full((slots - len(context), *context.shape[1:]), empty)])
-
-
-def collate(samples: list[dict], side: int | None = None, slots: int | None = None) -> dict:
+def collate(samples: list[dict], side: int | None = None) -> dict:
     """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
-    side S among them (a larger one: the samples' canvases hold it), and its context demos in
-    `slots` slots, by default the most any sample has (a fixed count: one shape whatever the batch
-    draws, as tasks adapted together need, evaluation/task_batch.py).
+    side S among them (a larger one: the samples' canvases hold it).
 
     Returns: input [B, S, S] int64 (S <= the placing's canvas side, 30 by default), and target
     [B, S, S] int64 where the samples carry one (not an evaluation set's);
     input_enclosed [B, S, S] bool (the input's enclosed background, data/enclosed.py);
     numeric [B, 15], relation [B, 129], ctrl [B, 3]
     float32; task_row [B] int64 (-1: no task embedding); demo_texts list of B tuples of str;
-    task_id, episode, where, augmentation lists of length B; with context demos (EpisodeDataset's
-    `context_demos`), each sample's in D slots: context_input, context_target [B, D, S, S] int64
-    (an empty slot all PAD), context_enclosed [B, D, S, S] bool and context_present [B, D] bool
-    (the slot holds a demo; a sample's demos fill its first slots).
+    task_id, episode, where, augmentation lists of length B.
     An evaluation sample carries no target (its side is predicted without it); scoring reads the grids.
     """
     side = side or max(s["side"] for s in samples)
     batch = {k: torch.stack([s[k] for s in samples]) for k in ("numeric", "relation", "ctrl")}
     batch["task_row"] = torch.tensor([s["task_row"] for s in samples], dtype=torch.int64)
     batch["dihedral"] = torch.tensor([s["augmentation"].dihedral for s in samples], dtype=torch.int64)
-    batch["colours"] = torch.tensor([s["augmentation"].colours for s in samples], dtype=torch.int64)
     for k in ("input", "target") if "target" in samples[0] else ("input",):
         batch[k] = torch.stack([s[k][:side, :side] for s in samples])
-    batch["input_enclosed"] = _enclosed(samples, "input_enclosed", side, batch["input"])
+    batch["input_enclosed"] = _enclosed(samples, side, batch["input"])
     for k in ("demo_texts", "task_id", "episode", "where", "augmentation"):
         batch[k] = [s[k] for s in samples]
-    if "context_input" in samples[0]:
-        slots = max(len(s["context_present"]) for s in samples) if slots is None else slots
-        for k in ("context_input", "context_target"):
-            batch[k] = torch.stack([_in_slots(s[k][:, :side, :side], slots, PAD) for s in samples])
-        batch["context_present"] = torch.stack([_in_slots(s["context_present"], slots, False) for s in samples])
-        batch["context_enclosed"] = _enclosed(samples, "context_enclosed", side, batch["context_input"])
     return batch
 
 

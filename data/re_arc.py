@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,17 +92,6 @@ def demo_sets(pool: ReArcPool, *, sets: int, demos: int, seed: int) -> tuple[Arc
         out.append(ArcTask(f"{pool.task_id}{DERIVED}{k}", tuple(picked[:demos]), (picked[demos],),
                            family=pool.task_id))
     return tuple(out)
-
-
-def held_out_queries(pool: ReArcPool, task: ArcTask, *, count: int, seed: int) -> ArcTask:
-    """`task` with `count` of its generated examples (drawn from `pool`, seeded by (seed, task id)) added to
-    its test pairs, none equal to one of its own pairs: inputs whose outputs may be read where training
-    never saw the pool (the attempt chooser's, training/chooser.py)."""
-    own = {(p.input.tobytes(), p.input.shape) for p in task.train + task.test}
-    fresh = [e for e in pool.examples if (e.input.tobytes(), e.input.shape) not in own]
-    rng = np.random.default_rng([seed, *task.task_id.encode()])
-    chosen = rng.choice(len(fresh), size=min(count, len(fresh)), replace=False)
-    return replace(task, test=task.test + tuple(fresh[int(i)] for i in sorted(chosen)))
 
 
 def load_re_arc(path: str, *, sets: int, demos: int, seed: int) -> tuple[tuple[ArcTask, ...], str]:

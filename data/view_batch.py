@@ -132,7 +132,6 @@ def view_batch(dataset, segments: list[tuple[int, ViewSet]], texts: bool = True)
     side = max(int(v.side.max()) for _, v in segments)
     inputs, numeric, relation, ctrl, rows, names = [], [], [], [], [], {k: [] for k in (
         "demo_texts", "task_id", "episode", "where", "augmentation")}
-    contexts: dict[str, list[torch.Tensor]] = {"context_input": [], "context_target": [], "context_present": []}
     for index, views in segments:
         ep, n = dataset.episodes[index], len(views)
         inputs.append(encode_views(ep.query.input, views, side))
@@ -148,41 +147,12 @@ def view_batch(dataset, segments: list[tuple[int, ViewSet]], texts: bool = True)
         names["episode"] += [index] * n
         names["where"] += [ep.where] * n
         names["augmentation"] += list(views.augmentations)
-        if dataset.context_demos:
-            for key, part in context_views(dataset, index, views, side).items():
-                contexts[key].append(part)
     views = ViewSet.cat([v for _, v in segments])
     batch = {"numeric": torch.cat(numeric), "relation": torch.cat(relation), "ctrl": torch.cat(ctrl),
-             "task_row": torch.cat(rows), "dihedral": views.dihedral, "colours": views.colours,
+             "task_row": torch.cat(rows), "dihedral": views.dihedral,
              "input": torch.cat(inputs), **names}
     batch["input_enclosed"] = enclosed_map(batch["input"])
-    if dataset.context_demos:
-        slots = max(p.shape[1] for p in contexts["context_present"])
-        for key, parts in contexts.items():
-            empty = False if key == "context_present" else PAD
-            batch[key] = torch.cat([torch.cat([p, p.new_full((p.shape[0], slots - p.shape[1], *p.shape[2:]), empty)], 1)
-                                    for p in parts])
-        batch["context_enclosed"] = enclosed_map(batch["context_input"])
     return batch
-
-
-def context_views(dataset, index: int, views: ViewSet, side: int) -> dict[str, torch.Tensor]:
-    """An episode's first `dataset.context_demos` context demos under each view, in its demo order:
-    context_input, context_target [V, D, side, side] int64, context_present [V, D] bool."""
-    context = dataset.episodes[index].context
-    n = min(len(context), dataset.context_demos)
-    slots = n if dataset.canvas == "fit" else dataset.context_demos
-    shown = {key: torch.stack([encode_views(getattr(p, key), views, side) for p in context], 1)  # [V, demos, S, S]
-             for key in ("input", "output")}
-    order = torch.tensor([a.demo_order if a.demo_order is not None else tuple(range(len(context)))
-                          for a in views.augmentations], dtype=torch.int64)[:, :n]  # slot d shows demo order[d]
-    out = {}
-    for key, grids in shown.items():
-        picked = grids.gather(1, order[:, :, None, None].expand(-1, -1, side, side))
-        out[f"context_{'input' if key == 'input' else 'target'}"] = torch.cat(
-            [picked, picked.new_full((len(views), slots - n, side, side), PAD)], 1)
-    out["context_present"] = (torch.arange(slots) < n).expand(len(views), -1).clone()
-    return out
 
 
 def colour_index(inverse: torch.Tensor, cooc_at: int, hist_at: int, dim: int) -> torch.Tensor:

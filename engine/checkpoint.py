@@ -5,8 +5,6 @@
                                                         config, prompt cache
     <run>/checkpoints/step_00000020/config.json         the run's flags (--resume builds its model from them)
     <run>/checkpoints/step_00000020/checksums.json      sha256 of every other file of the folder
-    <run>/checkpoints/step_00000020/chooser.safetensors the attempt chooser, when --train_chooser has
-                                                        trained one for these weights (added afterwards)
     <run>/checkpoints/latest                            name of the newest complete checkpoint
 
 Under --fsdp `sharded/` (torch.distributed.checkpoint) replaces model.safetensors and state.pt holds
@@ -21,7 +19,6 @@ import os
 import random
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +33,6 @@ CONFIG_FILE = "config.json"  # the run's flags, also in state.pt: read without l
 SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
 CHECKSUMS_FILE = "checksums.json"
-CHOOSER_FILE = "chooser.safetensors"  # the attempt chooser, added to a checkpoint by --train_chooser
 LATEST = "latest"
 
 
@@ -106,35 +102,6 @@ def commit_checkpoint(run_dir: Path, step: int, weights: dict[str, torch.Tensor]
         for old in sorted(root.glob("step_*"))[:-keep]:
             shutil.rmtree(old)
     return final
-
-
-def add_to_checkpoint(folder: Path, name: str, write: Callable[[Path], None]) -> Path:
-    """Write file `name` into the intact checkpoint `folder` (`write(path)` writes it) and record its
-    checksum, replacing a file of that name. The file is written under a hidden name and renamed into
-    place, then checksums.json is replaced atomically: a stop between the two leaves a file that
-    `checked_file` refuses, never one that is read half-written or unchecked. -> the file."""
-    problem = damage(folder)
-    if problem:
-        raise ConfigError(f"{folder}: checkpoint damaged: {problem}")
-    tmp, final = folder / f".tmp-{name}", folder / name
-    write(tmp)
-    os.replace(tmp, final)
-    sums = json.loads((folder / CHECKSUMS_FILE).read_text())
-    sums[name] = _sha256(final)
-    write_atomic(folder / CHECKSUMS_FILE, json.dumps(sums, indent=1) + "\n")
-    return final
-
-
-def checked_file(folder: Path, name: str) -> Path | None:
-    """File `name` of a checkpoint `find_checkpoint` has checked (so its checksum matched), None when
-    the checkpoint has none; ConfigError when it is there but outside the checksums (its writer was
-    stopped before recording it)."""
-    path = folder / name
-    if name in json.loads((folder / CHECKSUMS_FILE).read_text()):
-        return path
-    if path.exists():
-        raise ConfigError(f"{path} is not in the checkpoint's checksums (its writer was stopped): write it again")
-    return None
 
 
 def is_sharded_checkpoint(folder: Path) -> bool:
@@ -210,12 +177,10 @@ def is_weights_only(folder: Path) -> bool:
 
 def write_weights_only(checkpoint: Path, out: Path) -> Path:
     """What prediction reads of an unsharded checked `checkpoint`, into the new folder `out`: its
-    weights, its flags and its attempt chooser if it has one, with their checksums (no optimizer
+    weights and its flags, with their checksums (no optimizer
     state, RNG states or prompt cache: half the size). -> out."""
     out.mkdir(parents=True)
     shutil.copy2(checkpoint / MODEL_FILE, out / MODEL_FILE)
-    if (checkpoint / CHOOSER_FILE).exists():
-        shutil.copy2(checkpoint / CHOOSER_FILE, out / CHOOSER_FILE)
     (out / CONFIG_FILE).write_text(json.dumps(checkpoint_flags(checkpoint), indent=1) + "\n")
     write_checksums(out)
     return out

@@ -34,13 +34,10 @@ COMPILE_SCOPES = ("agent", "blocks")  # what --compile compiles (agents.build_ag
 # run every stage before it: aot_eager_decomp_partition (dynamo's capture, AOT autograd's forward and
 # backward, inductor's decompositions and partitioner, then eager kernels), aot_eager, eager (capture only)
 COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition", "aot_eager", "eager")
-# how candidates become the two attempts (evaluation/scoring.py; learned: evaluation/choice.py)
-RANKINGS = ("votes", "logprob", "hedged", "learned")
-POSITIONS = ("rotary", "learned", "both")  # where a cell's position enters, for an agent that reads --agent_positions
 
 
 def flag(default, help: str, choices: tuple | None = None, *, model: bool = False,  # noqa: A002 - mirrors argparse
-         result_free: bool = False):
+         result_free: bool = False, resume_free: bool = False):
     """A command-line flag, and what it is, declared once, here:
 
     - `model`: it builds the model's weights (a checkpoint holds it; --resume builds the model from
@@ -53,12 +50,15 @@ def flag(default, help: str, choices: tuple | None = None, *, model: bool = Fals
       journaled as it was scored (the lines keep the adaptation steps each got; eval/deadline_*
       counts the tasks cut) and scores only the rest under the budget left.
     - neither: it can change a task's result, and a continuation must keep it.
+    - `resume_free`: it cannot change what training learns (the run's length, where it writes, how
+      it is computed), so `--resume` takes a new value without a warning (RESUME_FREE, with every
+      validation flag: validation never changes what is learned).
 
     tests/test_config.py holds each declaration to what the flag does."""
     if model and result_free:
         raise ValueError("a flag that builds the model changes a task's result")
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "model": model,
-                                                        "result_free": result_free})
+                                                        "result_free": result_free, "resume_free": resume_free})
 
 
 def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
@@ -112,7 +112,7 @@ class DataCfg:
     size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side (0: off)", result_free=True)
     easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True)
     easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True)
-    num_workers: int = flag(0, "DataLoader worker processes", result_free=True)
+    num_workers: int = flag(0, "DataLoader worker processes", result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos", "place_scale"),
@@ -153,7 +153,7 @@ class QwenCfg:
     lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora", model=True)
     prompt_refresh: int = flag(10, "trainable Qwen: re-encode with gradients every N micro-batches", result_free=True)
     prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
-                                     "beside the run folder; 'none': memory only)", result_free=True)
+                                     "beside the run folder; 'none': memory only)", result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("qwen_encode_batch", "lora_rank", "lora_alpha", "prompt_refresh"),
@@ -181,26 +181,11 @@ class PromptCfg:
     rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True)
     task_embedding: bool = flag(False, "a learned embedding per training task (and per evaluation task with "
                                 "--train_on_eval_demos) added to the prompt; an untrained task gets none", model=True)
-    latent_step_lr: float = flag(0.0, "LPN's latent step: before each query, one gradient step of the refined prompt "
-                                 "on its context demos' loss, of a learned size starting here (0: off)", model=True)
-    latent_step_demos: int = flag(3, "context demos the latent step reads at most per sample", model=True)
-    demo_stream: int = flag(0, "channels of the demo stream, a prompt stream reading each context demo's input and "
-                            "output cell by cell, learned end to end (0: off)", model=True)
-    demo_stream_demos: int = flag(4, "context demos the demo stream reads at most per sample", model=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("prompt_dim", "rl_rank", "latent_step_demos", "demo_stream_demos"),
-               non_negative=("latent_step_lr", "demo_stream"))
-        if not (self.use_qwen or self.use_numeric or self.use_relation or self.demo_stream):
-            raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric, --use_relation or "
-                              "--demo_stream")
-
-    @property
-    def context_demos(self) -> int:
-        """The context demos each sample carries for the model to read (the latent step's and the demo
-        stream's, the more of the two; 0 when neither is on)."""
-        return max(self.latent_step_demos if self.latent_step_lr > 0 else 0,
-                   self.demo_stream_demos if self.demo_stream else 0)
+        _check(self, at_least_one=("prompt_dim", "rl_rank"))
+        if not (self.use_qwen or self.use_numeric or self.use_relation):
+            raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric or --use_relation")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,30 +196,24 @@ class AgentCfg:
     agent_channels: int = flag(64, "channels (model width) of the agent", model=True)
     agent_layers: int = flag(3, "layers, of an agent built of layers (others refuse a non-default value)", model=True)
     agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True)
-    agent_patch: int = flag(2, "cells a side of each token, of an agent over patches of the canvas", model=True)
-    agent_positions: str = flag("rotary", "how an agent that may choose gives its cells their positions: rotary (2D "
-                                "in attention), learned (embeddings added to each cell) or both", POSITIONS, model=True)
     input_views: bool = flag(True, "17 views of the input, gated by the prompt: 8 dihedral, 2x/3x up/down-scalings, "
                              "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)
     compile: bool = flag(False, "torch.compile the agent, on --canvas bucket (chosen for it) or full (compiled at "
-                         "the first batch, again per batch size and canvas side, within --max_minutes)")
+                         "the first batch, again per batch size and canvas side, within --max_minutes)", resume_free=True)
     compile_scope: str = flag("agent", "what --compile compiles (read only with it): the whole agent, or each "
                               "residual block alone "
                               "(one graph every block reuses, the rest eager: a cold compile of the rope agent took "
-                              "2-3x less on a CPU, docs/gpu.md)", COMPILE_SCOPES)
+                              "2-3x less on a CPU, docs/gpu.md)", COMPILE_SCOPES, resume_free=True)
     compile_backend: str = flag("inductor", "--compile's backend: inductor, or one of torch's debug backends that "
                                 "stop before code generation (to find which stage a compile failure is in; a "
-                                "graph break or recompile shows under each)", COMPILE_BACKENDS)
+                                "graph break or recompile shows under each)", COMPILE_BACKENDS, resume_free=True)
     compile_mode: str = flag("default", "--compile's mode: default, or reduce-overhead (GPU: forward and backward one "
-                             "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES)
-    agent_context_demos: int = flag(0, "in-context reading: query cells attend to the cells of up to this many context "
-                                    "demos (positions: row, column, pair, input/output; 0: off)", model=True)
+                             "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES, resume_free=True)
     canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
                                 "long): room beyond 30 for the grids --place_scale and --place_shift place", model=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles", "agent_patch"),
-               non_negative=("agent_context_demos",))
+        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
         if self.canvas_side < 30:
             raise ConfigError(f"--canvas_side must be at least 30 (an ARC grid's largest side), got {self.canvas_side}")
 
@@ -275,26 +254,12 @@ class OptimCfg:
     grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True)
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
-    grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)", result_free=True)
-    fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)", result_free=True)
-    meta_steps: int = flag(0, "training through adaptation: Adam steps of a --meta_params copy on a meta episode's "
-                           "context demos, then its query loss's first-order gradient (0: off)", result_free=True)
-    meta_tasks: int = flag(4, "--meta_steps: episodes of each micro-batch that adapt, one at a time", result_free=True)
-    meta_demos: int = flag(3, "--meta_steps: context demos a meta episode adapts on at most", result_free=True)
-    meta_lr: float = flag(1e-3, "--meta_steps: inner Adam learning rate (as --ttt_lr's default)", result_free=True)
-    meta_params: str = flag("all", "--meta_steps: adapted weights (as in --ttt_params)", TTT_PARAMS, result_free=True)
-    meta_weight: float = flag(1.0, "--meta_steps: weight of the meta episodes' mean query gradient", result_free=True)
+    grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)", result_free=True, resume_free=True)
+    fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)", result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("grad_accum", "meta_tasks", "meta_demos"),
-               non_negative=("clip", "weight_decay", "grad_bucket_mb", "meta_steps", "meta_lr", "meta_weight"),
+        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"),
                below_one=("lr_warmup",))
-        if self.meta_steps and self.amp == "fp16":
-            raise ConfigError("--meta_steps does not take --amp fp16: its inner gradients are not loss-scaled "
-                              "(use bf16)")
-        if self.meta_steps and self.fsdp:
-            raise ConfigError("--meta_steps does not take --fsdp: it adds gradients after the backward that reduces "
-                              "them (one process)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,47 +282,24 @@ class EvalCfg:
     eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)")
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
-    attempt_ranking: str = flag("votes", "the two attempts: votes over the views (ties: log-probability), logprob "
-                                "summed over views, hedged (the votes' first, then logprob's) or learned "
-                                "(--train_chooser)", RANKINGS)
-    rank_all: bool = flag(False, "also report the pass@2 of every other attempt ranking (eval/pass2_votes, _logprob, "
-                          "_hedged, _learned with a chooser); each view of each candidate scored once more: off, "
-                          "only --attempt_ranking ranks")
-    enumerate: int = flag(0, "candidates beyond the argmaxes: up to this many most probable grids per top-2 voted "
-                          "shape, least certain cells changed (0: off; 512: a third of 1-5-cell near misses)")
-    enumerate_floor: float = flag(8.0, "--enumerate proposes no grid more than this many nats a view below its "
-                                       "shape's most probable one (below 8 cuts off near misses 512 reaches)")
-    chooser_epochs: int = flag(400, "--train_chooser: REINFORCE steps of the attempt chooser, each over every "
-                                    "held-out test pair whose target is among its candidates", result_free=True)
-    chooser_lr: float = flag(1e-2, "--train_chooser: the attempt chooser's Adam learning rate", result_free=True)
-    chooser_votes_prior: float = flag(2.0, "--train_chooser: start as the votes' ranking, logit -this x log(1 + r) for "
-                                      "the candidate votes rank r (0: from nothing)")
-    chooser_re_arc: str = flag("", "--train_chooser: RE-ARC's re_arc.zip (or folder); --chooser_queries generated "
-                               "pairs per held-out task join its test pairs as chooser inputs", result_free=True)
-    chooser_queries: int = flag(4, "--chooser_re_arc: generated pairs per held-out task", result_free=True)
-    latent_steps: int = flag(0, "latent search: Adam steps on a task's latent (a prompt delta) on its demos (0: off)")
-    latent_lr: float = flag(0.1, "latent search learning rate")
-    latent_starts: int = flag(1, "latent search starts per task: the mean refinement and RL-head draws")
-    view_starts: bool = flag(True, "search also starts from each gate-forced input view that sizes every demo right")
+    view_starts: bool = flag(True, "search over starts: the mean refinement and each gate-forced input view that "
+                                   "sizes every demo right, the one of lowest demo loss kept")
     ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)")
-    ttt_lr: float = flag(1e-3, "test-time training learning rate (shared weights, or the task adapter's update)")
+    ttt_lr: float = flag(1e-3, "test-time training learning rate")
     ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
     ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this fraction of --ttt_steps (VARC: 0.1)")
     ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
                                    "(VARC trains with 0.1; never in the demo checks or the predictions)")
     ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
                                "adapter row (latent at --ttt_lr), read by that view's predictions (VARC)")
-    ttt_bias_lr: float = flag(0.1, "task adapter: learning rate of its view-gate and class-map biases (logits)")
-    ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights (one task "
-                                  "at a time), or a per-task adapter (batched over tasks)", (*TTT_PARAMS, "task"))
-    ttt_rank: int = flag(8, "rank of the per-task adapter's update of the cell states")
+    ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights", TTT_PARAMS)
     ttt_check_every: int = flag(5, "test-time training stops once every adapted task's leave-one-out demos are exact, "
                                 "checked before the first step and every this many (0: never)")
     ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop")
     ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations")
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
-    adapt_tasks: int = flag(16, "tasks adapted at once, each as alone: latent search, --ttt_params task, shared-weight "
-                            "test-time training (one canvas side; singly with --amp fp16 or --latent_step_lr)")
+    adapt_tasks: int = flag(16, "tasks adapted at once, each as alone: the search over starts, shared-weight "
+                            "test-time training (one canvas side; singly with --amp fp16)")
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here", result_free=True)
     eval_minutes: float = flag(0.0, "wall-clock minutes the final validation or --eval_only ends within (plus one "
                                "task): adaptation cut to fit, late tasks unadapted (0: no limit)", result_free=True)
@@ -366,22 +308,9 @@ class EvalCfg:
     new_deadline: bool = flag(False, "a validation continued from its journal gets the whole --eval_minutes again "
                                      "(by default it gets what the first start left)", result_free=True)
 
-    @property
-    def trains_shared_weights(self) -> bool:
-        """Test-time training moves named groups of the shared weights (a copy a task: one task at a
-        time, or tasks together in one vmapped step, evaluation/task_batch.py)."""
-        return self.ttt_steps > 0 and self.ttt_params != "task"
-
-    @property
-    def trains_task_adapter(self) -> bool:
-        """Test-time training moves a per-task adapter, tasks batched (`--ttt_params task`)."""
-        return self.ttt_steps > 0 and self.ttt_params == "task"
-
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "latent_starts", "ttt_rank",
-                                   "adapt_tasks", "ttt_views"),
-               non_negative=("val_tasks", "ttt_steps", "latent_steps", "ttt_check_every", "enumerate",
-                             "enumerate_floor", "chooser_epochs", "chooser_queries", "chooser_votes_prior"),
+        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "adapt_tasks", "ttt_views"),
+               non_negative=("val_tasks", "ttt_steps", "ttt_check_every"),
                below_one=("ttt_dropout", "ttt_warmup"))
         if self.eval_tasks < -1:
             raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
@@ -393,9 +322,6 @@ class EvalCfg:
             raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
                               f"only at the end")
         self.validation_interval()
-        if self.ttt_view_rows and self.ttt_params == "task":
-            raise ConfigError("--ttt_view_rows adds a row per view to test-time training of shared weights; "
-                              "--ttt_params task trains the task's one row alone: drop one of them")
         if not 1 <= self.ttt_stop_views <= self.ttt_views:
             raise ConfigError(f"--ttt_stop_views must be in 1..--ttt_views ({self.ttt_views}, the views adaptation "
                               f"trains on), got {self.ttt_stop_views}")
@@ -420,30 +346,28 @@ class EvalCfg:
 class RunCfg:
     """Run length, device, seed, the run folder, logging and checkpoints."""
 
-    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True)
-    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True)
+    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True, resume_free=True)
+    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True, resume_free=True)
     max_minutes: float = flag(0.0, "stop after this many minutes of training, counted over every invocation of the "
                                    "run (validations not counted), then save and run the final validation (0: no "
-                                   "limit)", result_free=True)
+                                   "limit)", result_free=True, resume_free=True)
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
     seed: int = flag(0, "seed of every random number in the run")
-    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True)
-    run_name: str = flag("arc", "name part of the default run folder", result_free=True)
+    run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True, resume_free=True)
+    run_name: str = flag("arc", "name part of the default run folder", result_free=True, resume_free=True)
     resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
-                           "one checkpoint folder", result_free=True)
+                           "one checkpoint folder", result_free=True, resume_free=True)
     eval_only: bool = flag(False, "only validate --resume's (or fresh) weights, in a new run folder or an --eval_only "
-                           "one it continues", result_free=True)
-    train_chooser: bool = flag(False, "only train the attempt chooser of the --resume checkpoint on its run's held-out "
-                               "test pairs (--hold_out_tests) and save it into that checkpoint", result_free=True)
-    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True)
+                           "one it continues", result_free=True, resume_free=True)
+    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True, resume_free=True)
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only, or by the "
-                              "clock under --max_minutes: --save_minutes)", result_free=True)
+                              "clock under --max_minutes: --save_minutes)", result_free=True, resume_free=True)
     save_minutes: float = flag(5.0, "under --max_minutes with --save_every 0: an epoch's end saves only when this "
                                     "many training minutes passed since the last checkpoint (a stop and the end "
                                     "always save; 0: every epoch's end)", result_free=True)
-    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True)
+    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True, resume_free=True)
     max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
-                                          "skipped for non-finite loss or gradients", result_free=True)
+                                          "skipped for non-finite loss or gradients", result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),
@@ -470,6 +394,8 @@ def _section_of() -> dict[str, str]:
 # what each flag declared (flag() above)
 MODEL_FLAGS = frozenset(f.name for c in SECTIONS.values() for f in dataclasses.fields(c) if f.metadata["model"])
 RESULT_FREE = frozenset(f.name for c in SECTIONS.values() for f in dataclasses.fields(c) if f.metadata["result_free"])
+RESUME_FREE = frozenset(f.name for name, c in SECTIONS.items() for f in dataclasses.fields(c)
+                        if f.metadata["resume_free"] or name == "eval")
 SECTION_OF = _section_of()
 
 
@@ -492,20 +418,6 @@ class Config:
             # symbolic): a fit canvas shows up to 29 sides, past dynamo's 8 compiles a function
             raise ConfigError("--compile needs --canvas bucket or full: --canvas fit shows the agent up to 29 "
                               "canvas sides, each a compile of its own")
-        if self.agent.agent_context_demos and (self.prompt.latent_step_lr > 0 or self.optim.meta_steps):
-            raise ConfigError("--agent_context_demos does not take --latent_step_lr > 0 or --meta_steps: both predict "
-                              "the context demos, which have no demos of their own to read")
-        if self.optim.meta_steps and self.prompt.latent_step_lr > 0:
-            raise ConfigError("--meta_steps does not take --latent_step_lr > 0: the inner steps' context demos have "
-                              "no context of their own for the latent step to read")
-        if self.optim.fsdp and self.prompt.latent_step_lr > 0:
-            # the latent step calls the agent inside a forward for a gradient of its own: not under FSDP2's hooks
-            raise ConfigError("--fsdp does not take --latent_step_lr > 0: train the latent step with DDP (no --fsdp)")
-        if self.eval.attempt_ranking == "learned" and not self.run.eval_only:
-            raise ConfigError("--attempt_ranking learned needs a checkpoint's attempt chooser: use it with --eval_only "
-                              "--resume on a checkpoint that --train_chooser has trained one for")
-        if self.run.eval_only and self.run.train_chooser:
-            raise ConfigError("--eval_only and --train_chooser are two commands: run one, then the other")
         if self.agent.compile_mode != "default" and not self.agent.compile:
             raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of --compile: add --compile")
         if self.agent.compile_backend != "inductor" and not self.agent.compile:
@@ -514,17 +426,11 @@ class Config:
         if self.agent.compile_backend != "inductor" and self.agent.compile_mode != "default":
             raise ConfigError(f"--compile_mode {self.agent.compile_mode} is a mode of inductor: it takes "
                               f"--compile_backend inductor, not {self.agent.compile_backend}")
-        if self.agent.compile_mode == "reduce-overhead" and (self.eval.adapt_tasks > 1 or self.optim.meta_steps):
-            raise ConfigError("--compile_mode reduce-overhead takes --adapt_tasks 1 and no --meta_steps: tasks adapted "
-                              "together and meta steps swap the agent's weights, which a CUDA graph holds by address")
+        if self.agent.compile_mode == "reduce-overhead" and self.eval.adapt_tasks > 1:
+            raise ConfigError("--compile_mode reduce-overhead takes --adapt_tasks 1: tasks adapted together swap the "
+                              "agent's weights, which a CUDA graph holds by address")
         if self.optim.fsdp and self.agent.compile:
             raise ConfigError("--fsdp does not take --compile (a compiled agent under FSDP2 is untested here)")
-
-    @property
-    def context_demos(self) -> int:
-        """The context demos each sample carries for the model to read: the most the prompt's streams
-        (PromptCfg.context_demos) or the agent (--agent_context_demos) read; 0 when nothing does."""
-        return max(self.prompt.context_demos, self.agent.agent_context_demos)
 
     @classmethod
     def from_flags(cls, **flags) -> Config:

@@ -1,7 +1,7 @@
 """Per-task adaptation before a task is predicted: the demos decide.
 
-The search over starts, the latent steps and test-time training (docs/adaptation.md, "The methods")
-read a task's demos only, never its test outputs, and leave the shared weights exactly as they started.
+The search over starts and test-time training (docs/adaptation.md, "The methods") read a task's
+demos only, never its test outputs, and leave the shared weights exactly as they started.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskA
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], policy: TTTPolicy, *, cfg: Config, device: torch.device,
          amp: MixedPrecision, dropout: float = 0.0, observe: Callable[[int], None] = lambda steps: None) -> int:
-    """The one adaptation loop (docs/adaptation.md, "The methods", 3): Adam on `groups` (parameters of
+    """One task's adaptation loop (docs/adaptation.md, "The methods", 2): Adam on `groups` (parameters of
     the model or of `adapters`, each group's base lr; gradients reach nothing else) under `policy`
     (evaluation/ttt_policy.py), `dropout` and `amp`, on `--ttt_batch_size` demo episodes per row ({adapter
     row: its task}) a step. The loss sums each row's mean, so every row moves as if trained alone (Adam
@@ -163,44 +163,39 @@ def _shared_weights_kept(model: ArcModel, trained: list[nn.Parameter]) -> Iterat
             p.requires_grad_(flag)
 
 
-def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task: int, cfg: Config) -> None:
-    """Initialise each task's start rows: the mean refinement, `--latent_starts` - 1 RL-head draws,
-    then (with `--view_starts`) one row per view with the gate forced towards that view."""
-    generator = torch.Generator().manual_seed(cfg.run.seed)
+def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task: int) -> None:
+    """Initialise each task's start rows: the mean refinement (a row left at zero), then one row per
+    view with the gate forced towards that view."""
     with torch.no_grad():
         for task in usable:
-            first = task * per_task
-            draws = model.draw_deltas(cfg.eval.latent_starts - 1, generator)
-            adapters.latent[first + 1:first + cfg.eval.latent_starts] = draws.to(adapters.latent.device)
-            for v in range(model.num_views if cfg.eval.view_starts else 0):
-                adapters.gate_bias[first + cfg.eval.latent_starts + v, v] = VIEW_START_LOGIT
+            for v in range(model.num_views):
+                adapters.gate_bias[task * per_task + 1 + v, v] = VIEW_START_LOGIT
+
+
+def _searches(model: ArcModel, cfg: Config) -> bool:
+    """Whether adaptation searches over starts: `--view_starts` and an agent with input views."""
+    return cfg.eval.view_starts and model.num_views > 0
 
 
 def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: DemoEpisodes,
-            usable: list[int], *, cfg: Config, device: torch.device, amp: MixedPrecision,
-            stop: Callable[[], bool]) -> tuple[TaskAdapters | None, torch.Tensor | None]:
-    """Each task's starts, the latent steps from them, and the start with the lowest demo loss kept.
-    -> (an adapter with one row per task holding its kept start, each task's demo loss there
-    [len(tasks)] float32 (0 for a task not usable)); (None, None) when there is nothing to search
-    and no adapter to train."""
-    e = cfg.eval
-    per_task = e.latent_starts + (model.num_views if e.view_starts else 0)
-    if not (per_task > 1 or e.latent_steps or e.trains_task_adapter):
+            usable: list[int], *, cfg: Config, device: torch.device,
+            amp: MixedPrecision) -> tuple[TaskAdapters | None, torch.Tensor | None]:
+    """The view-start search: each task's starts, the mean refinement and one row per view that sizes
+    every demo right with the gate forced towards that view, and the start with the lowest demo loss
+    kept. -> (an adapter with one row per task holding its kept start, each task's demo loss there
+    [len(tasks)] float32 (0 for a task not usable)); (None, None) when there is nothing to search."""
+    if not _searches(model, cfg):
         return None, None
-    adapters = model.task_adapters(len(tasks) * per_task, rank=e.ttt_rank, seed=cfg.run.seed)
-    rows = {}  # row -> task: every latent start, and the view starts whose views size the task's demos right
+    per_task = 1 + model.num_views
+    adapters = model.task_adapters(len(tasks) * per_task)
+    rows = {}  # row -> task: the mean's start, and the view starts whose views size the task's demos right
     for task in usable:
-        fits = [True] * e.latent_starts + (model.views_fitting(tasks[task].train) if e.view_starts else [])
+        fits = [True, *model.views_fitting(tasks[task].train)]
         rows.update({task * per_task + k: task for k in range(per_task) if fits[k]})
-    _starts(model, adapters, usable, per_task, cfg)
-    if e.latent_steps:
-        _fit(model, prompts, adapters, [{"params": [adapters.latent], "lr": e.latent_lr}], demos, rows,
-             TTTPolicy(e.latent_steps, stop=stop), cfg=cfg, device=device, amp=amp)
+    _starts(model, adapters, usable, per_task)
     loss = _demo_losses(model, prompts, adapters, demos, rows, len(tasks) * per_task, cfg, device, amp)
-    if per_task == 1:
-        return adapters, loss
     best = {task: min((r for r in rows if rows[r] == task), key=lambda r: float(loss[r])) for task in usable}
-    kept = model.task_adapters(len(tasks), rank=e.ttt_rank, seed=cfg.run.seed)
+    kept = model.task_adapters(len(tasks))
     with torch.no_grad():
         for name in ("latent", "gate_bias"):
             getattr(kept, name)[list(best)] = getattr(adapters, name)[list(best.values())]
@@ -208,13 +203,10 @@ def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
 
 
 def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Config) -> tuple[list[dict], float]:
-    """What test-time training moves -> (Adam groups, gradient clip). Named groups of the shared
-    weights clip like training (with `--ttt_view_rows`, each view's latent beside them, at the same
-    lr, as VARC trains its task tokens with the network); a per-task adapter's rows do not clip (one
-    global norm would tie the tasks of a group together)."""
+    """What test-time training moves -> (Adam groups, gradient clip): named groups of the shared
+    weights, clipped like training (with `--ttt_view_rows`, each view's latent beside them, at the
+    same lr, as VARC trains its task tokens with the network)."""
     e = cfg.eval
-    if e.trains_task_adapter:
-        return adapters.param_groups(lr=e.ttt_lr, bias_lr=e.ttt_bias_lr, latent_lr=e.latent_lr), 0.0
     # (tasks adapted together pass no adapter: fit_together stacks their view latents beside the weights)
     view_latents = [adapters.latent] if e.ttt_view_rows and adapters is not None else []
     return [{"params": [*model.ttt_parameters(e.ttt_params), *view_latents], "lr": e.ttt_lr}], cfg.optim.clip
@@ -224,7 +216,7 @@ def _per_view(model: ArcModel, kept: TaskAdapters | None, tasks: int, cfg: Confi
     """`--ttt_view_rows`: every task's kept start (a fresh row without a search) copied to a row per
     view that test-time training draws from; each view is then an auxiliary task of its own."""
     if kept is None:
-        kept = model.task_adapters(tasks, rank=cfg.eval.ttt_rank, seed=cfg.run.seed)
+        kept = model.task_adapters(tasks)
     return kept.per_view(view_ids(cfg.eval.ttt_views))
 
 
@@ -238,9 +230,9 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
     then (bench/ttt_curve.py). Training ends early when `stop()` says so (the caller then discards the
     result), and when `enough()` says its time is spent (the tasks are then predicted as adapted so far)."""
     e = cfg.eval
-    together = e.trains_shared_weights and len(tasks) > 1
+    together = e.ttt_steps > 0 and len(tasks) > 1
     if together and not batches_shared_weights(cfg):
-        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 or --latent_step_lr adapts the shared weights "
+        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 adapts the shared weights "
                          f"one task at a time, got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
@@ -254,17 +246,15 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
                             enough=enough, observe=seen)
             yield result
         return
-    searches = e.latent_starts + (model.num_views if e.view_starts else 0) > 1 or e.latent_steps
-    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, e.ttt_views) if searches or e.ttt_steps else None
+    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, e.ttt_views) if _searches(model, cfg) or e.ttt_steps else None
     usable = [i for i, eps in enumerate(demos.episodes) if eps] if demos else []  # one demo: no episode
     if not usable:
         yield result
         return
-    shared = model.ttt_parameters(e.ttt_params) if e.trains_shared_weights else []
+    shared = model.ttt_parameters(e.ttt_params) if e.ttt_steps else []
     with _shared_weights_kept(model, shared):
         model.requires_grad_(False)
-        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp,
-                                        stop=stop)
+        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp)
         rows = {task: task for task in usable}
         if e.ttt_steps:
             if e.ttt_view_rows:
@@ -292,7 +282,7 @@ def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[A
     kept: list[TaskAdapters | None] = []
     for task, d in zip(tasks, demos, strict=True):
         usable = [0] if d.episodes[0] else []
-        kept.append(_search(model, prompts, [task], d, usable, cfg=cfg, device=device, amp=amp, stop=stop)[0]
+        kept.append(_search(model, prompts, [task], d, usable, cfg=cfg, device=device, amp=amp)[0]
                     if usable else None)
         d.restart_draws()
     if e.ttt_view_rows:  # a row per view of each task's kept start, trained with its weights
@@ -309,7 +299,7 @@ def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[A
     result.weights = weights
     if any(a is not None for a in kept):  # a task of one demo was not searched: a fresh row, which changes nothing
         # (with rows per view every task has its own)
-        fresh = model.task_adapters(1, rank=e.ttt_rank, seed=cfg.run.seed)
+        fresh = model.task_adapters(1)
         result.adapters = TaskAdapters.concat([a if a is not None else fresh for a in kept])
     for k, (task, d) in enumerate(zip(tasks, demos, strict=True)):
         result.steps[task.task_id] = taken[k]

@@ -69,7 +69,7 @@ class Deadline:
         if left <= 0:
             self.tasks["late"] += tasks
             self.searching = False
-            return {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
+            return {"ttt_steps": 0, "eval_augments": 1, "view_starts": False}
         share = left * tasks / max(tasks_left, tasks)
         self.group_end = self.clock() + share
         plan: dict = {"ttt_steps": ttt_steps, "eval_augments": views}
@@ -78,7 +78,7 @@ class Deadline:
             view = self.cost("view") * pairs
             if room < view:  # not even one view beside the search: leave it out
                 room += self.cost("search", tasks)
-                plan.update(view_starts=False, latent_steps=0)
+                plan.update(view_starts=False)
             plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
             spare = room - view * plan["eval_augments"]
             step = self.cost("step", tasks)

@@ -21,20 +21,18 @@ from tqdm import tqdm
 from agents import compile_seconds
 from data.arc import Grid
 from data.demo_episodes import pool_side
-from data.episodes import Episode, EpisodeDataset, pad_rows
+from data.episodes import EpisodeDataset, pad_rows
 from data.view_batch import ViewSet, view_batch
 from engine.config import Config
 from engine.distributed import Dist
-from engine.errors import ConfigError
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
-from evaluation.choice import AttemptChooser, learned_attempts
 from evaluation.deadline import Deadline
 from evaluation.heldout import adapted_losses, target_fitted
 from evaluation.journal import Journal, record, restore
 from evaluation.scores import TaskScores
-from evaluation.scoring import RANKINGS, Candidates, pair_metrics
+from evaluation.scoring import Candidates, pair_metrics
 from evaluation.submission import SubmissionFile, submission_of
 from evaluation.task_batch import batches_shared_weights
 from evaluation.view_votes import ViewLogp, decode_views, task_frame
@@ -137,10 +135,8 @@ def describe(cfg: Config) -> str:
     """How each task is adapted and predicted, in a few words (the line before a validation's bar)."""
     e = cfg.eval
     parts = []
-    if e.view_starts or e.latent_starts > 1:
-        parts.append("search over starts" + (" (input views)" if e.view_starts else ""))
-    if e.latent_steps:
-        parts.append(f"{e.latent_steps} latent steps")
+    if e.view_starts:
+        parts.append("search over starts (input views)")
     if e.ttt_steps:
         extras = [f"--ttt_params {e.ttt_params}", f"{e.ttt_views} views",
                   *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
@@ -148,8 +144,7 @@ def describe(cfg: Config) -> str:
                   *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
         parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
                      f"test-time-training steps ({', '.join(extras)})")
-    proposed = f", the {e.enumerate} likeliest grids of a shape proposed" if e.enumerate else ""
-    return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted{proposed}"
+    return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
 
 
 def episodes_by_task(dataset: EpisodeDataset) -> dict[str, list[int]]:
@@ -166,7 +161,7 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
     `task_ids` (every `world_size`-th), in groups of `--adapt_tasks` (one where tasks share weights
     and are not batched together), one canvas side a group when batched together."""
     together = batches_shared_weights(cfg)
-    size = 1 if cfg.eval.trains_shared_weights and not together else cfg.eval.adapt_tasks
+    size = 1 if cfg.eval.ttt_steps and not together else cfg.eval.adapt_tasks
     if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
         sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset, cfg.eval.ttt_views) for t in task_ids}
         side_of = sides.__getitem__
@@ -185,28 +180,23 @@ def count_tasks(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist:
 
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
-                desc: str | None = None, chooser: AttemptChooser | None = None,
-                on_candidates: Callable[[int, Candidates], None] | None = None,
+                desc: str | None = None, on_candidates: Callable[[int, Candidates], None] | None = None,
                 journal: Journal | None = None, deadline: Deadline | None = None,
                 submission: SubmissionFile | None = None, tasks_after: int = 0) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share; the scores are gathered,
     so every process returns them all). `stop` (this process was asked to stop) is read inside adaptation
     and, agreed by every process, between task groups: then `Interrupted` is raised. `desc`: a progress bar
-    (main process). `chooser`: the checkpoint's attempt chooser (`--attempt_ranking learned` needs it;
-    `pass2_learned` when there is one). `on_candidates(episode index, candidates)`: for every test input
+    (main process). `on_candidates(episode index, candidates)`: for every test input
     this process scores, after its attempts. `journal`: a group whose tasks it holds is read, not scored
     again; each task scored is appended. `deadline` (--eval_minutes): each group's steps and views fitted to
     its tasks' share of the time left, shared with `tasks_after` tasks of this process that a later call
     scores under the same deadline (`count_tasks`). `submission`: rewritten after each group."""
-    if chooser is None and cfg.eval.attempt_ranking == "learned":
-        raise ConfigError("--attempt_ranking learned: the checkpoint has no attempt chooser; train one with "
-                          "python fixed.py --train_chooser --resume <checkpoint>")
     by_task = episodes_by_task(dataset)
     # every process knows every process's groups, so all make the same number of agreement calls
     groups_of = process_groups(dataset, by_task, task_ids, cfg, dist.world_size)
     mine = groups_of[dist.rank]
     stop = stop or (lambda: False)
-    scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop, chooser=chooser,
+    scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop,
                           on_candidates=on_candidates)
     scores = TaskScores()
     progress = _Progress(len(task_ids), desc, dist, cfg.eval.ttt_steps > 0)
@@ -276,12 +266,9 @@ class _GroupScorer:
 
     def __init__(self, model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset,
                  by_task: dict[str, list[int]], *, cfg: Config, device: torch.device, stop: Callable[[], bool],
-                 chooser: AttemptChooser | None, on_candidates: Callable[[int, Candidates], None] | None):
+                 on_candidates: Callable[[int, Candidates], None] | None):
         self.model, self.prompts, self.dataset, self.by_task = model, prompts, dataset, by_task
-        self.cfg, self.device, self.stop, self.chooser, self.on_candidates = cfg, device, stop, chooser, on_candidates
-        # the other rankings' pass@2 only where asked (--rank_all): logprob's reads every view of every candidate
-        self.rankings = [r for r in RANKINGS if (r != "learned" or chooser is not None)
-                         and (cfg.eval.rank_all or r == cfg.eval.attempt_ranking)]
+        self.cfg, self.device, self.stop, self.on_candidates = cfg, device, stop, on_candidates
         # the held-out loss's canvases hold the output
         self.fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None
 
@@ -318,10 +305,8 @@ class _GroupScorer:
             # a compile of the evaluation graphs during the predictions is paid once, not a view's pace
             compiling = compile_seconds() - compiled_before
         for i in episodes:
-            if cfg.eval.enumerate:
-                cands[i].propose_likely(cfg.eval.enumerate, cfg.eval.enumerate_floor)
-            out.attempts[i] = ranked_attempts(cands[i], cfg.eval.attempt_ranking, self.chooser, dataset.episodes[i])
-        for t in group:  # a task's seconds: its adaptation, predictions and attempts, not the other rankings
+            out.attempts[i] = cands[i].attempts()
+        for t in group:  # a task's seconds: its adaptation, predictions and attempts
             out.seconds[t] = (time.perf_counter() - start) / len(group)
             out.ttt_steps[t] = adaptation.steps[t]
         for i in episodes:
@@ -339,7 +324,7 @@ class _GroupScorer:
         return out
 
     def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:
-        """Test input `i`'s metrics under every ranking, and the copy baseline's, into `out`, read from
+        """Test input `i`'s metrics, and the copy baseline's, into `out`, read from
         the task's outputs (an evaluation batch carries none: docs/invariants.md #8). One without a
         known output is only counted."""
         ep = self.dataset.episodes[i]
@@ -347,20 +332,8 @@ class _GroupScorer:
             out.unanswered.add(i)
             return
         metrics = pair_metrics(attempts, ep.query.output, ep.query.input, cands.contains(ep.query.output))
-        for ranking in self.rankings:  # the configured ranking's attempts are those already chosen
-            ranked = attempts if ranking == self.cfg.eval.attempt_ranking else \
-                ranked_attempts(cands, ranking, self.chooser, ep)
-            metrics[f"pass2_{ranking}"] = pair_metrics(ranked, ep.query.output, ep.query.input)["pass2"]
         out.records[i] = (ep.task.task_id, metrics)
         out.copy_records[i] = (ep.task.task_id, pair_metrics((ep.query.input,) * 2, ep.query.output, ep.query.input))
-
-
-def ranked_attempts(cands: Candidates, ranking: str, chooser: AttemptChooser | None, ep: Episode) -> tuple[Grid, Grid]:
-    """The two attempts of one test input under `ranking` (learned: `chooser`, from the episode's demos
-    and test input)."""
-    if ranking == "learned":
-        return learned_attempts(chooser, cands, ep.task.train, ep.query.input)
-    return cands.attempts(ranking)
 
 
 def _postfix(totals: list[float], elapsed: float, test_time_training: bool) -> dict[str, str]:
@@ -373,13 +346,9 @@ def _postfix(totals: list[float], elapsed: float, test_time_training: bool) -> d
 
 def evaluate(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, *, cfg: Config,
              device: torch.device, dist: Dist = Dist(), tasks: list[str] | None = None,
-             stop: Callable[[], bool] | None = None, desc: str | None = None,
-             chooser: AttemptChooser | None = None) -> EvalResult:
+             stop: Callable[[], bool] | None = None, desc: str | None = None) -> EvalResult:
     """Score `tasks` (default: the first `--eval_tasks`, all when it is 0 or -1) as ARC Prize scores
-    them. Attempts are ranked by `--attempt_ranking`, whose pass@2 is also `pass2_<ranking>`; with
-    `--rank_all`, `pass2_votes`, `pass2_logprob`, `pass2_hedged` (and, with a `chooser`, `pass2_learned`)
-    report every ranking. `stop`, `desc`: as `score_tasks`."""
+    them. `stop`, `desc`: as `score_tasks`."""
     task_ids = tasks if tasks is not None else first_tasks(dataset, cfg.eval.eval_tasks)
-    scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc,
-                         chooser=chooser)
+    scores = score_tasks(model, prompts, dataset, task_ids, cfg=cfg, device=device, dist=dist, stop=stop, desc=desc)
     return EvalResult.of(scores, dataset, cfg)

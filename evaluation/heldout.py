@@ -39,7 +39,7 @@ def target_fitted(dataset: EpisodeDataset) -> EpisodeDataset:
     well), so every output lies on the canvas its loss is read from."""
     return EpisodeDataset(dataset.episodes, dataset.scale, permute_background=dataset.permute_background,
                           scores=dataset.scores, canvas=dataset.canvas, fit_target=True, task_rows=dataset.task_rows,
-                          context_demos=dataset.context_demos, placing=dataset.placing)
+                          placing=dataset.placing)
 
 
 def grid_cells(shape: tuple[int, int]) -> int:

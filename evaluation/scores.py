@@ -25,7 +25,7 @@ INTERVALS = ("pass2", "exact", "oracle", "task_score")  # the scores with a 95% 
 class TaskScores:
     """What scoring some evaluation tasks gave, gathered from every process."""
 
-    # episode index (a test input) -> (task id, pair metrics and pass2_<ranking>)
+    # episode index (a test input) -> (task id, pair metrics)
     records: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)
     copy_records: dict[int, tuple[str, dict[str, float]]] = field(default_factory=dict)  # copying the input
     attempts: dict[int, tuple[Grid, Grid]] = field(default_factory=dict)  # episode index -> its two attempts

@@ -1,5 +1,5 @@
-"""ARC Prize scoring: two ranked attempts per test input, chosen from the candidates the views gave
-by votes, log-probability or both (`Candidates.attempts`, `--attempt_ranking`).
+"""ARC Prize scoring: two ranked attempts per test input, the candidates the views gave ranked by
+their votes, ties broken by log-probability (`Candidates.attempts`).
 The metrics of a test pair and of a task: docs/runs.md, the `eval/*` table.
 """
 
@@ -14,12 +14,7 @@ import torch
 from data.arc import Grid
 from data.augment import Augmentation
 from data.view_batch import ViewSet
-from engine.config import RANKINGS
-from evaluation.enumeration import enumerate_grids
 from evaluation.view_votes import ViewLogp, grids_logprob, vote
-
-CANDIDATE_RANKINGS = tuple(r for r in RANKINGS if r != "learned")  # what the candidates alone can rank by
-SHAPES_ENUMERATED = 2  # the most voted output shapes whose most probable grids are proposed
 
 
 def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
@@ -40,16 +35,13 @@ class Candidates:
 
     Built from a batch of views at once (`from_views`, evaluation/view_votes.py), or a view at a
     time (`add`); either way the views' log-probabilities are one `ViewLogp` (`stack`) that scores
-    every candidate in one gather (`view_scores`)."""
+    grids in one gather (`logprobs`: the held-out loss after adaptation)."""
 
     votes: dict[bytes, int] = field(default_factory=lambda: defaultdict(int))
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
-    proposed: list[bytes] = field(default_factory=list)  # grids no view predicted (`propose_likely`), in order
     _stack: ViewLogp | None = field(default=None, repr=False)
     _views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list, repr=False)
-    # summed over views, computed once per state
-    _view_scores: dict[bytes, float] | None = field(default=None, init=False, repr=False)
 
     @staticmethod
     def key(grid: Grid) -> bytes:
@@ -77,7 +69,6 @@ class Candidates:
         """One view's prediction (original frame) and its mean colour log-probability; with `aug` and
         that view's log-softmax `logp` [S, S, 12], the view also scores every candidate."""
         k = self.key(grid)
-        self._view_scores = None
         self.grids[k] = grid
         self.votes[k] += 1
         self.logprob[k].append(logprob)
@@ -102,25 +93,6 @@ class Candidates:
                                                  torch.tensor([logp.shape[0]])) for aug, logp in self._views])
         return self._stack
 
-    def propose_likely(self, k: int, floor: float) -> None:
-        """Propose up to `k` grids of each of the SHAPES_ENUMERATED most voted shapes, the most probable
-        under the views together (evaluation/enumeration.py; `floor` in nats a view), beside the views'
-        own predictions. A proposed grid has no votes: the votes' ranking puts it after every voted
-        one, the log-probability's ranking scores it like any other."""
-        for grid in enumerate_grids(self.views, self.voted_shapes()[:SHAPES_ENUMERATED], k, floor):
-            key = self.key(grid)
-            if key not in self.grids:
-                self._view_scores = None
-                self.grids[key] = grid
-                self.proposed.append(key)
-
-    def voted_shapes(self) -> list[tuple[int, int]]:
-        """The candidates' shapes, most votes (summed over a shape's grids) first."""
-        by_shape: dict[tuple[int, int], int] = defaultdict(int)
-        for key, n in self.votes.items():
-            by_shape[self.grids[key].shape] += n
-        return sorted(by_shape, key=lambda s: -by_shape[s])
-
     def logprobs(self, grids: list[Grid]) -> tuple[np.ndarray, np.ndarray]:
         """`grid_logprob` of each of `grids` under each view, and the cells it reads: (log-probabilities [N, V] float64,
         canvas cells read [N, V] int64), one gather on the views' device (evaluation.view_votes)."""
@@ -135,51 +107,18 @@ class Candidates:
         logprob, cells = grids_logprob(torch.from_numpy(padded), shapes, stack)
         return logprob.cpu().numpy(), cells.cpu().numpy()
 
-    def view_scores(self) -> dict[bytes, float]:
-        """Every candidate's log-probability summed over every view (-inf where a view's canvas cannot
-        hold it), by key, computed once while the candidates stay the same (every ranking, metric and
-        chooser feature of a validation reads them)."""
-        if self._view_scores is None:
-            keys = list(self.grids)
-            totals = self.logprobs([self.grids[k] for k in keys])[0].sum(1)
-            self._view_scores = dict(zip(keys, totals.tolist(), strict=True))
-        return self._view_scores
-
-    def ranked(self, by: str = "votes") -> list[Grid]:
-        """Distinct candidates, best first. votes: most votes, ties broken by the higher mean
-        log-probability; logprob: the highest log-probability summed over the views."""
-        if by == "logprob":
-            scores = self.view_scores()
-            order = sorted(self.grids, key=lambda k: -scores[k])
-        else:
-            order = sorted(self.votes, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k])))) + self.proposed
+    def ranked(self) -> list[Grid]:
+        """Distinct candidates, best first: most votes, ties broken by the higher mean log-probability."""
+        order = sorted(self.votes, key=lambda k: (-self.votes[k], -float(np.mean(self.logprob[k]))))
         return [self.grids[k] for k in order]
 
-    def attempts(self, by: str = "votes") -> tuple[Grid, Grid]:
-        """The two attempts under ranking `by` (`pick_two` on the votes' and the log-probability's
-        orders of the distinct candidates)."""
-        if by not in CANDIDATE_RANKINGS:
-            raise ValueError(f"attempt ranking {by!r}: choose one of {', '.join(CANDIDATE_RANKINGS)} (learned: "
-                             f"evaluation/choice.py)")
-        votes = [self.key(g) for g in self.ranked("votes")]
-        logprob = [self.key(g) for g in self.ranked("logprob")] if by != "votes" else votes
-        first, second = pick_two(by, votes, logprob)
-        return self.grids[first], self.grids[second]
+    def attempts(self) -> tuple[Grid, Grid]:
+        """The two attempts: the ranking's first two (the first twice when there is one candidate)."""
+        order = self.ranked()
+        return order[0], order[1] if len(order) > 1 else order[0]
 
     def contains(self, target: Grid) -> bool:
         return self.key(target) in self.grids
-
-
-def pick_two(by: str, votes: list, logprob: list) -> tuple:
-    """The one copy of the ranking rules: the two attempts among candidates given in the votes' order
-    and in the summed log-probability's order (any ids, the same candidates in both). votes, logprob:
-    that order's first two (the first twice when there is one candidate); hedged: the votes' first,
-    then the log-probability's first, or the votes' second when the two orders agree on the first."""
-    order = logprob if by == "logprob" else votes
-    first, second = order[0], order[1] if len(order) > 1 else order[0]
-    if by == "hedged" and logprob[0] != first:
-        second = logprob[0]
-    return first, second
 
 
 def _cells(pred: Grid, target: Grid, where: np.ndarray | None = None) -> float:

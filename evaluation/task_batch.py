@@ -32,10 +32,8 @@ from prompt import QwenFeatures
 
 def batches_shared_weights(cfg: Config) -> bool:
     """Whether test-time training of the shared weights adapts `--adapt_tasks` tasks together (else one
-    task at a time): not under fp16 (one loss scale for all), nor with the latent step (its gradient inside the
-    model, torch.autograd.grad, does not run under vmap)."""
-    e = cfg.eval
-    return e.trains_shared_weights and cfg.optim.amp != "fp16" and not cfg.prompt.latent_step_lr > 0
+    task at a time): not under fp16 (one loss scale for all)."""
+    return cfg.eval.ttt_steps > 0 and cfg.optim.amp != "fp16"
 
 
 @dataclass

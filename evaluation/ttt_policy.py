@@ -1,6 +1,6 @@
-"""One policy for test-time training, whether one task adapts alone or with others through its
-adapter row (evaluation/adaptation.py `_fit`) or tasks' shared weights adapt together
-(evaluation/task_batch.py `fit_together`): both loops ask it every step.
+"""One policy for test-time training, whether one task adapts alone (evaluation/adaptation.py `_fit`)
+or tasks' shared weights adapt together (evaluation/task_batch.py `fit_together`): both loops ask it
+every step.
 
 - Steps: at most `steps`; none once `stop()` asks (the caller discards the result) or `enough()`
   says the time is spent (--eval_minutes: the tasks are predicted as adapted so far).
@@ -11,11 +11,9 @@ adapter row (evaluation/adaptation.py `_fit`) or tasks' shared weights adapt tog
 - Clip: `clip` > 0 scales a task's gradient to that global norm at most (clip_grad_norm_'s rule).
 - A gradient that is not finite: the step is not applied, and adaptation of what that gradient
   trains ends with the weights from before it (what was learned so far is kept). Tasks adapted
-  together have a gradient each (fit_together: the task stops, the others go on); the rows `_fit`
-  trains at once (the per-task adapters of several tasks, the latent search) share one gradient and
-  one global norm, so they end together. Under --amp fp16 the scaler's skipped steps are its search
-  for a loss scale, not a fault: adaptation goes on (the shared weights then adapt one task at a
-  time, task_batch.batches_shared_weights).
+  together have a gradient each (fit_together: the task stops, the others go on). Under --amp fp16
+  the scaler's skipped steps are its search for a loss scale, not a fault: adaptation goes on (the
+  shared weights then adapt one task at a time, task_batch.batches_shared_weights).
 """
 
 from __future__ import annotations

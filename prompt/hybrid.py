@@ -3,11 +3,9 @@
     qwen:     pooled Qwen features of the demo texts (from the prompt cache) -> Linear -> [B, P]
     numeric:  15 numeric task features                                        -> MLP    -> [B, P]
     relation: demo input/output relation features                             -> MLP    -> [B, P]
-    demos:    the context demos' grids, read cell by cell (prompt/demo_stream.py)       -> [B, P]
     prompt = mean (or sum) of the streams each sample has                     -> LayerNorm -> [B, P]
 
-Each stream can be switched off (`qwen_dim=0` gives a prompt without Qwen; `demo_channels=0`, the
-default, one without the demo stream). Which Qwen features
+Each stream can be switched off (`qwen_dim=0` gives a prompt without Qwen). Which Qwen features
 are fresh, cached or absent is the prompt cache's business (prompt/cache.py), never this module's.
 """
 
@@ -19,7 +17,6 @@ from torch import nn
 from data.features import NUMERIC_DIM, RELATION_DIM
 from engine.config import FUSE_MODES
 from engine.precision import Float32LayerNorm
-from prompt.demo_stream import DemoStream
 
 
 def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
@@ -29,32 +26,24 @@ def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
 class QwenHybridPrompt(nn.Module):
     def __init__(self, *, prompt_dim: int = 256, numeric_in_dim: int = NUMERIC_DIM, fuse: str = "mean",
                  qwen_dim: int = 0, use_numeric: bool = True, use_relation: bool = True,
-                 relation_in_dim: int = RELATION_DIM, demo_channels: int = 0, demo_side: int = 30,
-                 demo_demos: int | None = None):
-        """`qwen_dim`: hidden size of the Qwen trunk whose pooled features arrive (0: no Qwen stream);
-        `demo_channels`: the demo stream's width (0: none), `demo_side` its largest canvas side,
-        `demo_demos` the demos of a sample it reads at most (None: all the batch carries)."""
+                 relation_in_dim: int = RELATION_DIM):
+        """`qwen_dim`: hidden size of the Qwen trunk whose pooled features arrive (0: no Qwen stream)."""
         super().__init__()
         if fuse not in FUSE_MODES:
             raise ValueError(f"fuse={fuse!r}: choose one of {', '.join(FUSE_MODES)}")
-        if not (qwen_dim or use_numeric or use_relation or demo_channels):
+        if not (qwen_dim or use_numeric or use_relation):
             raise ValueError("every prompt stream is off")
         self.fuse, self.prompt_dim = fuse, prompt_dim
         self.qwen_proj = nn.Linear(qwen_dim, prompt_dim) if qwen_dim else None
         self.numeric_mlp = _mlp(numeric_in_dim, prompt_dim) if use_numeric else None
         self.relation_mlp = _mlp(relation_in_dim, prompt_dim) if use_relation else None
-        self.demo_stream = DemoStream(channels=demo_channels, prompt_dim=prompt_dim, side=demo_side,
-                                      demos=demo_demos) if demo_channels else None
         self.norm = Float32LayerNorm(prompt_dim)
 
     def forward(self, numeric: torch.Tensor, relation: torch.Tensor, qwen: torch.Tensor | None = None,
-                qwen_present: torch.Tensor | None = None,
-                demos: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                qwen_present: torch.Tensor | None = None) -> torch.Tensor:
         """numeric [B, 15], relation [B, 129] float32; qwen [B, hidden] float32 and qwen_present [B]
         bool (a sample without a Qwen feature fuses its other streams), required when the Qwen
-        stream is on; demos (context_input, context_target [B, D, S, S] int64, context_present [B, D]
-        bool: data.episodes.collate), required when the demo stream is on. -> prompt [B, P] (float32, or
-        the autocast dtype)."""
+        stream is on. -> prompt [B, P] (float32, or the autocast dtype)."""
         streams, weights = [], []  # weights [B]: 1 where a sample has that stream
         ones = torch.ones(numeric.shape[0], device=numeric.device)
         if self.qwen_proj is not None:
@@ -68,13 +57,6 @@ class QwenHybridPrompt(nn.Module):
         if self.relation_mlp is not None:
             streams.append(self.relation_mlp(relation))
             weights.append(ones)
-        if self.demo_stream is not None:
-            if demos is None:
-                raise ValueError("the prompt has a demo stream: the batch needs its context demos "
-                                 "(an EpisodeDataset built with context_demos > 0)")
-            features, present = self.demo_stream(*demos)
-            streams.append(features)
-            weights.append(present.to(ones.dtype))
         w = torch.stack(weights).unsqueeze(-1)  # [streams, B, 1]
         fused = (torch.stack(streams) * w.to(streams[0].dtype)).sum(0)
         if self.fuse == "mean":

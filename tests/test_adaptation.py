@@ -1,8 +1,7 @@
 """Per-task adaptation: an untrained adapter changes nothing, rows of a batched adapter learn
-independently, latent search lowers the demos' loss, and attempts can be ranked by the candidates'
-log-probability over every view."""
+independently, the view-start search keeps a start that sizes the demos right, and test-time
+training restores the weights it trained."""
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from engine.precision import MixedPrecision
 from engine.schedule import set_lrs
 from evaluation.adaptation import _row_losses, _solves_demos, _starts, adapted
 from evaluation.evaluate import first_tasks
-from evaluation.scoring import Candidates, grid_logprob
+from evaluation.scoring import grid_logprob
 from evaluation.ttt_policy import TTTPolicy
 from prompt import with_qwen_features
 
@@ -40,7 +39,7 @@ def test_an_untrained_adapter_changes_nothing(small_cfg):
     demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
     batch, rows = demos.draw({0: 0, 1: 1}, per_row=3)
     batch = with_qwen_features(batch, state.prompts, 0, training=False)
-    adapters = state.model.task_adapters(2, rank=4)
+    adapters = state.model.task_adapters(2)
     with torch.no_grad():
         plain = state.model(batch).logits
         adapted = state.model(batch, "mean", adapters(rows)).logits
@@ -52,7 +51,7 @@ def test_test_time_training_draws_the_same_episodes_whatever_the_search_drew(sma
     cfg, state, eval_set, tasks = setup(small_cfg)
     demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
     first, _ = demos.draw({0: 0, 1: 1}, per_row=4)
-    for _ in range(3):  # the latent search's steps
+    for _ in range(3):  # draws before training's
         demos.draw({0: 0, 1: 1}, per_row=4)
     demos.restart_draws()
     again, _ = demos.draw({0: 0, 1: 1}, per_row=4)
@@ -65,9 +64,7 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
     cfg, state, eval_set, tasks = setup(small_cfg)
     demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
     batch, rows = demos.draw({0: 0, 1: 1, 2: 2}, per_row=2)
-    adapters = state.model.task_adapters(3, rank=4)
-    with torch.no_grad():
-        adapters.up.normal_(std=0.1)  # every part of the adapter active
+    adapters = state.model.task_adapters(3)
     state.model.requires_grad_(False)
 
     def grads(keep):
@@ -90,18 +87,6 @@ def search(state, tasks, eval_set, cfg):
         return result
 
 
-def test_latent_search_lowers_the_demo_loss_and_keeps_the_weights(small_cfg):
-    cfg, state, eval_set, tasks = setup(small_cfg, latent_starts=3, latent_lr=0.03)  # 0.1 overshoots one task
-    before = {k: v.clone() for k, v in state.model.state_dict().items()}
-    start = search(state, tasks, eval_set, cfg.replace(latent_steps=1, latent_lr=0.0))
-    searched = search(state, tasks, eval_set, cfg.replace(latent_steps=20))
-    for task_id, loss in start.demo_loss.items():
-        if not math.isnan(loss):
-            assert searched.demo_loss[task_id] < loss, task_id
-    assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
-    assert all(p.grad is None for p in state.model.parameters())
-
-
 def test_the_kept_start_is_one_whose_views_size_the_demos_right(small_cfg):
     """Starts whose views give some demo output a wrong shape are never run, and never kept (an
     untried row's demo loss reads 0: a search that forgot them would pick one). Here the demo
@@ -120,12 +105,12 @@ def test_a_view_start_gives_its_view_the_whole_gate_against_a_trained_gate(small
     """A trained gate favours the views its training used (+10) and shuns the others (-5); a view
     start must still hand its own view the whole mix, or the agent reads a blend of views (a flip
     start once kept 13-89% of the gate and its flips failed)."""
-    cfg, state, _, _ = setup(small_cfg, latent_starts=1)
+    cfg, state, _, _ = setup(small_cfg)
     views = state.model.agent.cells.views
     with torch.no_grad():
         views.gate.bias.copy_(torch.linspace(10.0, -5.0, NUM_VIEWS))
-    adapters = state.model.task_adapters(1 + NUM_VIEWS, rank=4)
-    _starts(state.model, adapters, [0], 1 + NUM_VIEWS, cfg)
+    adapters = state.model.task_adapters(1 + NUM_VIEWS)
+    _starts(state.model, adapters, [0], 1 + NUM_VIEWS)
     prompt = torch.randn(1, cfg.prompt.prompt_dim)
     for v in range(NUM_VIEWS):
         share = views.weights(prompt, adapters.gate_bias[1 + v][None])[0, v]
@@ -153,12 +138,11 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     assert changed and all(not torch.equal(trained[1][k], before[k]) for k in changed)
 
 
-@pytest.mark.parametrize("params", ["all", "task"])
-def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_applied_steps(small_cfg, params):
+def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_applied_steps(small_cfg):
     """--amp fp16: adaptation's GradScaler starts at --fp16_init_scale, as training's does. At 2^100
     every scaled loss overflows fp16, so the scaler skips each of the 4 steps (halving its scale):
     none is counted as taken and nothing moves; at 2^8 all 4 apply."""
-    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_params=params, ttt_lr=1e-2,
+    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_params="all", ttt_lr=1e-2,
                                         ttt_check_every=0, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
@@ -169,8 +153,7 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
             moved = [k for k, v in state.model.state_dict().items() if not torch.equal(v, before[k])]
             losses[scale] = (result.steps[task.task_id], result.demo_loss[task.task_id], moved)
     assert losses[2.0**100][0] == 0 and losses[2.0**8][0] == 4
-    if params == "all":  # the shared weights moved under 2^8 only (restored after each)
-        assert not losses[2.0**100][2] and losses[2.0**8][2]
+    assert not losses[2.0**100][2] and losses[2.0**8][2]  # the shared weights moved under 2^8 only (restored)
     assert losses[2.0**100][1] != losses[2.0**8][1]
 
 
@@ -197,34 +180,30 @@ def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
         assert result.steps == {"copy": 7}
 
 
-@pytest.mark.parametrize("params", ["task", "all"])
-def test_a_group_whose_demos_are_solved_takes_no_step_whatever_trains(small_cfg, params):
-    """One early stop for both kinds of test-time training: with an agent that copies its input, a
-    group of copy tasks is solved before the first step (no step taken); one task of another rule in
-    the group keeps it training to the end (a task adapter's rows step together; shared weights
-    adapted together stop each task on its own)."""
+def test_a_group_whose_demos_are_solved_takes_no_step(small_cfg):
+    """The early stop of tasks adapted together: with an agent that copies its input, a group of copy
+    tasks is solved before the first step (no step taken); a task of another rule in the group trains
+    to the end, and the copy tasks beside it stop on their own."""
     from tests.test_evaluation import CopyAgent
-    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params=params, view_starts=False)
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params="all", view_starts=False)
     state.model.agent = CopyAgent()
     rng = np.random.default_rng(0)
     copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
             for i in range(2)]
     flip = ArcTask("flip", tuple(ArcPair(g, g[::-1].copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
-    # a task adapter's group steps together; shared weights adapted together stop each task alone
-    together = ({"copy0": 6, "copy1": 6, "flip": 6} if params == "task" else {"copy0": 0, "copy1": 0, "flip": 6})
+    together = {"copy0": 0, "copy1": 0, "flip": 6}  # shared weights adapted together stop each task alone
     for group, steps in (([copy[0]], {"copy0": 0}), ([flip], {"flip": 6}), ((*copy, flip), together),
                          (copy, {"copy0": 0, "copy1": 0})):
         with adapted(state.model, state.prompts, list(group), eval_set, cfg=cfg, device=CPU) as result:
             assert result.steps == steps
 
 
-@pytest.mark.parametrize("params", ["task", "all"])
-def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, params, monkeypatch):
+def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkeypatch):
     """The loss adaptation trains on is loss_function's: a change to a loss coefficient (--hard_weight)
-    changes the demo loss test-time training reaches and the weights or adapter it ends with; and
-    the demo loss it reports is loss_function.adaptation_loss of the adapted model on every demo."""
+    changes the demo loss test-time training reaches and the weights it ends with; and the demo loss
+    it reports is loss_function.adaptation_loss of the adapted model on every demo."""
     import loss_function
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params=params, ttt_lr=1e-2, ttt_check_every=0,
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
                                         view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     seen = []
@@ -234,8 +213,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, params
     for hard_weight in (2.0, 8.0):
         with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(hard_weight=hard_weight),
                      device=CPU) as result:
-            moved = [p.detach().clone() for p in (result.adapters.parameters() if params == "task"
-                                                  else state.model.ttt_parameters(params))]
+            moved = [p.detach().clone() for p in state.model.ttt_parameters("all")]
             ends.append((result.demo_loss[task.task_id], moved))
     assert {c.hard_weight for c in seen} == {2.0, 8.0}
     assert ends[0][0] != ends[1][0]
@@ -305,42 +283,6 @@ def test_grid_logprob_hand_worked():
     assert grid_logprob(np.array([[3], [3]]), Augmentation(), logp[:1, :1]) == float("-inf")
 
 
-def test_ranking_by_logprob_can_overrule_the_votes():
-    """Two views vote for a; b is far more probable under both views: votes pick a, logprob picks b."""
-    a, b = np.array([[1]]), np.array([[2]])
-    logp = np.full((2, 2, NUM_CLASSES), -5.0)
-    logp[0, 1, EOG] = logp[1, 0, EOG] = logp[1, 1, EOG] = 0.0
-    logp[0, 0, 2] = -0.1  # b's colour
-    logp[0, 0, 1] = -3.0  # a's colour
-    cands = Candidates()
-    for grid in (a, a, b):
-        cands.add(grid, -1.0, Augmentation(), logp)
-    assert cands.attempts("votes")[0].tolist() == [[1]]
-    assert cands.attempts("logprob")[0].tolist() == [[2]]
-
-
-def test_hedged_attempts_are_the_first_choices_of_votes_and_of_logprob():
-    """Votes rank a, c, b (c ties a on votes, with a lower mean log-probability); summed log-probability
-    puts b first: hedged attempts are (a, b). Where log-probability also puts a first, they are the
-    votes' own (a, c)."""
-    a, b, c = np.array([[1]]), np.array([[2]]), np.array([[3]])
-
-    def candidates(logp_of_a: float) -> Candidates:
-        logp = np.full((2, 2, NUM_CLASSES), -5.0)
-        logp[0, 1, EOG] = logp[1, 0, EOG] = logp[1, 1, EOG] = 0.0
-        logp[0, 0, 1], logp[0, 0, 2], logp[0, 0, 3] = logp_of_a, -0.1, -4.0
-        cands = Candidates()
-        for grid, mean_logp in ((a, -1.0), (a, -1.0), (c, -2.0), (c, -2.0), (b, -1.0)):
-            cands.add(grid, mean_logp, Augmentation(), logp)
-        return cands
-
-    cands = candidates(logp_of_a=-3.0)
-    assert [g.tolist() for g in cands.attempts("votes")] == [[[1]], [[3]]]
-    assert [g.tolist() for g in cands.attempts("hedged")] == [[[1]], [[2]]]
-    cands = candidates(logp_of_a=0.0)  # a is now the most probable too
-    assert [g.tolist() for g in cands.attempts("hedged")] == [[[1]], [[3]]]
-
-
 def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder, small_cfg, tmp_path, capsys):
     """--train_on_eval_demos --task_embedding: every evaluation test output changed, the trained
     weights are bit-identical; the evaluation tasks' demos did join training."""
@@ -380,7 +322,7 @@ def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder,
 
 def test_cosine_schedule_takes_every_group_from_its_lr_towards_zero():
     """--ttt_schedule cosine: step 0 at each group's own lr, half of it halfway, the last step small
-    but not zero, the groups' ratio kept (the task adapter's biases have their own lr); constant
+    but not zero, the groups' ratio kept (each group its own base lr); constant
     leaves every step at the lr."""
     weights = [torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))]
     optimizer = torch.optim.Adam([{"params": weights[:1], "lr": 1e-2}, {"params": weights[1:], "lr": 0.1}])
@@ -447,7 +389,7 @@ def test_view_rows_give_each_view_its_own_latent_trained_with_the_weights(small_
     assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
 
 
-@pytest.mark.parametrize("agent", ["conv", "transformer"])
+@pytest.mark.parametrize("agent", ["conv", "rope"])
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp):
     """--ttt_params late: within the adaptation exactly the late blocks and the output layer move

@@ -114,17 +114,17 @@ def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints
 
 def test_a_checkpoint_builds_its_own_model_and_refuses_a_flag_that_contradicts_it(small_cfg, tmp_path, capsys):
     """--resume takes the flags that build the model from the checkpoint (config.json): a
-    --task_embedding transformer of 16 channels and 2 layers is evaluated without naming any of them; a model
+    --task_embedding rope agent of 16 channels and 2 layers is evaluated without naming any of them; a model
     flag given with another value is one line and exit 2 naming both values; evaluation flags come
     from the command line."""
-    cfg = small_cfg(max_batches=1, eval_tasks=1, task_embedding=True, agent="transformer", agent_layers=2)
+    cfg = small_cfg(max_batches=1, eval_tasks=1, task_embedding=True, agent="rope", agent_layers=2)
     training.train(cfg, CPU)
     run = tmp_path / "run"
     command = ["--data", cfg.data.data, "--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval"),
                "--eval_tasks", "1", "--ttt_steps", "2", "--prompt_cache_dir", "none"]
     parsed = parse(command, "fixed.py", "")
     assert (parsed.prompt.task_embedding, parsed.agent.agent, parsed.agent.agent_channels, parsed.prompt.prompt_dim,
-            parsed.agent.agent_layers, parsed.eval.ttt_steps) == (True, "transformer", 16, 32, 2, 2)
+            parsed.agent.agent_layers, parsed.eval.ttt_steps) == (True, "rope", 16, 32, 2, 2)
     assert training.main(command) == 0
     capsys.readouterr()
     assert training.main([*command, "--agent_channels", "32", "--prompt_dim", "32"]) == 2  # 32 is its prompt_dim

@@ -98,7 +98,7 @@ def test_compile_takes_the_bucketed_canvas_unless_a_fit_one_is_asked_for(run_cli
 def test_a_compile_mode_needs_compile():
     with pytest.raises(ConfigError, match="--compile_mode reduce-overhead is a mode of --compile: add --compile"):
         Config.from_flags(compile_mode="reduce-overhead", canvas="full")
-    with pytest.raises(ConfigError, match="takes --adapt_tasks 1 and no --meta_steps"):
+    with pytest.raises(ConfigError, match="takes --adapt_tasks 1: tasks adapted together"):
         Config.from_flags(compile=True, compile_mode="reduce-overhead", canvas="full")  # --adapt_tasks 16
     graphs = Config.from_flags(compile=True, compile_mode="reduce-overhead", canvas="full", adapt_tasks=1)
     assert graphs.agent.compile_mode == "reduce-overhead"
@@ -180,9 +180,9 @@ def test_a_yaml_recipe_reads_as_a_toml_one(tmp_path):
     from training.cli import parse
 
     (tmp_path / "a.yaml").write_text("agent: transformer\nagent_lr: 0.002\nuse_qwen: false\n")
-    (tmp_path / "a.toml").write_text('agent = "transformer"\nagent_lr = 2e-3\nuse_qwen = false\n')
+    (tmp_path / "a.toml").write_text('agent = "rope"\nagent_lr = 2e-3\nuse_qwen = false\n')
     cfgs = [parse(["--config", str(tmp_path / f)], "fixed.py", "") for f in ("a.yaml", "a.toml")]
-    assert cfgs[0] == cfgs[1] and cfgs[0].agent.agent == "transformer" and cfgs[0].optim.agent_lr == 2e-3
+    assert cfgs[0] == cfgs[1] and cfgs[0].agent.agent == "rope" and cfgs[0].optim.agent_lr == 2e-3
 
 
 def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
@@ -191,15 +191,13 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     from data.episodes import CANVAS_MODES
     from engine import precision
     from engine.config import LR_SCHEDULES, TTT_PARAMS
-    from evaluation import scoring
     from training.cli import build_parser
 
     choices = {f.name: f.metadata.get("choices") for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
     assert choices["amp"] is precision.AMP_MODES
-    assert choices["attempt_ranking"] is scoring.RANKINGS
     assert choices["fuse"] is prompt.hybrid.FUSE_MODES
     assert choices["canvas"] is CANVAS_MODES
-    assert choices["ttt_params"] == (*TTT_PARAMS, "task")  # the weight groups, or the per-task adapter
+    assert choices["ttt_params"] is TTT_PARAMS  # the weight groups model.ttt_parameters names
     assert choices["lr_schedule"] is LR_SCHEDULES
     agent_flag = next(a for a in build_parser("fixed.py", "")._actions if a.dest == "agent")
     assert tuple(agent_flag.choices) == tuple(AGENTS)  # the registry's names, read when the parser is built

@@ -32,12 +32,12 @@ def test_the_plan_fits_each_task_alone_to_its_share_of_the_time_left():
     assert deadline.plan(60, 8, tasks_left=190, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
     # 1.34 s a group: not even one view beside the search: it is left out, and 7 views fit
     assert deadline.plan(60, 8, tasks_left=400, pairs=1) == {"ttt_steps": 0, "eval_augments": 7,
-                                                              "view_starts": False, "latent_steps": 0}
+                                                              "view_starts": False}
     deadline.measured(search=0.0, steps=(0.0, 0), views=(0.7, 7), rest=0.6)  # a group without its search
     assert deadline.cost("search") == 2.0 and deadline.cost("rest") == 0.6 and deadline.cost("view") == 0.1
     clock.now = 601.0
     late = deadline.plan(60, 8, tasks_left=5, pairs=1, tasks=1)
-    assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False, "latent_steps": 0}
+    assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False}
     assert deadline.tasks == {"full": 2, "cut": 3, "late": 1}
 
 

@@ -61,7 +61,7 @@ class CopyAgent(torch.nn.Module):
     """A real agent that predicts its input canvas exactly: voting over any views must map every
     prediction back to the query input itself."""
 
-    num_blocks, channels, num_views, context_demos = 0, 1, 0, 0
+    num_blocks, channels, num_views = 0, 1, 0
 
     def __init__(self):
         super().__init__()
@@ -93,27 +93,11 @@ def test_views_are_mapped_back_before_voting(augments, small_cfg, tmp_path):
         assert submission[ep.task.task_id][index]["attempt_1"] == ep.query.input.tolist()
 
 
-def test_only_the_ranking_asked_for_is_computed_unless_every_one_is(small_cfg, tmp_path, monkeypatch):
-    """--attempt_ranking votes reads no view's log-probability of a candidate (the logprob ranking's
-    cost); --rank_all reports every ranking, its configured one the same as without it."""
-    from evaluation.scoring import Candidates
-
-    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=0, view_starts=False, eval_augments=8)
-    scored = []
-    real = Candidates.view_scores
-    monkeypatch.setattr(Candidates, "view_scores", lambda self: scored.append(1) or real(self))
-    plain = run_eval(state, eval_set, cfg).metrics
-    assert not scored and "eval/pass2_logprob" not in plain and plain["eval/pass2_votes"] == plain["eval/pass2"]
-    every = run_eval(state, eval_set, cfg.replace(rank_all=True)).metrics
-    assert scored and {"eval/pass2_votes", "eval/pass2_logprob", "eval/pass2_hedged"} <= every.keys()
-    assert every["eval/pass2_votes"] == plain["eval/pass2_votes"]
-
-
 def test_test_time_training_restores_the_weights_exactly(small_cfg, tmp_path):
     cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     flags = [p.requires_grad for p in state.model.parameters()]
-    for which in ("task", "all", "late", "adapter", "prompt"):
+    for which in ("all", "late", "adapter", "prompt"):
         metrics = run_eval(state, eval_set, cfg.replace(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch_size=4,
                                                         ttt_check_every=0)).metrics
         assert metrics["eval/ttt_steps_per_task"] == 3.0, which  # three steps a task, none stopped early

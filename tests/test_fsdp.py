@@ -122,8 +122,8 @@ def test_fsdp_refuses_what_it_cannot_shard_and_reads_accelerate_configs(monkeypa
     from engine.distributed import launcher_wants_fsdp
     from engine.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="--fsdp does not take --latent_step_lr"):
-        Config.from_flags(fsdp=True, latent_step_lr=0.1)
+    with pytest.raises(ConfigError, match="--fsdp does not take --compile"):
+        Config.from_flags(fsdp=True, compile=True, canvas="bucket")
     assert not launcher_wants_fsdp()
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")

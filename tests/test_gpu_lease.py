@@ -1,5 +1,5 @@
 """`make gpu-lease` (bench/gpu_lease.py): the one-lease recipe trained and scored, its dry run here on
-the CPU at tiny sizes, the same code a lent GPU's ten minutes run."""
+the CPU at tiny sizes, the same code a GPU's ten minutes run."""
 
 import json
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("warm_bench_children")
 
 def _dry_run(out, re_arc, *extra: str) -> int:
     return gpu_lease.main(["--out", str(out), "--device", "cpu", "--tiny", "--re_arc", str(re_arc[1]),
-                           "--train_minutes", "0.02", "--eval_minutes", "0.5", "--minutes", "3.5", *extra])
+                           "--train_minutes", "0.02", "--eval_minutes", "0.5", "--minutes", "5", *extra])
 
 
 def check_whole_lease(out) -> None:
@@ -71,8 +71,11 @@ def test_the_budgets_shrink_with_the_minutes_the_caller_has(tmp_path):
     (tmp_path / "re_arc.zip").write_bytes(b"")
     whole = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip")])
     short = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--minutes", "6"])
-    # (6 - 130/60) / (9.5 - 130/60) of each budget: 0.523
-    assert (short.train_minutes, short.eval_minutes) == (2.51, 1.31)
+    # (6 - 250/60) / (9.5 - 250/60) of each budget: 0.344 (the untrained start's 120 s kept)
+    assert (whole.train_minutes, whole.eval_minutes) == (3.3, 2.0)
+    assert (short.train_minutes, short.eval_minutes) == (1.13, 0.69)
+    freed = gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--minutes", "6", "--no-untrained"])
+    assert freed.train_minutes > short.train_minutes  # --no-untrained gives its minutes to training and scoring
     assert whole.train_minutes / whole.eval_minutes == pytest.approx(short.train_minutes / short.eval_minutes, 0.01)
     with pytest.raises(SystemExit):
         gpu_lease.parse(["--re_arc", str(tmp_path / "re_arc.zip"), "--minutes", "2"])
@@ -124,7 +127,7 @@ def test_the_untrained_start_runs_eager_whatever_the_sets_say_of_the_compile(tmp
 def test_the_lease_recipe_is_the_joint_recipe_at_a_gpus_speed():
     """configs/gpu-lease.toml: per-task embeddings learned with the evaluation tasks' demos, the rope
     agent in bf16 on one compiled canvas shape with no Qwen in the step, all 400 tasks scored with
-    hundreds of voted views and no per-task training, its budgets inside the lease's 9.5 minutes."""
+    hundreds of voted views and no per-task training, its budgets inside the command's 9.5 minutes."""
     from training.cli import parse
 
     cfg = parse(["--config", gpu_lease.RECIPE, "--device", "cpu"], "fixed.py", "")
@@ -132,6 +135,6 @@ def test_the_lease_recipe_is_the_joint_recipe_at_a_gpus_speed():
     assert cfg.agent.agent == "rope" and cfg.agent.compile and cfg.data.canvas == "full" and cfg.optim.amp == "bf16"
     assert not cfg.prompt.use_qwen
     assert cfg.eval.eval_tasks == 0 and cfg.eval.ttt_steps == 0 and cfg.eval.eval_augments >= 256
-    assert not cfg.eval.view_starts and cfg.eval.latent_steps == 0
+    assert not cfg.eval.view_starts
     defaults = gpu_lease.parse(["--re_arc", str(ROOT / "configs" / "gpu-lease.toml")])  # any existing path
     assert (defaults.train_minutes, defaults.eval_minutes) == (cfg.run.max_minutes, cfg.eval.eval_minutes)

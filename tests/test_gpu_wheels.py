@@ -6,7 +6,7 @@ from importlib.metadata import requires
 
 from tests.conftest import ROOT
 
-# What the GPU machine's image has (its page in the device tool), by distribution name.
+# What a GPU machine's Python has (the Makefile's gpu-wheels comment), by distribution name.
 GPU_IMAGE = {"torch", "transformers", "accelerate", "peft", "safetensors", "tensorboard", "tqdm", "numpy"}
 
 

@@ -24,7 +24,7 @@ class ColourZeroAgent(torch.nn.Module):
     """A real agent with hand-chosen logits: class 0 at ln 3, the other 11 at 0, on every cell. So
     p(0) = 3/14 and p(c) = 1/14 for any other class, an end-of-grid marker included."""
 
-    num_blocks, channels, num_views, context_demos = 0, 1, 0, 0
+    num_blocks, channels, num_views = 0, 1, 0
 
     def __init__(self):
         super().__init__()

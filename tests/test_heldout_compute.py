@@ -42,11 +42,6 @@ def test_a_micro_batch_costs_its_episodes_times_one_episode_at_its_side(small_cf
     wider = small_cfg(agent_channels=32)
     assert episode_flops(wider, 11) > 3 * episode_flops(cfg, 11)
     assert heldout_compute.step_flops(cfg, windows=2) > 0
-    # in-context reading costs its reads: the attention over 2 demos' cells counted (the plain kernel)
-    reading = small_cfg(agent_context_demos=2)
-    side = 11
-    reads = 2 * 2 * (2 * side * side) * (1 + 2 * side * side) * reading.agent.agent_channels  # QK and AV, 2 reads
-    assert episode_flops(reading, side) > episode_flops(cfg, side) + reads
 
 
 def test_runs_of_two_widths_make_a_table_a_fit_a_prediction_and_a_picture(small_cfg, tmp_path, capsys):

@@ -57,16 +57,13 @@ EXPECTED = {
 LEASE = {"agent": "rope", "agent_channels": 16, "task_embedding": True, "use_qwen": False, "canvas": "full"}
 
 
-@pytest.mark.parametrize("amp,reader", [("off", {}), ("bf16", {}), ("fp16", {}), ("off", {"demo_stream": 16}),
-                                        ("off", {"agent_context_demos": 2}), ("bf16", LEASE)],
-                         ids=["off", "bf16", "fp16", "demo stream", "in context", "lease recipe"])
-def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, reader, small_cfg,
+@pytest.mark.parametrize("amp,flags", [("off", {}), ("bf16", {}), ("fp16", {}), ("bf16", LEASE)],
+                         ids=["off", "bf16", "fp16", "lease recipe"])
+def test_a_step_waits_for_the_device_only_where_the_invariants_need_it(amp, flags, small_cfg,
                                                                         state_and_batches, monkeypatch):
     """Counted by the operations above, and one more: the enclosed background's flood fill runs on
-    the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it.
-    The demo stream and in-context reading (their demos carried in the batch in slots, as the
-    loader stacks them) read nothing either."""
-    cfg = small_cfg(amp=amp, grad_accum=2, **reader)
+    the host, so the agent must read the map its batch carries (data/enclosed.py), never compute it."""
+    cfg = small_cfg(amp=amp, grad_accum=2, **flags)
     state, batches = state_and_batches(cfg, 2)
     train_step(state, batches, cfg)  # the prompt cache warm: Qwen (frozen) encodes nothing below
     computed = []

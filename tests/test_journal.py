@@ -203,7 +203,7 @@ def test_no_result_free_flag_changes_a_validations_attempts(small_cfg, tmp_path)
     base = validated(cfg)
     names = sorted(RESULT_FREE - {"fsdp"})  # FSDP needs a process group; training only (engine/fsdp.py)
     changes = {name: another_value(name, cfg.flags()[name]) for name in names}
-    groups = [[]]  # as many changes together as Config takes (--eval_only refuses --train_chooser)
+    groups = [[]]  # as many changes together as Config takes
     for name in names:
         try:
             cfg.replace(**{k: v for n in [*groups[-1], name] for k, v in changes[n].items()})

@@ -103,10 +103,11 @@ def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_pa
 def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp_path, capsys):
     training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     capsys.readouterr()
+    # epochs, log_every (declared resume_free) and ttt_steps (a validation flag) change nothing learned
     training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=3e-4, clip=0.5,
-                          resume=str(tmp_path / "a")), torch.device("cpu"))
+                             log_every=7, ttt_steps=3, resume=str(tmp_path / "a")), torch.device("cpu"))
     err = capsys.readouterr().err
-    assert "resuming with a different config: agent_lr, clip" in err
+    assert "resuming with a different config: agent_lr, clip\n" in err
 
 
 def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_default(small_cfg, tmp_path, capsys):

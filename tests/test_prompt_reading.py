@@ -1,6 +1,5 @@
 """bench/prompt_reading.py: a pair's prompt streams taken from another task, nothing else."""
 
-import pytest
 import torch
 
 import training
@@ -32,15 +31,10 @@ def test_a_swap_takes_the_prompt_streams_of_another_task_and_keeps_the_query(sma
     assert blind == pair_losses(state.model, state.prompts, swapped, episodes, views=1, cfg=cfg, device=CPU)
 
 
-@pytest.mark.parametrize("reader", [{}, {"demo_stream": 16}, {"agent_context_demos": 2}],
-                         ids=["prompt", "demo stream", "in context"])
-def test_the_bench_prints_each_swap_paired_with_the_pair_s_own_prompt(small_cfg, tmp_path, capsys, reader):
-    """Where the demos' grids are read (a demo stream, in context), two more rows a set: the demos'
-    grids of another task, and all four."""
+def test_the_bench_prints_each_swap_paired_with_the_pair_s_own_prompt(small_cfg, tmp_path, capsys):
     run = training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=2, val_every="end", eval_tasks=1,
-                                   ttt_steps=1, hold_out_tests=3, **reader), CPU)["run_dir"]
+                                   ttt_steps=1, hold_out_tests=3), CPU)["run_dir"]
     prompt_reading.main([run])
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 2 * (1 + len(STREAMS) + (2 if reader else 0))
+    assert len(rows) == 2 * (1 + len(STREAMS))
     assert all("(" in r[3] for r in rows if "own" not in r[1])
-    assert any("demo grids (in context)" in r[1] for r in rows) == ("agent_context_demos" in reader)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import training
-from data.arc import ArcTask, DataError
-from data.re_arc import DERIVED, demo_sets, held_out_queries, load_pools, load_re_arc
+from data.arc import DataError
+from data.re_arc import DERIVED, demo_sets, load_pools, load_re_arc
 from data.sources import ReArcOptions, load_source, load_splits
 from tests.conftest import write_re_arc
 
@@ -100,19 +100,6 @@ def test_a_zip_without_tasks_is_refused(tmp_path):
         z.writestr("re_arc/metadata.json", "{}")
     with pytest.raises(DataError, match="no task files"):
         load_pools(str(archive))
-
-
-def test_held_out_queries_add_fresh_generated_pairs_drawn_per_task_by_the_seed(re_arc):
-    pool = load_pools(str(re_arc[1]))[1]
-    own = ArcTask(pool.task_id, pool.examples[:2], pool.examples[2:3])  # the task's own pairs are in the pool
-    task = held_out_queries(pool, own, count=4, seed=0)
-    assert task.train == own.train and task.test[:1] == own.test and len(task.test) == 5
-    mine = {p.input.tobytes() for p in own.train + own.test}
-    assert not any(p.input.tobytes() in mine for p in task.test[1:])  # none of the task's own pairs again
-    again, other = (held_out_queries(pool, own, count=4, seed=s) for s in (0, 1))
-    assert [p.input.tobytes() for p in again.test] == [p.input.tobytes() for p in task.test]
-    assert [p.input.tobytes() for p in other.test] != [p.input.tobytes() for p in task.test]
-    assert len(held_out_queries(pool, own, count=100, seed=0).test) == 1 + len(pool.examples) - 3  # all it has
 
 
 def test_a_task_and_its_re_arc_demo_sets_share_one_task_embedding_row(arc_folder, re_arc, small_cfg):

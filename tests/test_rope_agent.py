@@ -46,30 +46,22 @@ def test_rotary_turns_rows_with_the_first_quarter_of_pairs_and_columns_with_the_
         math.sin(1.0))
 
 
-@pytest.mark.parametrize("positions, learned, rotary", [("rotary", False, True), ("learned", True, False),
-                                                         ("both", True, True)])
-def test_where_the_cells_positions_come_from(positions, learned, rotary):
-    agent = RopeTransformerAgent(prompt_dim=8, channels=16, layers=1, positions=positions)
-    assert (agent.cells.position is not None) == learned and agent.rotary == rotary
-    logits = agent(torch.randint(0, 10, (2, 5, 5)), torch.randn(2, 8))
-    assert logits.shape == (2, 5, 5, 12)
+def test_the_cells_take_their_positions_from_rotation_alone():
+    agent = RopeTransformerAgent(prompt_dim=8, channels=16, layers=1)
+    assert agent.cells.position is None
+    assert agent(torch.randint(0, 10, (2, 5, 5)), torch.randn(2, 8)).shape == (2, 5, 5, 12)
 
 
 def test_heads_are_64_channels_wide_from_256_channels_and_the_flags_are_checked_where_it_is_built():
     assert [heads_for(c) for c in (16, 64, 256, 512, 768)] == [4, 4, 4, 8, 12]
-    for flags, message in [(dict(agent_channels=18), "split into 4 heads of a multiple of 4"),
-                           (dict(agent_patch=4), "does not read --agent_patch"),
-                           (dict(agent_context_demos=2), "does not read --agent_context_demos")]:
-        with pytest.raises(ConfigError, match=message):
-            build_agent(Config.from_flags(agent="rope", **flags).agent, prompt_dim=8)
-    with pytest.raises(ConfigError, match="--agent conv does not read --agent_positions"):
-        build_agent(Config.from_flags(agent="conv", agent_positions="learned").agent, prompt_dim=8)
+    with pytest.raises(ConfigError, match="split into 4 heads of a multiple of 4"):
+        build_agent(Config.from_flags(agent="rope", agent_channels=18).agent, prompt_dim=8)
 
 
 def test_the_rope_agent_trains_end_to_end_and_its_checkpoint_resumes(small_cfg, tmp_path):
     """Two steps through fixed.py's loop, then two more from the checkpoint: the model's flags come
-    from it (agent_positions among them)."""
-    cfg = small_cfg(agent="rope", agent_channels=16, agent_layers=2, agent_positions="both", max_batches=2,
+    from it (agent_layers among them)."""
+    cfg = small_cfg(agent="rope", agent_channels=16, agent_layers=2, max_batches=2,
                     run_dir=str(tmp_path / "run"))
     assert training.train(cfg, torch.device("cpu"))["steps"] == 2
     resumed = training.train(cfg.replace(epochs=2, resume=str(tmp_path / "run")), torch.device("cpu"))

@@ -2,7 +2,7 @@
 as tensors (evaluation/view_votes.py), each held to its one-view reference: `EpisodeDataset[(e, a)]`
 with `collate`, `decode_logp`, `Augmentation.invert_grid`, `Candidates.add` and a grid's log-probability
 read off its encoded canvas (`one_view_logprob`, below).
-Real ARC-AGI-1 evaluation tasks, every placement, context demos and background permutations."""
+Real ARC-AGI-1 evaluation tasks, every placement and background permutations."""
 
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ def _dataset(episodes, **kwargs) -> EpisodeDataset:
 
 
 SETTINGS = [dict(), dict(canvas="full"), dict(canvas="bucket"), dict(permute_background=True),
-            dict(placing=Placing(side=40, max_scale=3, max_shift=6)), dict(context_demos=3),
-            dict(context_demos=3, canvas="full")]
+            dict(placing=Placing(side=40, max_scale=3, max_shift=6))]
 
 
 def test_dihedral_maps_are_the_transforms_and_their_inverses():

@@ -146,29 +146,10 @@ def test_an_adapter_kept_in_the_task_frame_shows_each_view_in_every_augmented_fr
         canvas = torch.from_numpy(encode(aug.grid(grid)))[None]
         for v, want in enumerate(expected_views(grid)):
             gate_bias = torch.zeros(1, NUM_VIEWS).index_fill(1, torch.tensor([v]), 100.0)
-            kept = AdapterSlice(torch.zeros(1, 4), gate_bias, torch.zeros(1, 12, 12), torch.zeros(1, 1, 2, 1),
-                                torch.zeros(1, 1, 1, 2))
-            seen = kept.in_frames(torch.tensor([aug.dihedral]), torch.tensor([aug.colours]))
+            seen = AdapterSlice(torch.zeros(1, 4), gate_bias).in_frames(torch.tensor([aug.dihedral]))
             out = module(canvas, *grid_extent(canvas), torch.zeros(1, 4), seen.gate_bias)
             if max(want.shape) < 30:
                 assert torch.equal(out.argmax(-1)[0], torch.from_numpy(encode(aug.grid(want)))), (grid.shape, v)
-
-
-def test_a_class_map_kept_in_the_task_frame_maps_the_augmented_colours():
-    """A per-task colour map a -> s(a), read in a frame that shows colour k as c(k), maps c(a) -> c(s(a)),
-    and leaves the two canvas markers where they are."""
-    rng = np.random.default_rng(0)
-    recolour = np.r_[rng.permutation(10), 10, 11]  # a colour permutation; the markers stay
-    class_bias = torch.zeros(1, 12, 12)
-    class_bias[0, torch.arange(12), torch.from_numpy(recolour)] = 1.0
-    aug = Augmentation.from_id(1_000_007, n_demos=3)
-    kept = AdapterSlice(torch.zeros(1, 4), torch.zeros(1, NUM_VIEWS), class_bias, torch.zeros(1, 1, 2, 1),
-                        torch.zeros(1, 1, 1, 2))
-    seen = kept.in_frames(torch.tensor([aug.dihedral]), torch.tensor([aug.colours])).class_bias[0]
-    shown = list(aug.colours) + [10, 11]
-    assert aug.colours != tuple(range(10))
-    for a in range(12):
-        assert seen[shown[a]].argmax() == shown[recolour[a]] and seen[shown[a]].sum() == 1
 
 
 def test_only_the_views_that_size_every_demo_right_fit():
@@ -186,29 +167,25 @@ def test_only_the_views_that_size_every_demo_right_fit():
 def test_the_model_reads_the_enclosed_background_its_batch_carries(small_cfg, state_and_batches):
     """collate marks each canvas's enclosed background on the host (data/enclosed.py: on a GPU the
     flood fill's loop waits for the device); the model's prediction from the batch's map is the one
-    the agent makes computing it itself: both refinements of a training call, and a latent step's
-    context demos."""
-    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", latent_step_lr=0.1, latent_step_demos=2, batch_size=8)
+    the agent makes computing it itself: both refinements of a training call."""
+    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", batch_size=8)
     state, (batch,) = state_and_batches(cfg, 1)
     model = state.model.eval()
     assert batch["input_enclosed"].dtype == torch.bool and batch["input_enclosed"].any()
-    assert torch.equal(batch["context_enclosed"], enclosed_map(batch["context_input"]))
     batch = model.encode_prompts(batch, state.prompts, 0, training=False)
-    alone = {k: v for k, v in batch.items() if k not in ("input_enclosed", "context_enclosed")}
+    alone = {k: v for k, v in batch.items() if k != "input_enclosed"}
     noise = model.rl_noise_state()
     carried = model(batch, "sampled+mean")
     model.set_rl_noise_state(noise)
     computed = model(alone, "sampled+mean")
     assert torch.equal(carried.logits, computed.logits)
-    assert torch.equal(carried.latent_step, computed.latent_step)
 
 
 def test_the_maps_a_task_s_demo_samples_carry_are_those_of_the_cut_batch(small_cfg):
     """Adaptation draws a task's few demo samples every step, so each sample's enclosed maps are
     computed once (data.demo_episodes) and cut with the batch: the same maps as of the cut canvases,
-    for grids placed away from the corner and for the context demos."""
-    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", latent_step_lr=0.1, latent_step_demos=2,
-                    place_shift=4)
+    for grids placed away from the corner."""
+    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", place_shift=4)
     eval_set = training.build_data(cfg, torch.device("cpu")).eval_set
     tasks = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())[:3]
     demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)
@@ -216,4 +193,3 @@ def test_the_maps_a_task_s_demo_samples_carry_are_those_of_the_cut_batch(small_c
     assert all("input_enclosed" in s for s in demos.samples.values())
     assert batch["input_enclosed"].any() and batch["input"].shape[-1] < demos.sample(0, 0)["input"].shape[-1]
     assert torch.equal(batch["input_enclosed"], enclosed_map(batch["input"]))
-    assert torch.equal(batch["context_enclosed"], enclosed_map(batch["context_input"]))

@@ -22,14 +22,11 @@ from data.episodes import (
     training_episodes,
 )
 from data.sources import ReArcOptions, SyntheticOptions, load_splits
-from engine.checkpoint import CHOOSER_FILE, checked_file
 from engine.config import Config
 from engine.distributed import Dist, data_parallel, is_sharded
-from engine.errors import ConfigError
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import seed_everything
 from engine.precision import MixedPrecision, check_master_weights
-from evaluation.choice import FEATURES, AttemptChooser
 from model import ArcModel, build_model
 from prompt import QwenFeatures
 from training.run_state import TrainState, restore_run_state
@@ -73,13 +70,9 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     families = list(dict.fromkeys(t.family_id for t in tasks))
     row_of = {f: i for i, f in enumerate(families)}
     task_rows = {t.task_id: row_of[t.family_id] for t in tasks} if cfg.prompt.task_embedding else None
-    # each sample carries its context demos when the model reads them (the latent step, the demo
-    # stream) or training adapts on them (--meta_steps; validation's episodes need none then)
-    context_demos = cfg.context_demos
-    train_context = context_demos or (cfg.optim.meta_demos if cfg.optim.meta_steps else 0)
     placing = Placing(side=cfg.agent.canvas_side, max_scale=d.place_scale, max_shift=d.place_shift)
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas, task_rows=task_rows, context_demos=train_context, placing=placing)
+                               canvas=d.canvas, task_rows=task_rows, placing=placing)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
@@ -93,7 +86,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     # predicted without its output
     eval_placing = placing if d.place_validation else Placing(side=placing.side)  # test-time training follows it
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
-                              task_rows=task_rows, context_demos=context_demos, placing=eval_placing)
+                              task_rows=task_rows, placing=eval_placing)
     return TrainingData(splits, families, sampler, loader, eval_set, held_out)
 
 
@@ -101,9 +94,6 @@ def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), pr
                       tasks: int = 0) -> TrainState:
     """The model (with `tasks` task embeddings under --task_embedding), its prompt cache, both
     optimizers and the mixed-precision step."""
-    if cfg.optim.meta_steps and dist.world_size > 1:
-        raise ConfigError(f"--meta_steps runs on one process, not {dist.world_size}: it adds gradients after the "
-                          f"backward in which DDP reduces them (training/meta_step.py)")
     model = build_model(cfg, noise_seed=cfg.run.seed + 1000 * dist.rank, tasks=tasks).to(device)
     if cfg.optim.fsdp:  # before the optimizer is made: it holds the sharded parameters
         shard_model(model, dist, device, cfg.optim.amp)
@@ -159,25 +149,17 @@ def load_run(cfg: Config, checkpoint: Path | None, device: torch.device, dist: D
     state = build_train_state(cfg, device, dist, cache_dir, len(data.task_ids))
     if checkpoint is not None:
         restore_run_state(state, checkpoint, cfg.flags(), dist, evaluating=True)
-        state.chooser = load_chooser(checkpoint)
     return data, state
 
 
-def load_chooser(checkpoint: Path) -> AttemptChooser | None:
-    """The attempt chooser saved in `checkpoint` (a checked folder) by --train_chooser; None if none."""
-    path = checked_file(checkpoint, CHOOSER_FILE)
-    return AttemptChooser.load(path, FEATURES) if path is not None else None
-
-
-def held_out_set(data: TrainingData, tasks: tuple[ArcTask, ...] | None = None) -> EpisodeDataset | None:
+def held_out_set(data: TrainingData) -> EpisodeDataset | None:
     """The test pairs training held out (--hold_out_tests) as an evaluation set shaped like the run's
-    own (canvas, scale, placement, demos in context); None when it held none out. `tasks`: the
-    held-out tasks with other test pairs (the chooser's generated ones; the demos must be theirs)."""
+    own (canvas, scale, placement); None when it held none out."""
     if not data.held_out:
         return None
     e = data.eval_set
-    return EpisodeDataset(evaluation_episodes(data.held_out if tasks is None else tasks), e.scale, canvas=e.canvas,
-                          fit_target=False, task_rows=e.task_rows, context_demos=e.context_demos, placing=e.placing)
+    return EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas,
+                          fit_target=False, task_rows=e.task_rows, placing=e.placing)
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:

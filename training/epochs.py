@@ -27,7 +27,6 @@ from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows
 from engine.run_logger import IntervalMeans
 from engine.schedule import TrainingSchedule
 from training.build import build_data, build_train_state, prompt_cache_dir
-from training.chooser import train_chooser
 from training.flops import TrainingFlops
 from training.run_folder import finish_run, open_run, plan_run_dir
 from training.run_state import restore_run_state, save_run_state
@@ -36,14 +35,11 @@ from training.validation import ValidationSchedule, evaluate_only, validate
 
 
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
-    """Train for `--epochs` (or, with `--eval_only`, validate saved weights; with `--train_chooser`,
-    train a checkpoint's attempt chooser). SIGINT and SIGTERM stop
+    """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
     with StopRequest(announce=dist.is_main) as stop:
         if cfg.run.eval_only:
             return evaluate_only(cfg, device, dist, stop)
-        if cfg.run.train_chooser:
-            return train_chooser(cfg, device, dist, stop)
         return EpochLoop(cfg, device, dist, stop).run()
 
 

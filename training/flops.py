@@ -6,8 +6,8 @@ a side on a copy of the agent as built (weights do not change FLOPs; the plain a
 the counter sees its matrix products, which a fused kernel hides from it). A micro-batch costs its
 episodes times that. Not counted: the prompt heads and a Qwen encoder (none in the lease recipe;
 trained with LoRA in configs/gpu-1.toml and in full in gpu-8.toml, so their MFU leaves Qwen's work
-out), the RL head, the optimizer, a latent step or meta step: the figures are a lower bound of the
-work a step does, and MFU the share of the device's bf16 peak those FLOPs a second are.
+out), the RL head and the optimizer: the figures are a lower bound of the work a step does, and
+MFU the share of the device's bf16 peak those FLOPs a second are.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from agents import build_agent
-from agents.context import DemoSlots
 from data.canvas import NUM_CLASSES
 from engine.config import AgentCfg, Config
 
@@ -45,8 +44,7 @@ CPU = torch.device("cpu")
 
 def episode_flops(cfg: Config, side: int, device: torch.device = CPU) -> int:
     """FLOPs of one episode's forward and backward through the agent at canvas side `side`: both
-    refinements (two rows), the prompt a random vector of the agent's prompt width, and with
-    in-context reading its demos (all `--agent_context_demos` of them, at that side). Built eager
+    refinements (two rows), the prompt a random vector of the agent's prompt width. Built eager
     (`--compile` changes no FLOPs) on `device`, with torch's global random stream left as it was.
     Counted once a process for each agent, prompt width, side and device, of which the count is a
     function: a count builds an agent and steps it (60 ms at the tests' sizes, where one process
@@ -64,13 +62,8 @@ def _counted(agent_cfg: AgentCfg, prompt_dim: int, side: int, device: torch.devi
         agent = build_agent(agent_cfg, prompt_dim=prompt_dim).to(device)
         canvas = torch.randint(0, NUM_CLASSES, (2, side, side), device=device)
         prompt = torch.randn(2, prompt_dim, device=device)
-        context = {}
-        if agent.context_demos:  # in-context reading: as many demos as it reads, every cell covered
-            d = agent.context_demos
-            demos = [torch.randint(0, 10, (1, d, side, side), device=device) for _ in range(2)]
-            context["context"] = DemoSlots(*demos, torch.ones(1, d, dtype=torch.bool, device=device), repeats=2)
         with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
-            agent(canvas, prompt, **context).float().logsumexp(-1).mean().backward()
+            agent(canvas, prompt).float().logsumexp(-1).mean().backward()
     return counter.get_total_flops()
 
 

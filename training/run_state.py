@@ -10,7 +10,6 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -36,22 +35,12 @@ from engine.checkpoint import (
     staging_folder,
     start_checkpoint,
 )
-from engine.config import SECTION_OF, Config
+from engine.config import RESUME_FREE, SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
-
-if TYPE_CHECKING:  # the experiment's class is named here, not imported: a training step needs none of it
-    from evaluation.choice import AttemptChooser
-
-# Flags that may change on resume without a warning: they do not change what is learned (and no
-# validation flag does).
-RESUME_FREE = {"resume", "epochs", "max_batches", "max_minutes", "run_dir", "run_name", "num_workers", "log_every",
-               "save_every", "keep_checkpoints", "max_consecutive_skips", "prompt_cache_dir", "eval_only",
-               "train_chooser", "compile", "compile_scope", "compile_backend", "compile_mode", "grad_bucket_mb", "fsdp",
-               *(name for name, section in SECTION_OF.items() if section == "eval")}
 
 
 @dataclass
@@ -84,8 +73,6 @@ class TrainState:
     # (engine/distributed.py: data_parallel); the model itself and its head otherwise.
     trained: torch.nn.Module | None = None
     rl_head: torch.nn.Module | None = None
-    # The checkpoint's attempt chooser (--train_chooser), read by a loaded run's validation alone.
-    chooser: AttemptChooser | None = None
     # Whether the model holds FSDP2 units (engine/distributed.is_sharded, a walk of every module: read
     # once at build, not in every step)
     sharded: bool = False

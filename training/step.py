@@ -9,7 +9,6 @@ from engine.config import Config
 from engine.distributed import Dist, gradient_sync, under_ddp
 from loss_function import training_loss
 from policy_refined import RLInfo
-from training.meta_step import meta_gradient
 from training.run_state import TrainState
 
 
@@ -75,10 +74,7 @@ def _window_gradient(state: TrainState, window: list[dict], cfg: Config,
                 amp.backward(window_loss)
         if not finite:
             continue
-        if cfg.optim.meta_steps:  # training through adaptation (an experiment: docs/options.md)
-            with record_function("step/meta"):
-                loss.stats.update(meta_gradient(model, batch, cfg, amp, window))
-        learned.append({**loss.stats, **pred.stats})
+        learned.append(loss.stats)
         infos.append(pred.rl)
         rewards.append(loss.reward)
     # one collective for both: the samples dropped everywhere, and whether every process learned

@@ -304,7 +304,7 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
         heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
                                                  scored=len(tasks), journal=journal)
         scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                             desc="evaluate", chooser=state.chooser, journal=journal, deadline=deadline,
+                             desc="evaluate", journal=journal, deadline=deadline,
                              submission=submission)
         metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
         write_run_report(logger, "evaluation", str(weights), step, cfg, {**metrics, **heldout}, "eval", scores,

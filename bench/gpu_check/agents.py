@@ -1,7 +1,6 @@
-"""The agents on the device: conv, transformer, the looped ViT and rope at S = 30 (29x29 grids plus the
+"""The agents on the device: conv and rope at S = 30 (29x29 grids plus the
 end-of-grid row), fp32 / bf16 autocast / `--compile` / graphs (`--compile --compile_mode
-reduce-overhead`: CUDA graphs) / in-context reading of 3 demos (`--agent_context_demos 3`, the agents
-that take it), at each micro-batch of `--agent_batches` (8: the default), timed as
+reduce-overhead`: CUDA graphs), at each micro-batch of `--agent_batches` (8: the default), timed as
 `make bench-step` times them (bench/step_profile.py: the loop's whole step with the prompt cache
 cold and warm, and the bare agent's forward and backward on the step's own batch; loop overhead = 1
 - bare agent / warm step), and a profiled pass that splits the warm step into its phases' host time
@@ -28,31 +27,18 @@ from bench.gpu_check.context import Check
 from bench.gpu_check.report import Section, one_line
 from bench.step_profile import PHASES, bare_agent_flops, case_config, timed_steps
 from engine.config import AgentCfg
-from engine.errors import ConfigError
 from training.flops import bf16_peak_tflops
 
 VARIANTS = {"fp32": {}, "bf16": {"amp": "bf16"}, "compile": {"compile": True, "canvas": "bucket"},
             # the agent's forward and backward as CUDA graphs: what launch-bound steps should gain most from
-            "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "bucket", "adapt_tasks": 1},
-            # in-context reading (agents/context.py) at fp32: what 3 demos' cells to attend to cost a step
-            "context": {"agent_context_demos": 3}}
+            "graphs": {"compile": True, "compile_mode": "reduce-overhead", "canvas": "bucket", "adapt_tasks": 1}}
 def cases(variants: tuple[str, ...], batches: tuple[int, ...]) -> list[tuple[str, str, int]]:
     """(agent, variant, micro-batch): the default agent at every variant and micro-batch first (a
     variant at each micro-batch before the next variant: a compile costs the section's time), then
     the other agents at every variant and the first micro-batch."""
     default = AgentCfg().agent
     return ([(default, v, b) for v in variants for b in batches]
-            + [(a, v, batches[0]) for a in AGENTS if a != default for v in variants if takes(a, v)])
-
-
-def takes(agent: str, variant: str) -> bool:
-    """Whether the agent takes the variant's flags (the looped ViT reads no demos in context)."""
-    try:
-        AGENTS[agent].from_config(AgentCfg(**{k: v for k, v in VARIANTS[variant].items() if k.startswith("agent_")},
-                                           agent=agent), prompt_dim=8)
-    except ConfigError:
-        return False
-    return True
+            + [(a, v, batches[0]) for a in AGENTS if a != default for v in variants])
 
 
 def run(check: Check, section: Section, variants: tuple[str, ...], peak_tflops: float | None,

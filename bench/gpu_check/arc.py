@@ -1,6 +1,6 @@
 """ARC on a GPU budget: fixed.py itself, with the README's one-GPU recipe (configs/gpu-1.toml: the
-looped ViT at VARC's size on a 64 x 64 canvas of placed grids, 256 views voted; the Qwen2.5-0.5B
-shape with random weights: no real weights can be fetched there), trains on ARC-AGI-1, with RE-ARC
+rope agent at about VARC's size, 256 views voted; the Qwen2.5-0.5B shape with random weights, so the
+check needs no download), trains on ARC-AGI-1, with RE-ARC
 when `--re_arc` names its zip or folder (the machine has no network to fetch it), for
 `--arc_minutes`, then its final validation scores the first `--arc_tasks` evaluation tasks with the
 recipe's per-task adaptation under `--eval_minutes` (evaluation/deadline.py: steps and views cut to
@@ -29,9 +29,9 @@ from bench.gpu_check.report import Section
 ROOT = Path(__file__).resolve().parents[2]
 # the README's one-GPU recipe, with Qwen2.5-0.5B's shape and random weights (no download there)
 ONE_GPU_RECIPE = ("--config", RECIPE, "--qwen_model", RECIPE_QWEN)
-# the same code at sizes a CPU runs in seconds: the recipe's agent, placement and validation, smaller
+# the same code at sizes a CPU runs in seconds: the recipe's agent and validation, smaller (and eager)
 TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers", "1", "--agent_cycles", "1",
-              "--prompt_dim", "32", "--canvas_side", "30", "--place_scale", "2", "--place_shift", "4",
+              "--prompt_dim", "32", "--no-compile",
               "--batch_size", "8", "--num_workers", "0", "--eval_augments", "8", "--ttt_batch_size", "8",
               "--heldout_tasks", "8")  # the held-out loss on 8 tasks, not 400 (10 of the run's 22 s on 2 cores)
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "

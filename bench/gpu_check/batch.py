@@ -51,7 +51,7 @@ def run(check: Check, section: Section) -> None:
     steps, warmup = (2, 1) if check.tiny else (8, 2)
     sizes = ladder(2, 8) if check.tiny else ladder(8, 4096)
     flags = recipe_flags(check, sizes[0], steps + warmup)
-    section.notes.append(f"{RECIPE} with --qwen_train frozen --canvas full (side {flags['canvas_side']}), "
+    section.notes.append(f"{RECIPE} with --qwen_train frozen --canvas full (side 30), "
                          f"--qwen_model {flags['qwen_model']}, --amp {flags['amp']}, synthetic tasks; {steps} warm "
                          f"steps after {warmup}, medians; episodes a second from the step alone (the recipe's "
                          f"loader workers prepare batches beside it), the loader's own time in this process beside")
