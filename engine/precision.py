@@ -128,8 +128,9 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)  # clipping and norms must see the true gradients
         group_norms = {name: _norm(ps) for name, ps in (watch or {}).items()}  # tensors: no host sync here
-        # The one value this step reads from the device (docs/invariants.md #3): after unscale_ the
-        # norm is finite exactly when every gradient is, which is also when the scaler steps.
+        # The one value the optimizer step reads from the device (docs/invariants.md #3; the window's
+        # micro-batches each read their loss's finiteness before it, training/step.py): after unscale_
+        # the norm is finite exactly when every gradient is, which is also when the scaler steps.
         norm = float(torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"), foreach=True))
         stepped = math.isfinite(norm)
         if self.scaler is not None:
