@@ -33,11 +33,6 @@ class AdapterSlice:
         """The slice of a batch repeated k times along the batch (K refinements in one call)."""
         return AdapterSlice(*(t.repeat(k, *([1] * (t.dim() - 1))) for t in vars(self).values()))
 
-    def take(self, rows: torch.Tensor) -> AdapterSlice:
-        """The rows of these samples (rows [N] int64 into the B samples): a sample's context demos
-        read its adapter."""
-        return AdapterSlice(*(t[rows] for t in vars(self).values()))
-
     def in_frames(self, dihedral: torch.Tensor) -> AdapterSlice:
         """The rows as each sample's augmented frame must read them: an adapter is trained and kept in
         its task's own frame, and a sample seen under dihedral transform d needs the view gate's biases
@@ -50,10 +45,6 @@ class AdapterSlice:
             views = views_in_frame(dihedral.device)[dihedral]  # [B, V]
             gate_bias = torch.zeros_like(gate_bias).scatter(1, views, gate_bias)
         return AdapterSlice(self.latent, gate_bias)
-
-    def detach(self) -> AdapterSlice:
-        """The same rows, cut from the graph: a fixed start that nothing trains."""
-        return AdapterSlice(*(t.detach() for t in vars(self).values()))
 
 
 class TaskAdapters(nn.Module):

@@ -2,7 +2,7 @@
 them to the grid's edge (the holes a fill rule fills). The agents mark them in each cell's
 embedding (agents/cells.py).
 
-Computed in numpy where a batch is built and carried in it (`input_enclosed`, `context_enclosed`;
+Computed in numpy where a batch is built and carried in it (`input_enclosed`;
 docs/gpu.md): the loop's length depends on the data, so on a GPU it would read the device every
 round, and no CUDA graph, torch.compile or vmap could trace it; in numpy a round costs microseconds
 (torch's small CPU operations several times that).
@@ -44,7 +44,7 @@ def enclosed_background(canvas: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.
 
 
 def enclosed_map(canvas: torch.Tensor) -> torch.Tensor:
-    """canvas [..., S, S] int64 on any device (a batch's [B, S, S], its context demos' [B, D, S, S])
+    """canvas [..., S, S] int64 on any device (a batch's [B, S, S])
     -> [..., S, S] bool on the same device: each canvas's `enclosed_background`, computed on the host."""
     host = canvas.cpu().reshape(-1, *canvas.shape[-2:])  # one copy from a GPU, then everything on the host
     h, w = (x.numpy() for x in grid_extent(host))

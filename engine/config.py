@@ -199,7 +199,8 @@ class AgentCfg:
     input_views: bool = flag(True, "17 views of the input, gated by the prompt: 8 dihedral, 2x/3x up/down-scalings, "
                              "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)
     compile: bool = flag(False, "torch.compile the agent, on --canvas bucket (chosen for it) or full (compiled at "
-                         "the first batch, again per batch size and canvas side, within --max_minutes)", resume_free=True)
+                         "the first batch, again per batch size and canvas side, within --max_minutes)",
+                         resume_free=True)
     compile_scope: str = flag("agent", "what --compile compiles (read only with it): the whole agent, or each "
                               "residual block alone "
                               "(one graph every block reuses, the rest eager: a cold compile of the rope agent took "
@@ -254,8 +255,10 @@ class OptimCfg:
     grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True)
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
     fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
-    grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)", result_free=True, resume_free=True)
-    fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)", result_free=True, resume_free=True)
+    grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)",
+    result_free=True, resume_free=True)
+    fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)",
+    result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"),
@@ -346,8 +349,10 @@ class EvalCfg:
 class RunCfg:
     """Run length, device, seed, the run folder, logging and checkpoints."""
 
-    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)", result_free=True, resume_free=True)
-    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)", result_free=True, resume_free=True)
+    epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)",
+    result_free=True, resume_free=True)
+    max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)",
+    result_free=True, resume_free=True)
     max_minutes: float = flag(0.0, "stop after this many minutes of training, counted over every invocation of the "
                                    "run (validations not counted), then save and run the final validation (0: no "
                                    "limit)", result_free=True, resume_free=True)
@@ -367,7 +372,8 @@ class RunCfg:
                                     "always save; 0: every epoch's end)", result_free=True)
     keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True, resume_free=True)
     max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
-                                          "skipped for non-finite loss or gradients", result_free=True, resume_free=True)
+                                          "skipped for non-finite loss or gradients",
+                                          result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
         _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),

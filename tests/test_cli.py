@@ -161,7 +161,7 @@ def test_every_recipe_in_configs_loads_and_the_command_line_overrides_it(recipe)
     ("batch_sise = 4\n", ".toml", "unknown setting(s) batch_sise (keys are fixed.py's flag names)"),
     ("batch_size = \"four\"\n", ".toml", "batch_size = 'four': expected int"),
     ("use_qwen = 1\n", ".toml", "use_qwen = 1: expected bool"),
-    ("agent = \"mlp\"\n", ".toml", "agent = 'mlp': choose one of conv, transformer"),
+    ("agent = \"mlp\"\n", ".toml", "agent = 'mlp': choose one of conv, rope"),
     ("batch_size = [\n", ".toml", "not valid TOML"),
     ("batch_size: 4\nepochs: [1\n", ".yaml", "not valid YAML"),
     ("- 4\n", ".yaml", "a recipe is a table of flag names and values"),
@@ -179,7 +179,7 @@ def test_a_bad_recipe_is_one_line_naming_the_file(text, suffix, says, tmp_path, 
 def test_a_yaml_recipe_reads_as_a_toml_one(tmp_path):
     from training.cli import parse
 
-    (tmp_path / "a.yaml").write_text("agent: transformer\nagent_lr: 0.002\nuse_qwen: false\n")
+    (tmp_path / "a.yaml").write_text("agent: rope\nagent_lr: 0.002\nuse_qwen: false\n")
     (tmp_path / "a.toml").write_text('agent = "rope"\nagent_lr = 2e-3\nuse_qwen = false\n')
     cfgs = [parse(["--config", str(tmp_path / f)], "fixed.py", "") for f in ("a.yaml", "a.toml")]
     assert cfgs[0] == cfgs[1] and cfgs[0].agent.agent == "rope" and cfgs[0].optim.agent_lr == 2e-3
