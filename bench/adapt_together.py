@@ -64,7 +64,7 @@ def measure(cfg: Config, device: torch.device, ks: Iterable[int], tasks: int, fi
     saying so (`error`); each row gives the peak memory of its validation (GiB, CUDA only)."""
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, device)
-    state = training.build_train_state(cfg, device)
+    state = training.build_train_state(cfg, device, tasks=len(data.task_ids))  # --task_embedding's rows
     model, prompts = evaluation_view(state, cfg, device)
     task_ids, what = chosen_tasks(data.eval_set, cfg, tasks, first)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"

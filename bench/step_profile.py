@@ -116,7 +116,7 @@ def timed_steps(cfg: Config, steps: int, warmup: int, log_dir: Path, device: tor
     "warm": pass, "phases": seconds per step, ...}"""
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, device)
-    state = training.build_train_state(cfg, device)
+    state = training.build_train_state(cfg, device, tasks=len(data.task_ids))  # --task_embedding's rows
     logger = RunLogger(log_dir, cfg.flags(), "bench")
     cold = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, device=device)
     warm = loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, bare=True, device=device)

@@ -83,13 +83,13 @@ def test_the_batch_section_doubles_the_micro_batch_and_names_the_largest_that_fi
 
 @pytest.mark.slow
 def test_the_recipes_section_profiles_each_gpu_config(tmp_path, capsys):
-    """--sections recipes: configs/gpu-1.toml and gpu-8.toml (LoRA and full Qwen) at tiny sizes,
+    """--sections recipes: configs/gpu-1.toml and gpu-8.toml (Qwen with LoRA in both) at tiny sizes,
     each row its steps, episodes a second and phases."""
     assert gpu_check.main(["--out", str(tmp_path), "--device", "cpu", "--tiny", "--sections", "recipes"]) == 0, \
         capsys.readouterr()
     rows = report(tmp_path)["recipes"]["rows"]
     assert [(r["recipe"], r["Qwen"]) for r in rows] == [("configs/gpu-1.toml", "tiny lora, refresh 2"),
-                                                        ("configs/gpu-8.toml", "tiny full, refresh 2")]
+                                                        ("configs/gpu-8.toml", "tiny lora, refresh 2")]
     assert all(r["step warm ms"] > 0 and r["episodes/s"] > 0 and r["forward host ms"] > 0 for r in rows)
     # a CPU launches no kernel and waits for no device
     assert all(r["kernels/step"] == r["syncs/step"] == r["sync wait ms/step"] == 0 for r in rows)

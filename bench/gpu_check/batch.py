@@ -79,7 +79,7 @@ def measure(check: Check, cfg: Config, steps: int, warmup: int, log_dir: Path) -
     one over the same windows. -> the row: warm step ms, episodes a second, peak GiB."""
     training.seed_everything(cfg.run.seed)
     data = training.build_data(cfg, check.device)
-    state = training.build_train_state(cfg, check.device)
+    state = training.build_train_state(cfg, check.device, tasks=len(data.task_ids))  # --task_embedding's rows
     logger = RunLogger(log_dir, cfg.flags(), "bench")
     try:
         loop_pass(state, data, cfg, logger, warmup=warmup, steps=steps, device=check.device)
