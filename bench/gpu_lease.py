@@ -119,8 +119,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--set {' '.join(args.set)}: give each as FLAG=VALUE")
     if not Path(args.re_arc).exists():
         ap.error(f"--re_arc {args.re_arc}: no such file or folder (carry runs/re_arc.zip with the tree)")
-    needed = STARTUP_S + views_s + untrained_s + 60 * (args.train_minutes + args.eval_minutes) + REPORT_RESERVE_S
-    if needed > 60 * args.minutes + 1e-6:
+    if overhead + args.train_minutes + args.eval_minutes > args.minutes + 1e-6:
         ap.error(f"--train_minutes {args.train_minutes:g} + --eval_minutes {args.eval_minutes:g} with "
                  f"{STARTUP_S} s of start-up, {views_s} s of views, {untrained_s} s of the untrained start and "
                  f"{REPORT_RESERVE_S} s of report do not fit --minutes {args.minutes:g}")

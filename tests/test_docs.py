@@ -38,12 +38,12 @@ def test_every_invariant_a_test_cites_is_on_the_page():
 def test_the_numeric_reruns_collect_every_file_holding_a_numeric_test(request):
     """`make test` runs the -m numeric tests again under other kernels, collecting only the files
     `grep -lw numeric` names (Makefile, NUMERIC): a file whose numeric tests it did not name would
-    not run there. Read from this session's collected tests, whatever marked them."""
+    not run there. Read from this pytest run's collected tests, whatever marked them."""
     makefile = (ROOT / "Makefile").read_text()
     assert "-m numeric -q $$(grep -lw numeric tests/test_*.py)" in makefile
     files = {item.path for item in request.session.items if item.get_closest_marker("numeric")}
     if not files:
-        pytest.skip("no numeric test collected in this session")
+        pytest.skip("no numeric test collected in this pytest run")
     unnamed = [f.name for f in files if not (f.parent == ROOT / "tests" and f.name.startswith("test_")
                                             and re.search(r"\bnumeric\b", f.read_text()))]
     assert not unnamed, f"numeric tests in files the reruns do not collect: {unnamed}"

@@ -200,7 +200,7 @@ def mutated_copy(mutant: Mutant, copy: Path, files: list[str]) -> Path:
 
 
 def survivors(mutants: list[Mutant], root, arc_folder: Path) -> list[str]:
-    """Run each mutant's test in its mutated copy, on `arc_folder` (this session's: made once, not in
+    """Run each mutant's test in its mutated copy, on `arc_folder` (this pytest run's: made once, not in
     every run): -> one message for each whose test did not fail there as it must (empty: every
     mutant caught)."""
     files = tracked_files()
