@@ -225,85 +225,84 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
             cfg: Config, device: torch.device, stop: Callable[[], bool] = lambda: False,
             observe: Callable[[int, AdaptedTasks], None] | None = None,
             enough: Callable[[], bool] = lambda: False) -> Iterator[AdaptedTasks]:
-    """Adapt to `tasks` together; yields what prediction needs, and on exit the shared weights are as they
-    were, bit for bit. `observe(steps, adapted)`: as `_fit`'s, with the model and the adapter as they are
-    then (bench/ttt_curve.py). Training ends early when `stop()` says so (the caller then discards the
-    result), and when `enough()` says its time is spent (the tasks are then predicted as adapted so far)."""
+    """Adapt to `tasks` together, each as it would be alone: its own demo episodes, its search over
+    starts, then test-time training of its own copy of the shared weights; yields what prediction
+    needs, and on exit the shared weights are as they were, bit for bit. `observe(steps, adapted)`: as
+    `_fit`'s, with the model and the adapter as they are then (bench/ttt_curve.py). Training ends early
+    when `stop()` says so (the caller then discards the result), and when `enough()` says its time is
+    spent (the tasks are then predicted as adapted so far)."""
     e = cfg.eval
-    together = e.ttt_steps > 0 and len(tasks) > 1
-    if together and not batches_shared_weights(cfg):
-        raise ValueError(f"--ttt_params {e.ttt_params} with --amp fp16 adapts the shared weights "
-                         f"one task at a time, got {len(tasks)} tasks")
+    if e.ttt_steps and len(tasks) > 1 and not batches_shared_weights(cfg):
+        raise ValueError(f"--amp fp16 adapts the shared weights one task at a time (one loss scale a task), "
+                         f"got {len(tasks)} tasks")
     result = AdaptedTasks(None, {t.task_id: i for i, t in enumerate(tasks)}, {t.task_id: float("nan") for t in tasks},
                           {t.task_id: 0 for t in tasks})
+    demos = [DemoEpisodes([task], eval_set, cfg.run.seed, e.ttt_views) for task in tasks]
+    usable = [k for k, d in enumerate(demos) if d.episodes[0]]  # a task of one demo has no episode
+    if not usable or not (e.ttt_steps or _searches(model, cfg)):
+        yield result
+        return
     # one mixed-precision routine for the whole adaptation, its fp16 scaler started as training's
     amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
-    seen = (lambda steps: observe(steps, result)) if observe else lambda steps: None
-    if together:
-        with _shared_weights_kept(model, model.ttt_parameters(e.ttt_params)):
-            model.requires_grad_(False)
-            _adapt_together(model, prompts, tasks, eval_set, result, cfg=cfg, device=device, amp=amp, stop=stop,
-                            enough=enough, observe=seen)
-            yield result
-        return
-    demos = DemoEpisodes(tasks, eval_set, cfg.run.seed, e.ttt_views) if _searches(model, cfg) or e.ttt_steps else None
-    usable = [i for i, eps in enumerate(demos.episodes) if eps] if demos else []  # one demo: no episode
-    if not usable:
-        yield result
-        return
-    shared = model.ttt_parameters(e.ttt_params) if e.ttt_steps else []
-    with _shared_weights_kept(model, shared):
+    with _shared_weights_kept(model, model.ttt_parameters(e.ttt_params) if e.ttt_steps else []):
         model.requires_grad_(False)
-        result.adapters, loss = _search(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp)
-        rows = {task: task for task in usable}
+        kept, loss = _searched(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp)
         if e.ttt_steps:
-            if e.ttt_view_rows:
-                result.adapters = _per_view(model, result.adapters, len(tasks), cfg)
-            groups, clip = _test_time_groups(model, result.adapters, cfg)
-            demos.restart_draws()
-            policy = TTTPolicy.test_time(e, clip, stop, enough)
-            steps = _fit(model, prompts, result.adapters, groups, demos, rows, policy, cfg=cfg, device=device,
-                         amp=amp, dropout=e.ttt_dropout, observe=seen)
-            result.steps.update({t.task_id: steps for t in tasks})
-            loss = _demo_losses(model, prompts, result.adapters, demos, rows, len(tasks), cfg, device, amp)
-        if loss is not None:
-            result.demo_loss.update({tasks[i].task_id: float(loss[i]) for i in usable})
+            if e.ttt_view_rows:  # a row per view of each task's kept start, trained with its weights
+                kept = [_per_view(model, a, 1, cfg) for a in kept]
+            loss = _trained(model, prompts, tasks, demos, kept, result, cfg=cfg, device=device, amp=amp,
+                            stop=stop, enough=enough, observe=(lambda s: observe(s, result)) if observe else None)
+        if any(a is not None for a in kept):  # a task not searched gets a fresh row, which changes nothing
+            fresh = model.task_adapters(1)
+            result.adapters = TaskAdapters.concat([a if a is not None else fresh for a in kept])
+        result.demo_loss.update({tasks[k].task_id: loss[k] for k in usable})
         yield result
 
 
-def _adapt_together(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], eval_set: EpisodeDataset,
-                    result: AdaptedTasks, *, cfg: Config, device: torch.device, amp: MixedPrecision,
-                    stop: Callable[[], bool], enough: Callable[[], bool], observe: Callable[[int], None]) -> None:
-    """Shared-weight test-time training of several tasks in one step (evaluation/task_batch.py), each
-    as it would be alone: its own demo episodes and search, then its own copy of the weights; fills
-    `result` (the copies in `result.weights`; the model's own weights are left as they were)."""
-    e = cfg.eval
-    demos = [DemoEpisodes([task], eval_set, cfg.run.seed, e.ttt_views) for task in tasks]
-    kept: list[TaskAdapters | None] = []
-    for task, d in zip(tasks, demos, strict=True):
-        usable = [0] if d.episodes[0] else []
-        kept.append(_search(model, prompts, [task], d, usable, cfg=cfg, device=device, amp=amp)[0]
-                    if usable else None)
-        d.restart_draws()
-    if e.ttt_view_rows:  # a row per view of each task's kept start, trained with its weights
-        kept = [_per_view(model, a, 1, cfg) for a in kept]
-    groups, clip = _test_time_groups(model, None, cfg)
+def _searched(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: list[DemoEpisodes],
+              usable: list[int], *, cfg: Config, device: torch.device,
+              amp: MixedPrecision) -> tuple[list[TaskAdapters | None], dict[int, float]]:
+    """Each usable task's view-start search alone -> (its kept start, a one-row adapter; None where
+    nothing was searched), {task: its demo loss there})."""
+    kept: list[TaskAdapters | None] = [None] * len(tasks)
+    loss: dict[int, float] = {}
+    for k in usable:
+        kept[k], found = _search(model, prompts, [tasks[k]], demos[k], [0], cfg=cfg, device=device, amp=amp)
+        if found is not None:
+            loss[k] = float(found[0])
+        demos[k].restart_draws()
+    return kept, loss
 
-    def solves(k: int, weights: TaskWeights) -> bool:
-        weights.load(k)
-        return _solves_demos(model, prompts, kept[k], demos[k], {0: 0}, cfg, device, amp)
 
-    policy = TTTPolicy.test_time(e, clip, stop, enough)
-    weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, policy, cfg=cfg, device=device,
-                                  amp=amp, observe=observe, solves=solves)
-    result.weights = weights
-    if any(a is not None for a in kept):  # a task of one demo was not searched: a fresh row, which changes nothing
-        # (with rows per view every task has its own)
-        fresh = model.task_adapters(1)
-        result.adapters = TaskAdapters.concat([a if a is not None else fresh for a in kept])
-    for k, (task, d) in enumerate(zip(tasks, demos, strict=True)):
-        result.steps[task.task_id] = taken[k]
-        if d.episodes[0]:
+def _trained(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: list[DemoEpisodes],
+             kept: list[TaskAdapters | None], result: AdaptedTasks, *, cfg: Config, device: torch.device,
+             amp: MixedPrecision, stop: Callable[[], bool], enough: Callable[[], bool],
+             observe: Callable[[int], None] | None) -> dict[int, float]:
+    """Test-time training of each task's copy of the shared weights from its kept start: one task
+    alone in the model's own weights (`_fit`: no task axis to vmap, and the loop --amp fp16 needs, one
+    loss scale a task), several in one vmapped step (evaluation/task_batch.py; the copies in
+    `result.weights`). Fills `result.steps` -> {task: its demo loss as adapted}."""
+    observe = observe or (lambda steps: None)
+    if len(tasks) == 1:
+        result.adapters = kept[0]  # what `observe` reads
+        groups, clip = _test_time_groups(model, kept[0], cfg)
+        policy = TTTPolicy.test_time(cfg.eval, clip, stop, enough)
+        result.steps[tasks[0].task_id] = _fit(model, prompts, kept[0], groups, demos[0], {0: 0}, policy, cfg=cfg,
+                                              device=device, amp=amp, dropout=cfg.eval.ttt_dropout, observe=observe)
+    else:
+        groups, clip = _test_time_groups(model, None, cfg)
+
+        def solves(k: int, weights: TaskWeights) -> bool:
             weights.load(k)
-            result.demo_loss[task.task_id] = float(_demo_losses(model, prompts, kept[k], d, {0: 0}, 1, cfg, device,
-                                                                amp)[0])
+            return _solves_demos(model, prompts, kept[k], demos[k], {0: 0}, cfg, device, amp)
+
+        policy = TTTPolicy.test_time(cfg.eval, clip, stop, enough)
+        result.weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, policy, cfg=cfg,
+                                             device=device, amp=amp, observe=observe, solves=solves)
+        result.steps.update({t.task_id: n for t, n in zip(tasks, taken, strict=True)})
+    loss = {}
+    for k, d in enumerate(demos):
+        if d.episodes[0]:
+            result.load(tasks[k].task_id)
+            loss[k] = float(_demo_losses(model, prompts, kept[k], d, {0: 0}, 1, cfg, device, amp)[0])
+    return loss

@@ -261,6 +261,34 @@ class _Progress:
         self.bar.close()
 
 
+class _GroupTiming:
+    """A group's times on the deadline's clock, for `Deadline.measured`: the search (until the first
+    adaptation step), the steps, the views' predictions (less a compile during them: paid once, not a
+    view's pace) and the rest."""
+
+    def __init__(self, clock: Callable[[], float]):
+        self.clock, self.began = clock, clock()
+        self.marks: list[float] = []  # as the first adaptation step starts and after each
+        self.adapted_at = self.predicted_at = self.compiling = 0.0
+
+    def stepped(self, steps: int, adaptation: AdaptedTasks) -> None:
+        self.marks.append(self.clock())
+
+    def adapted(self) -> None:
+        self.adapted_at, self.compiling = self.clock(), compile_seconds()
+
+    def predicted(self) -> None:
+        self.predicted_at, self.compiling = self.clock(), compile_seconds() - self.compiling
+
+    def report(self, deadline: Deadline, views: int, tasks: int) -> None:
+        marks, adapted_at = self.marks, self.adapted_at
+        deadline.measured(search=(marks[0] if marks else adapted_at) - self.began,
+                          steps=(marks[-1] - marks[0] if marks else 0.0, max(len(marks) - 1, 0)),
+                          views=(max(self.predicted_at - adapted_at - self.compiling, 0.0), views),
+                          rest=(adapted_at - (marks[-1] if marks else adapted_at)) + self.clock() - self.predicted_at,
+                          tasks=tasks)
+
+
 class _GroupScorer:
     """One group of tasks: adapt (with the deadline's plan), predict, rank the attempts, score them."""
 
@@ -280,30 +308,16 @@ class _GroupScorer:
         episodes = [i for t in group for i in self.by_task[t]]
         planned = cfg if deadline is None else cfg.replace(**deadline.plan(
             cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group)))
-        clock = deadline.clock if deadline is not None else time.perf_counter
-        began = clock()
-        marks: list[float] = []  # the deadline's clock as the first adaptation step starts and after each
+        timing = _GroupTiming(deadline.clock if deadline is not None else time.perf_counter)
         out = TaskScores()
         with adapted(self.model, self.prompts, tasks, dataset, cfg=planned, device=self.device, stop=self.stop,
-                     observe=(lambda steps, _: marks.append(clock())) if deadline is not None else None,
+                     observe=timing.stepped if deadline is not None else None,
                      enough=deadline.group_over if deadline is not None else lambda: False) as adaptation:
             if self.stop():
                 return None
-            adapted_at, compiled_before = clock(), compile_seconds()
-            # tasks adapted together: each predicted with its own copy of the weights loaded
-            parts = [group] if adaptation.weights is None else [[t] for t in group]
-            cands: dict[int, Candidates] = {}
-            for part in parts:
-                adaptation.load(part[0])
-                mine = [i for t in part for i in self.by_task[t]]
-                cands.update(candidates(self.model, self.prompts, dataset, mine, cfg=planned, device=self.device,
-                                        adapted=adaptation))
-                if cfg.eval.heldout_loss:
-                    out.losses.update(adapted_losses(self.model, self.prompts, dataset, self.fitted, cands, mine,
-                                                     cfg=planned, device=self.device, adapted=adaptation))
-            predicted_at = clock()
-            # a compile of the evaluation graphs during the predictions is paid once, not a view's pace
-            compiling = compile_seconds() - compiled_before
+            timing.adapted()
+            cands = self.predict(group, adaptation, planned, out)
+            timing.predicted()
         for i in episodes:
             out.attempts[i] = cands[i].attempts()
         for t in group:  # a task's seconds: its adaptation, predictions and attempts
@@ -314,14 +328,25 @@ class _GroupScorer:
                 self.on_candidates(i, cands[i])
             self.pair_scores(i, out.attempts[i], cands[i], out)
         if deadline is not None:
-            searched_until = marks[0] if marks else adapted_at
-            deadline.measured(search=searched_until - began, steps=(marks[-1] - marks[0] if marks else 0.0,
-                                                                     max(len(marks) - 1, 0)),
-                              views=(max(predicted_at - adapted_at - compiling, 0.0),
-                                     planned.eval.eval_augments * len(episodes)),
-                              rest=(adapted_at - (marks[-1] if marks else adapted_at)) + clock() - predicted_at,
-                              tasks=len(group))
+            timing.report(deadline, planned.eval.eval_augments * len(episodes), len(group))
         return out
+
+    def predict(self, group: list[str], adaptation: AdaptedTasks, planned: Config,
+                out: TaskScores) -> dict[int, Candidates]:
+        """Every test input's candidates under the group's adaptation, and its held-out loss as adapted
+        into `out.losses` -> {episode index: candidates}. Tasks adapted together: each predicted with
+        its own copy of the weights loaded."""
+        parts = [group] if adaptation.weights is None else [[t] for t in group]
+        cands: dict[int, Candidates] = {}
+        for part in parts:
+            adaptation.load(part[0])
+            mine = [i for t in part for i in self.by_task[t]]
+            cands.update(candidates(self.model, self.prompts, self.dataset, mine, cfg=planned, device=self.device,
+                                    adapted=adaptation))
+            if self.cfg.eval.heldout_loss:
+                out.losses.update(adapted_losses(self.model, self.prompts, self.dataset, self.fitted, cands, mine,
+                                                 cfg=planned, device=self.device, adapted=adaptation))
+        return cands
 
     def pair_scores(self, i: int, attempts: tuple[Grid, Grid], cands: Candidates, out: TaskScores) -> None:
         """Test input `i`'s metrics, and the copy baseline's, into `out`, read from

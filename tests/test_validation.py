@@ -294,7 +294,7 @@ def test_the_seeds_quick_check_validates_the_subset_its_start_up_line_names(tmp_
     proc = spawn(sys.executable, "fixed.py", "--epochs", "1", "--agent_lr", "1e-5", "--qwen_lr", "5e-5",  # as typed
                  "--device", "cpu", "--max_batches", "5", "--run_dir", str(run))
     lines = []
-    while not any(line.startswith("validate:") and "/16 " in line for line in lines[-1:]):
+    while not any(line.startswith("final validation:") and "/16 " in line for line in lines[-1:]):
         line = proc.stderr.readline()
         assert line, "".join(lines)[-2000:]
         lines.append(line)

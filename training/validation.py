@@ -101,6 +101,20 @@ def fits_in_training(seconds_so_far: float, tasks_so_far: int, tasks_left: int, 
     return seconds_so_far / max(tasks_so_far, 1) * (tasks_so_far + tasks_left) <= train_seconds
 
 
+@dataclass(frozen=True)
+class ValidationPass:
+    """What one validation scores: during training the first --val_tasks; the final validation and
+    --eval_only also journal, keep --eval_minutes and a submission, and publish eval/*."""
+    what: str  # "validation", "final validation" or "evaluation": its start-up line and report title
+    first: list[int]  # the evaluation tasks scored first
+    rest: list[int]  # then these (the final validation's; under --eval_tasks -1 only if they fit the training)
+    final: bool  # journal, deadline, submission, eval/*
+    log_val: bool  # the first tasks' metrics are the whole --val_tasks subset: logged as val/*
+    weights: str  # what the report says was scored
+    journal: str = ""  # the journal's name in the run folder (a final pass)
+    train_seconds: float | None = None  # the training's (the -1 rule and heldout/train_minutes)
+
+
 def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.device, dist: Dist,
              logger: RunLogger | None, stop: StopRequest, schedule: ValidationSchedule, *, final: bool,
              train_seconds: float, run_dir: Path | None = None) -> dict[str, float]:
@@ -110,50 +124,63 @@ def validate(state: TrainState, data: TrainingData, cfg: Config, device: torch.d
     checkpoint written before it continues it). The training's random streams are left as they
     were, so how often a run validates never changes what it learns. -> val/* (during training) or
     eval/* (final)."""
-    every = first_tasks(data.eval_set, 0)
     subset = first_tasks(data.eval_set, cfg.eval.val_tasks)
-    chosen = first_tasks(data.eval_set, cfg.eval.eval_tasks) if final and cfg.eval.eval_tasks >= 0 else every
-    first = chosen[:len(subset)]
+    chosen = first_tasks(data.eval_set, cfg.eval.eval_tasks) if final and cfg.eval.eval_tasks >= 0 \
+        else first_tasks(data.eval_set, 0)
     step = state.counters.optimizer_steps
+    plan = ValidationPass(f"{'final ' if final else ''}validation", chosen[:len(subset)],
+                          chosen[len(subset):] if final else [], final, len(chosen) >= len(subset),
+                          f"checkpoints/step_{step:08d}", f"final-step_{step:08d}", train_seconds)
     started = time.perf_counter()
     noise = state.model.rl_noise_state()
+    with preserved_rng():
+        metrics = run_validation(state, data, cfg, device, dist, logger, stop, plan, run_dir)
+    state.model.set_rl_noise_state(noise)
+    schedule.val_seconds += dist.from_main(time.perf_counter() - started)
+    schedule.done += not final
+    return metrics
+
+
+def run_validation(state: TrainState, data: TrainingData, cfg: Config, device: torch.device, dist: Dist,
+                   logger: RunLogger | None, stop: StopRequest, plan: ValidationPass,
+                   run_dir: Path | None) -> dict[str, float]:
+    """The one sequence of every validation: the model's evaluation view, the journal and budget of a
+    final pass, the held-out loss, the scores of `plan.first` then `plan.rest`, the metrics and images
+    logged, report.html. -> the metrics (val/* or eval/*, and heldout/*)."""
+    started, step, every = time.perf_counter(), state.counters.optimizer_steps, first_tasks(data.eval_set, 0)
     model, prompts = evaluation_view(state, cfg, device)
-    journal = open_journal(run_dir, f"final-step_{step:08d}", model, cfg, dist.rank, dist.world_size) \
-        if final and run_dir is not None else None
-    deadline, submission = final_budget(cfg, data, device, dist, len(chosen), journal) if final else (None, None)
+    journal = open_journal(run_dir, plan.journal, model, cfg, dist.rank, dist.world_size) \
+        if plan.final and run_dir is not None else None
+    deadline, submission = final_budget(cfg, data, device, dist, len(plan.first) + len(plan.rest), journal) \
+        if plan.final else (None, None)
+    # the tasks sure to be scored: under --eval_tasks -1 the rest of a final validation waits on its pace
+    planned = len(plan.first) + (0 if cfg.eval.eval_tasks == -1 else len(plan.rest))
+    in_training = state.counters.train_seconds if plan.train_seconds is not None else None
+    heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
+                                             in_training, planned, journal)
+    announce(dist, f"{plan.what} at step {step}: {len(plan.first)} of {len(every)} evaluation tasks, {describe(cfg)}")
 
     def score(tasks: list[int], desc: str, tasks_after: int = 0) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                            desc=desc, journal=journal, deadline=deadline, submission=submission,
                            tasks_after=tasks_after)
 
-    with preserved_rng():
-        # the tasks sure to be scored: under --eval_tasks -1 the rest of a final validation waits on its pace
-        planned = len(chosen) if final and cfg.eval.eval_tasks >= 0 else len(first)
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 state.counters.train_seconds, planned, journal)
-        announce(dist, f"{'final ' if final else ''}validation at step {step}: {len(first)} of {len(every)} "
-                       f"evaluation tasks, {describe(cfg)}")
-        # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
-        after = count_tasks(data.eval_set, chosen[len(first):], cfg, dist) if deadline is not None else 0
-        scores = score(first, "validate", after)
-        metrics = scores.metrics("val", cfg)
-        if logger is not None and len(first) == len(subset):
-            logger.write(step, metrics)
-        if final:  # the first tasks' images and report are published with the rest of its tasks
-            rest = _rest_of_final(chosen[len(first):], len(first), len(every), cfg.eval,
-                                  dist.from_main(time.perf_counter() - started), train_seconds, dist)
-            if rest:
-                scores = scores.merged(score(rest, "final"))
-            metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
-        else:
-            log_images(logger, scores.images(data.eval_set), step)
-        write_run_report(logger, f"{'final ' if final else ''}validation at step {step}",
-                         f"checkpoints/step_{step:08d}", step, cfg, {**metrics, **heldout}, "eval" if final else "val",
-                         scores, data.eval_set, heldout_pairs)
-    state.model.set_rl_noise_state(noise)
-    schedule.val_seconds += dist.from_main(time.perf_counter() - started)
-    schedule.done += not final
+    # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
+    scores = score(plan.first, plan.what, count_tasks(data.eval_set, plan.rest, cfg, dist)
+                   if deadline is not None else 0)
+    metrics = scores.metrics("val", cfg)
+    if plan.log_val and logger is not None:
+        logger.write(step, metrics)
+    if plan.final:  # the first tasks' images and report are published with the rest of its tasks
+        rest = _rest_of_final(plan.rest, len(plan.first), len(every), cfg.eval,
+                              dist.from_main(time.perf_counter() - started), plan.train_seconds, dist)
+        if rest:
+            scores = scores.merged(score(rest, f"{plan.what}, the rest"))
+        metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
+    else:
+        log_images(logger, scores.images(data.eval_set), step)
+    write_run_report(logger, f"{plan.what} at step {step}", plan.weights, step, cfg, {**metrics, **heldout},
+                     "eval" if plan.final else "val", scores, data.eval_set, heldout_pairs)
     return {**metrics, **heldout}
 
 
@@ -294,22 +321,12 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
     weights = checkpoint or "fresh weights"
     logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {weights}")
     started = time.time()
-    tasks = first_tasks(data.eval_set, cfg.eval.eval_tasks)  # -1 and 0: all
-    announce(dist, f"evaluation: {len(tasks)} of {len(data.splits.evaluation)} evaluation tasks, {describe(cfg)}")
     step = state.counters.optimizer_steps
+    plan = ValidationPass("evaluation", first_tasks(data.eval_set, cfg.eval.eval_tasks), [], True, False,
+                          str(weights), "evaluate")  # --eval_tasks -1 and 0: all
     try:
-        model, prompts = evaluation_view(state, cfg, device)
-        journal = open_journal(run_dir, "evaluate", model, cfg, dist.rank, dist.world_size)
-        deadline, submission = final_budget(cfg, data, device, dist, len(tasks), journal)
-        heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
-                                                 scored=len(tasks), journal=journal)
-        scores = score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
-                             desc="evaluate", journal=journal, deadline=deadline,
-                             submission=submission)
-        metrics = publish(scores, data.eval_set, deadline, step, cfg, dist, logger)
-        write_run_report(logger, "evaluation", str(weights), step, cfg, {**metrics, **heldout}, "eval", scores,
-                         data.eval_set, heldout_pairs)
-        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **metrics, **heldout}, dist)
+        metrics = run_validation(state, data, cfg, device, dist, logger, stop, plan, run_dir)
+        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **metrics}, dist)
     except Interrupted as err:
         kept = f"its finished tasks are journaled in {run_dir}: run the same command to continue" \
             if cfg.eval.journal else "nothing written as finished, run the same command to evaluate again"
