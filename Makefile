@@ -105,12 +105,11 @@ bench-data: $(STAMP)
 bench-data-cost: $(STAMP)
 	$(PY) -m bench.data_cost --re_arc $(RE_ARC)
 
-# recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc, placed,
-# re-arc + placed, placed in training, loop-vit): make bench-recipe ROWS=defaults,placed
-# [RE_ARC=path/to/re_arc.zip] [CURVE=7.5,15,30,60: one run, a checkpoint kept at each mark]
-# [VIEWS=8,64,256] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
+# recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc):
+# make bench-recipe ROWS=defaults,re-arc RE_ARC=path/to/re_arc.zip [CURVE=7.5,15,30,60: one run, a
+# checkpoint kept at each mark] [VIEWS=8,64,256] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
 # found there already trained is scored again]; the untrained start is always a row
-ROWS ?= defaults,placed
+ROWS ?= defaults,re-arc
 bench-recipe: $(STAMP)
 	$(PY) -m bench.recipe --rows "$(ROWS)" $(if $(RE_ARC),--re_arc $(RE_ARC)) $(if $(CURVE),--curve $(CURVE)) \
 		$(if $(VIEWS),--views $(VIEWS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(OUT),--out $(OUT))

@@ -35,7 +35,7 @@ class Agent(Protocol):
 
     def __call__(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
                  enclosed: torch.Tensor | None = None) -> torch.Tensor:
-        """input_canvas [B, S, S] int64 (S <= `--canvas_side`, 30 by default; data/canvas.py), prompt
+        """input_canvas [B, S, S] int64 (S <= 30; data/canvas.py), prompt
         [B, P] float, an adapter's rows for each sample or None, the canvas's enclosed background
         [B, S, S] bool as the batch carries it (data/enclosed.py; None: the agent computes it, which
         waits for a GPU) -> logits [B, S, S, 12] (10 colours, PAD, end-of-grid)."""

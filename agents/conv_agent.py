@@ -13,7 +13,6 @@ from agents.adapter import AdapterSlice
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
-from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 
@@ -41,14 +40,13 @@ class FiLMBlock(nn.Module):
 
 
 class FiLMConvAgent(nn.Module):
-    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
+    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= 30."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64,
-                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True,
-                 canvas_side: int = MAX_SIDE):
+                 dilations: tuple[int, ...] = (1, 2, 4, 8, 1, 2, 4, 8), views: bool = True):
         super().__init__()
         self.num_blocks, self.channels, self.num_views = len(dilations), channels, NUM_VIEWS if views else 0
-        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views)
         self.blocks = nn.ModuleList(FiLMBlock(channels=channels, prompt_dim=prompt_dim, dilation=d) for d in dilations)
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
 
@@ -58,8 +56,7 @@ class FiLMConvAgent(nn.Module):
         if cfg.agent_channels % GROUPS:
             raise ConfigError(f"--agent {cfg.agent} needs --agent_channels divisible by {GROUPS} (its GroupNorm "
                               f"groups), got {cfg.agent_channels}")
-        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views,
-                   canvas_side=cfg.canvas_side)
+        return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, views=cfg.input_views)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
                 enclosed: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,16 +22,14 @@ from agents.adapter import AdapterSlice
 from agents.cells import CellEmbedding, PromptedOutput
 from agents.contract import refuse_unread_options
 from agents.views import NUM_VIEWS
-from data.arc import MAX_SIDE
 from engine.config import AgentCfg
 from engine.errors import ConfigError
 from engine.precision import Float32LayerNorm
 
 HEAD_CHANNELS = 64  # channels of a head once the width allows (flash attention's common head size)
 MIN_HEADS = 4
-# Rotary wavelengths from 2*pi cells up to about 100 * 2*pi: a canvas is --canvas_side cells a side
-# (30, 64 in the placed recipes), so the slowest pair still tells every offset apart (a language
-# model's 10,000 spans a long text).
+# Rotary wavelengths from 2*pi cells up to about 100 * 2*pi: a canvas is at most 30 cells a side, so
+# the slowest pair still tells every offset apart (a language model's 10,000 spans a long text).
 ROPE_BASE = 100.0
 
 
@@ -82,10 +80,10 @@ class RopeBlock(nn.Module):
 
 
 class RopeTransformerAgent(nn.Module):
-    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= its canvas side."""
+    """An agents.contract.Agent: logits [B, S, S, 12] for any S <= 30."""
 
     def __init__(self, *, prompt_dim: int, channels: int = 64, layers: int = 3, prefix: int = 4, cycles: int = 1,
-                 views: bool = True, canvas_side: int = MAX_SIDE):
+                 views: bool = True):
         super().__init__()
         heads = heads_for(channels)
         if channels % heads or (channels // heads) % 4:
@@ -94,8 +92,7 @@ class RopeTransformerAgent(nn.Module):
         self.prefix, self.cycles, self.num_blocks, self.channels = prefix, cycles, layers, channels
         self.head_dim = channels // heads
         self.num_views = NUM_VIEWS if views else 0
-        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, side=canvas_side,
-                                   positions=False)
+        self.cells = CellEmbedding(prompt_dim=prompt_dim, channels=channels, views=views, positions=False)
         self.prompt_tokens = nn.Linear(prompt_dim, prefix * channels)
         self.blocks = nn.ModuleList(RopeBlock(channels, heads) for _ in range(layers))
         self.head = PromptedOutput(prompt_dim=prompt_dim, channels=channels)
@@ -104,8 +101,7 @@ class RopeTransformerAgent(nn.Module):
     def from_config(cls, cfg: AgentCfg, *, prompt_dim: int) -> RopeTransformerAgent:
         refuse_unread_options(cfg, reads=("agent_channels", "agent_layers", "agent_cycles"))
         return cls(prompt_dim=prompt_dim, channels=cfg.agent_channels, layers=cfg.agent_layers,
-                   cycles=cfg.agent_cycles, views=cfg.input_views,
-                   canvas_side=cfg.canvas_side)
+                   cycles=cfg.agent_cycles, views=cfg.input_views)
 
     def forward(self, input_canvas: torch.Tensor, prompt: torch.Tensor, adapter: AdapterSlice | None = None,
                 enclosed: torch.Tensor | None = None) -> torch.Tensor:

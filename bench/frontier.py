@@ -86,7 +86,6 @@ SETTINGS: dict[str, dict] = {
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
     "varc-600": {"ttt_view_rows": True, "ttt_steps": 600, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
-    "placed-shift-2": {"place_shift": 2},  # test-time training and the votes on views translated up to 2 cells
     # another model: from the untrained start only (the trained start's checkpoint is the default agent)
     "width-32": {"agent_channels": 32},
     "width-128": {"agent_channels": 128},

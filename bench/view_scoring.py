@@ -62,7 +62,7 @@ def per_sample(model, dataset, episodes: list[int], views: int, cfg: Config, dev
             cands = Candidates()
             host_logp = logp.cpu().numpy()
             for b, aug in enumerate(batch["augmentation"]):
-                grid, mean = decode_logp(host_logp[b], aug.placement)
+                grid, mean = decode_logp(host_logp[b])
                 cands.add(aug.invert_grid(grid), mean, aug, host_logp[b])
             host += clock(device) - start
     return host

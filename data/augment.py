@@ -1,20 +1,17 @@
-"""Reversible task augmentation: 8 dihedral transforms x colour permutations x demo order, and
-where the grids sit on the canvas (data/canvas.Placement).
+"""Reversible task augmentation: 8 dihedral transforms x colour permutations x demo order.
 
 One `Augmentation` is applied consistently to every grid of a task, and `invert_grid` maps a
-prediction made on the augmented task (read off its canvas with the placement) back to the original
-frame before it is scored.
+prediction made on the augmented task back to the original frame before it is scored.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from data.arc import NUM_COLOURS, ArcPair, ArcTask, Grid
-from data.canvas import Placement
 
 IDENTITY_PERM = tuple(range(NUM_COLOURS))
 AUGMENTATIONS_KEPT = 1 << 16
@@ -42,14 +39,12 @@ def dihedral_inverse(grid: Grid, k: int) -> Grid:
 @dataclass(frozen=True)
 class Augmentation:
     """`dihedral` in 0..7; `colours[c]` is the new colour of colour c; demo `demo_order[j]` is the
-    original demo shown at position j; `placement` is where its grids sit on the canvas (a grid
-    transform of its own: the view's grids keep their cells). `aug_id` names it (see `from_id`)."""
+    original demo shown at position j. `aug_id` names it (see `from_id`)."""
 
     dihedral: int = 0
     colours: tuple[int, ...] = IDENTITY_PERM
     demo_order: tuple[int, ...] | None = None
     aug_id: int = 0
-    placement: Placement = Placement()
 
     @classmethod
     @lru_cache(maxsize=AUGMENTATIONS_KEPT)
@@ -72,11 +67,7 @@ class Augmentation:
     @property
     def is_identity(self) -> bool:
         order_id = self.demo_order is None or self.demo_order == tuple(range(len(self.demo_order)))
-        return self.dihedral == 0 and self.colours == IDENTITY_PERM and order_id and self.placement.is_identity
-
-    def placed(self, placement: Placement) -> Augmentation:
-        """This augmentation with its grids placed so on the canvas."""
-        return replace(self, placement=placement)
+        return self.dihedral == 0 and self.colours == IDENTITY_PERM and order_id
 
     def grid(self, grid: Grid) -> Grid:
         return np.asarray(self.colours, dtype=np.int64)[dihedral(grid, self.dihedral)]

@@ -9,16 +9,14 @@ column just right of the grid and the row just below it:
                   P P P P P ...
 
 The height is the index of the first EOG in the grid's first column (the canvas side if none), the
-width the index of the first EOG in its first row. Placements, and batches cut to the side S
-their grids need (`fit_side`, `expected_extent`): docs/model.md, "Canvas" and "Scale-and-translate
-canvases". Cells beyond S are PAD in input and target, which the loss excludes: a cut changes what
-the agent sees, not what it is trained on.
+width the index of the first EOG in its first row. Batches are cut to the side S their grids need
+(`fit_side`, `expected_extent`): docs/model.md, "Canvas". Cells beyond S are PAD in input and
+target, which the loss excludes: a cut changes what the agent sees, not what it is trained on.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,76 +28,18 @@ EOG = NUM_COLOURS + 1  # 11
 NUM_CLASSES = NUM_COLOURS + 2  # 12
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where an episode's grids sit on the canvas: each cell drawn as a `scale` x `scale` block, the
-    grid's top-left cell at (`row`, `col`). The default is the top-left grid, one cell a cell."""
-
-    scale: int = 1
-    row: int = 0
-    col: int = 0
-
-    @property
-    def is_identity(self) -> bool:
-        return self == Placement()
-
-    def fits(self, shape: tuple[int, ...], side: int) -> bool:
-        """Whether a grid of `shape` placed so lies on a `side`-cell canvas (its markers may fall off)."""
-        return self.row + self.scale * shape[0] <= side and self.col + self.scale * shape[1] <= side
-
-    def side_for(self, extent: int) -> int:
-        """The canvas side holding grids of at most `extent` cells a side, placed so, with their markers."""
-        return max(self.row, self.col) + self.scale * extent + 1
-
-
-@dataclass(frozen=True)
-class Placing:
-    """How views place grids: integer scales up to `max_scale`, offsets up to `max_shift` cells along
-    each axis, on canvases of at most `side` cells (>= 30). The default places nothing."""
-
-    side: int = MAX_SIDE
-    max_scale: int = 1
-    max_shift: int = 0
-
-    def __post_init__(self) -> None:
-        if self.side < MAX_SIDE or self.max_scale < 1 or self.max_shift < 0:
-            raise ValueError(f"{self}: needs side >= {MAX_SIDE}, max_scale >= 1 and max_shift >= 0")
-
-    @property
-    def places(self) -> bool:
-        return self.max_scale > 1 or self.max_shift > 0
-
-    def draw(self, aug_id: int, extent: int) -> Placement:
-        """The placement of view `aug_id` for an episode whose grids are at most `extent` cells a side
-        (its expected output included): a scale drawn among those that fit with the markers, then an
-        offset on each axis among those that keep them on the canvas; the identity when none does.
-        Reproducible from the id and the extent, so every validation sees the same views."""
-        if not self.places or aug_id == 0:
-            return Placement()
-        rng = np.random.default_rng([aug_id, PLACEMENT_STREAM])
-        scales = [s for s in range(2, self.max_scale + 1) if s * extent + 1 <= self.side]
-        scale = int(rng.choice([1, *scales]))
-        room = max(0, min(self.max_shift, self.side - 1 - scale * extent))
-        row, col = (int(x) for x in rng.integers(0, room + 1, size=2))
-        return Placement(scale, row, col)
-
-
-PLACEMENT_STREAM = 0x91ACE  # a view's placement is drawn from its own stream of the view id
-
-
-def encode(grid: Grid, placement: Placement = Placement(), side: int = MAX_SIDE) -> np.ndarray:
-    """Grid [h, w] int64 -> canvas [side, side] int64 with PAD and EOG markers, the grid placed by
-    `placement` (ValueError when it does not fit)."""
+def encode(grid: Grid, side: int = MAX_SIDE) -> np.ndarray:
+    """Grid [h, w] int64 -> canvas [side, side] int64 with PAD and EOG markers, the grid at the
+    top-left (ValueError when it does not fit)."""
     h, w = grid.shape
-    s, r, c = placement.scale, placement.row, placement.col
-    if not placement.fits(grid.shape, side):
-        raise ValueError(f"a {h}x{w} grid at {placement} does not fit a {side}x{side} canvas")
+    if h > side or w > side:
+        raise ValueError(f"a {h}x{w} grid does not fit a {side}x{side} canvas")
     canvas = np.full((side, side), PAD, dtype=np.int64)
-    canvas[r: r + s * h, c: c + s * w] = np.repeat(np.repeat(grid, s, 0), s, 1)
-    if c + s * w < side:
-        canvas[r: min(r + s * h + 1, side), c + s * w] = EOG
-    if r + s * h < side:
-        canvas[r + s * h, c: min(c + s * w + 1, side)] = EOG
+    canvas[:h, :w] = grid
+    if w < side:
+        canvas[: min(h + 1, side), w] = EOG
+    if h < side:
+        canvas[h, : min(w + 1, side)] = EOG
     return canvas
 
 
@@ -139,40 +79,35 @@ def grid_extent(canvas: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return first(column == EOG), first(row == EOG)
 
 
-def decode(canvas: np.ndarray, placement: Placement = Placement()) -> Grid:
-    """Canvas [S, S] int64 -> grid [h, w] int64; the exact inverse of `encode` with the same
-    placement (cut to any S that holds the grid and its markers).
+def decode(canvas: np.ndarray) -> Grid:
+    """Canvas [S, S] int64 -> grid [h, w] int64; the exact inverse of `encode` (cut to any S that
+    holds the grid and its markers).
 
     Size is read from the EOG markers; cells inside the grid that are not colours (a malformed
     prediction) are kept as they are, so they can never match a target colour.
     """
-    s, r, c = placement.scale, placement.row, placement.col
-    h, w = _first(canvas[r:, c], EOG), _first(canvas[r, c:], EOG)
-    return canvas[r: r + max(h, s): s, c: c + max(w, s): s].copy()
+    h, w = _first(canvas[:, 0], EOG), _first(canvas[0], EOG)
+    return canvas[: max(h, 1), : max(w, 1)].copy()
 
 
-def decode_logp(logp: np.ndarray, placement: Placement = Placement()) -> tuple[Grid, float]:
+def decode_logp(logp: np.ndarray) -> tuple[Grid, float]:
     """One view's log-softmax over all classes [S, S, 12] float32 -> (predicted grid [h, w] int64, its
     mean colour log-probability a cell, float).
 
     The size comes from the end-of-grid markers of the argmax over all classes, read from the
-    placement's top-left (the nearest whole number of cells at its scale); each cell is the colour
-    most probable over its s x s block (the colour log-softmax summed over the block), so every cell
-    of a decoded prediction is a valid colour. Unplaced: the argmax over the 10 colours of each cell.
+    top-left (at least one cell); each cell is the argmax over the 10 colours (the colour
+    log-softmax), so every cell of a decoded prediction is a valid colour.
     """
-    side, s, r, c = logp.shape[0], placement.scale, placement.row, placement.col
     full = logp.argmax(-1)
-    h = max(1, min(int(_first(full[r:, c], EOG) / s + 0.5), (side - r) // s))
-    w = max(1, min(int(_first(full[r, c:], EOG) / s + 0.5), (side - c) // s))
-    colour = logp[r: r + s * h, c: c + s * w, :NUM_COLOURS]
+    h, w = max(1, _first(full[:, 0], EOG)), max(1, _first(full[0], EOG))
+    colour = logp[:h, :w, :NUM_COLOURS]
     peak = colour.max(-1, keepdims=True)  # log-softmax over the colours alone, stably
     colour = colour - (peak + np.log(np.exp(colour - peak).sum(-1, keepdims=True)))
-    blocks = colour.reshape(h, s, w, s, NUM_COLOURS).sum((1, 3))
-    return blocks.argmax(-1).astype(np.int64), float(blocks.max(-1).mean() / (s * s))
+    return colour.argmax(-1).astype(np.int64), float(colour.max(-1).mean())
 
 
 def decode_logits(logits: torch.Tensor) -> Grid:
-    """Logits [S, S, C] (any float dtype) -> predicted grid [h, w] int64 of an unplaced view (see decode_logp)."""
+    """Logits [S, S, C] (any float dtype) -> predicted grid [h, w] int64 (see decode_logp)."""
     return decode_logp(torch.log_softmax(logits.float(), -1).cpu().numpy())[0]
 
 

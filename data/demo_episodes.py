@@ -25,11 +25,10 @@ class DemoEpisodes:
         self.episodes = [training_episodes((ArcTask(t.task_id, t.train, ()),)) for t in tasks]  # demos only
         flat = [ep for eps in self.episodes for ep in eps]
         # demo outputs are known; the task embedding rows are the evaluation set's
-        self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows,
-                                      placing=eval_set.placing)
+        self.dataset = EpisodeDataset(flat, eval_set.scale, canvas=eval_set.canvas, task_rows=eval_set.task_rows)
         self.first = np.cumsum([0] + [len(e) for e in self.episodes])[:-1]
         self.views = view_ids(views)
-        self.sides = _pool_sides(self.dataset, [len(e) for e in self.episodes], self.views)
+        self.sides = _pool_sides(self.dataset, [len(e) for e in self.episodes])
         self.seed = [seed, zlib.crc32("|".join(t.task_id for t in tasks).encode())]
         self.restart_draws()
         self.samples: dict[tuple[int, int], dict] = {}
@@ -73,16 +72,17 @@ class DemoEpisodes:
 
 def pool_side(task: ArcTask, eval_set: EpisodeDataset, views: int) -> int:
     """The side DemoEpisodes cuts `task`'s batches to (0 for a task of one demo), without computing
-    its samples: what tasks adapted together are grouped by."""
+    its samples: what tasks adapted together are grouped by. Any number of `views` gives the same
+    side (a sample's side is its episode's, whatever its view)."""
     episodes = training_episodes((ArcTask(task.task_id, task.train, ()),))
-    dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas, placing=eval_set.placing,
+    dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas,
                              scores=np.zeros(len(episodes)))  # no difficulty scores: only the sides are read
-    return _pool_sides(dataset, [len(episodes)], view_ids(views))[0]
+    return _pool_sides(dataset, [len(episodes)])[0]
 
 
-def _pool_sides(dataset: EpisodeDataset, counts: list[int], views: list[int]) -> list[int]:
+def _pool_sides(dataset: EpisodeDataset, counts: list[int]) -> list[int]:
     """The largest sample side of each task's pool: its `counts[t]` episodes (consecutive in
-    `dataset`, task by task) under each of `views`."""
+    `dataset`, task by task), under any view."""
     firsts = np.cumsum([0, *counts])[:-1]
-    return [max((dataset.side_of(int(first) + j, v) for j in range(n) for v in views), default=0)
+    return [max((int(dataset.sides[int(first) + j]) for j in range(n)), default=0)
             for first, n in zip(firsts, counts, strict=True)]

@@ -26,8 +26,7 @@ def enclosed_background(canvas: np.ndarray, h: np.ndarray, w: np.ndarray) -> np.
     rows, cols = idx[None, :, None], idx[None, None, :]
     in_grid = (rows < h[:, None, None]) & (cols < w[:, None, None])
     background = (canvas == 0) & in_grid
-    # the grid's edge: beside a cell outside it (PAD or a marker) or on the canvas border, so a grid
-    # placed away from the top-left (data/canvas.Placement) has the same edge as at the top-left
+    # the grid's edge: beside a cell outside it (PAD or a marker) or on the canvas border
     off_grid = np.pad((canvas >= NUM_COLOURS) | ~in_grid, ((0, 0), (1, 1), (1, 1)), constant_values=True)
     edge = off_grid[:, :-2, 1:-1] | off_grid[:, 2:, 1:-1] | off_grid[:, 1:-1, :-2] | off_grid[:, 1:-1, 2:]
     outside = background & edge

@@ -15,7 +15,7 @@ from torch.utils.data import Dataset
 
 from data.arc import MAX_SIDE, NUM_COLOURS, ArcPair, ArcTask
 from data.augment import Augmentation, view_ids
-from data.canvas import PAD, Placement, Placing, encode, expected_extent, fit_side
+from data.canvas import PAD, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
 from data.enclosed import enclosed_map
 from data.features import COOC_AT, HIST_AT, RELATION_DIM, difficulty, numeric_features, relation_features
@@ -72,12 +72,12 @@ def episode_difficulty(ep: Episode) -> float:
 
 CANVAS_MODES = ("fit", "bucket", "full")
 # --canvas bucket's sides: a handful of shapes for a compiled agent (docs/model.md, "Models")
-CANVAS_BUCKETS = (8, 12, 16, 20, 25, 30, 40, 50, 64, 80, 100, 128)
+CANVAS_BUCKETS = (8, 12, 16, 20, 25, 30)
 
 
-def bucket_side(side: int, limit: int) -> int:
-    """The smallest of CANVAS_BUCKETS below `limit` that holds `side`; else `limit`, the canvas's side."""
-    return min([b for b in CANVAS_BUCKETS if side <= b < limit] + [limit])
+def bucket_side(side: int) -> int:
+    """The smallest of CANVAS_BUCKETS that holds `side` (<= 30)."""
+    return min(b for b in CANVAS_BUCKETS if side <= b)
 
 
 def episode_extent(ep: Episode, fit_target: bool) -> int:
@@ -99,26 +99,24 @@ class EpisodeDataset(Dataset):
 
     def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
                  scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True,
-                 task_rows: dict[str, int] | None = None, placing: Placing = Placing()):
+                 task_rows: dict[str, int] | None = None):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
         `canvas`: "fit" cuts each batch to the side its episodes need, "bucket" to the smallest of
-        CANVAS_BUCKETS holding it, "full" keeps 30x30 (the placing's side with placed views).
+        CANVAS_BUCKETS holding it, "full" keeps 30x30.
         `fit_target`: False for evaluation episodes, whose side must not depend on their output and
         whose samples carry no target at all (docs/invariants.md #8).
-        `task_rows`: task id -> row of the model's task embedding (-1 for a task without one).
-        `placing`: where views other than the identity place the grids (data/canvas.Placing; the
-        default: at the top-left of a 30x30 canvas)."""
+        `task_rows`: task id -> row of the model's task embedding (-1 for a task without one)."""
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
         self.permute_background, self.fit_target = permute_background, fit_target
-        self.task_rows, self.placing = task_rows or {}, placing
+        self.task_rows = task_rows or {}
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
-        # the unplaced side of each episode (what batches are bucketed by)
-        self.sides = np.array([self._cut(fit_side((x,)), MAX_SIDE) for x in self.extents], dtype=np.int64)
+        # the canvas side of each episode's samples, under any view (what batches are bucketed by)
+        self.sides = np.array([self._cut(fit_side((x,))) for x in self.extents], dtype=np.int64)
         # features by (episode, dihedral, background colour), a sample's features and texts by (episode,
-        # view id), view sets by (demos, extent, views): see view_features, described, view_set
+        # view id), view sets by (demos, side, views): see view_features, described, view_set
         self._described: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._samples: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]] = {}
         self._view_sets: dict[tuple[int, int, int], ViewSet] = {}
@@ -126,31 +124,21 @@ class EpisodeDataset(Dataset):
     def __len__(self) -> int:
         return len(self.episodes)
 
-    def side_of(self, index: int, aug_id: int) -> int:
-        """The canvas side sample (index, aug_id) needs: its episode's, or its placement's."""
-        extent = int(self.extents[index])
-        placement = self.placing.draw(aug_id, extent)
-        if placement.is_identity:
-            return int(self.sides[index])
-        return self._cut(min(self.placing.side, placement.side_for(extent)), self.placing.side)
-
-    def _cut(self, side: int, limit: int) -> int:
-        """The canvas side of a sample whose grids need `side`, on a canvas of `limit` cells a side."""
-        return {"fit": side, "bucket": bucket_side(side, limit), "full": limit}[self.canvas]
+    def _cut(self, side: int) -> int:
+        """The canvas side of a sample whose grids need `side`."""
+        return {"fit": side, "bucket": bucket_side(side), "full": MAX_SIDE}[self.canvas]
 
     def __getitem__(self, item: tuple[int, int]) -> dict:
         index, aug_id = item
         ep = self.episodes[index]
-        extent = int(self.extents[index])
-        placement = self.placing.draw(aug_id, extent)
-        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background).placed(placement)
+        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background)
         query_in = aug.grid(ep.query.input)
-        side = self.side_of(index, aug_id)
+        side = int(self.sides[index])
         percentile = self.scale.percentile(self.scores[index])
         ctrl = [percentile, float(self.scale.is_easy(self.scores[index])), float(not aug.is_identity)]
         numeric, relation, demo_texts = self.described(index, aug)
         sample = {
-            "input": torch.from_numpy(self.encode(query_in, placement)),
+            "input": torch.from_numpy(encode(query_in)),
             "numeric": numeric,
             "relation": relation,
             "ctrl": torch.tensor(ctrl, dtype=torch.float32),
@@ -164,8 +152,8 @@ class EpisodeDataset(Dataset):
         }
         if self.fit_target:  # a loss's: training, held-out and demo episodes; a test input without a known
             # output (a task to predict) gets a target of PAD only, which no loss counts
-            sample["target"] = torch.from_numpy(self.encode(aug.grid(ep.query.output), placement) if ep.query.answered
-                                                else np.full((self.canvas_side,) * 2, PAD, dtype=np.int64))
+            sample["target"] = torch.from_numpy(encode(aug.grid(ep.query.output)) if ep.query.answered
+                                                else np.full((MAX_SIDE,) * 2, PAD, dtype=np.int64))
         return sample
 
     def described(self, index: int, aug: Augmentation) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]:
@@ -227,30 +215,15 @@ class EpisodeDataset(Dataset):
 
     def view_set(self, index: int, views: int) -> ViewSet:
         """The first `views` evaluation views of episode `index` (data.augment.view_ids) as the dataset
-        draws them, placed, with their canvas sides: built once for every episode of the same demo
-        count and extent (what a view's augmentation and placement depend on)."""
+        draws them, with their canvas sides (the episode's): built once for every episode of the same
+        demo count and side (what a view's augmentation and side depend on)."""
         ep = self.episodes[index]
-        # unplaced views: the side is the episode's, whatever its extent
-        key = (len(ep.context), int(self.extents[index] if self.placing.places else self.sides[index]), views)
+        key = (len(ep.context), int(self.sides[index]), views)
         if key not in self._view_sets:
             ids = view_ids(views)
-            augs = [Augmentation.from_id(a, len(ep.context), self.permute_background).placed(
-                self.placing.draw(a, int(self.extents[index]))) for a in ids]
-            self._view_sets[key] = ViewSet.of(augs, [self.side_of(index, a) for a in ids])
+            augs = [Augmentation.from_id(a, len(ep.context), self.permute_background) for a in ids]
+            self._view_sets[key] = ViewSet.of(augs, [int(self.sides[index])] * len(ids))
         return self._view_sets[key]
-
-    @property
-    def canvas_side(self) -> int:
-        """C, the side of every sample's canvases before collate cuts them: 30, or the placing's side."""
-        return self.placing.side if self.placing.places else MAX_SIDE
-
-    def encode(self, grid: np.ndarray, placement: Placement) -> np.ndarray:
-        """Grid [h, w] int64 -> canvas [C, C] int64; a grid the placement leaves no room for (an
-        evaluation target beyond its predicted extent) is cut at the canvas edge, as an unplaced one
-        is at S (scoring reads the grids)."""
-        side = self.canvas_side
-        fits = grid[: (side - placement.row) // placement.scale, : (side - placement.col) // placement.scale]
-        return encode(fits, placement, side)
 
 
 def with_enclosed(sample: dict) -> dict:
@@ -273,7 +246,7 @@ def collate(samples: list[dict], side: int | None = None) -> dict:
     """Stack a list of samples into a batch, its canvases cut to `side`, by default the largest
     side S among them (a larger one: the samples' canvases hold it).
 
-    Returns: input [B, S, S] int64 (S <= the placing's canvas side, 30 by default), and target
+    Returns: input [B, S, S] int64 (S <= 30), and target
     [B, S, S] int64 where the samples carry one (not an evaluation set's);
     input_enclosed [B, S, S] bool (the input's enclosed background, data/enclosed.py);
     numeric [B, 15], relation [B, 129], ctrl [B, 3]

@@ -4,7 +4,7 @@ Scoring votes over hundreds of views of each test input (`--eval_augments`). Bui
 time (`EpisodeDataset[(episode, view)]`, then `collate`) a view costs about 1.5 ms of host work: its
 features, its canvas, its inverse later; the model's forward of it costs far less on a GPU. Here a
 test input's views are a `ViewSet` (their augmentations as tensors, built once for every episode of
-the same demo count and extent), its canvases are gathered from the grid through the dihedral maps
+the same demo count and side), its canvases are gathered from the grid through the dihedral maps
 below (`encode_views`), its features are its task's, computed once a dihedral transform and
 background colour and permuted for the view's colours (EpisodeDataset.view_features), and the batch
 is what `collate` would stack of the same samples (tests/test_view_batch.py checks it key by key).
@@ -56,28 +56,23 @@ def view_cell(k: torch.Tensor, h: torch.Tensor, w: torch.Tensor, i: torch.Tensor
 @dataclass(frozen=True)
 class ViewSet:
     """V views of an episode, the identity first (data.augment.view_ids), as the dataset draws them:
-    `augmentations` (each placed), and the same as int64 tensors on the CPU: dihedral [V], colours
-    [V, 10] (colours[v, c]: the new colour of c), inverse [V, 10] (its inverse permutation), scale,
-    row, col [V] (the placement), side [V] (the canvas side a sample of the view needs), and
-    augmented [V] float32 (1: not the identity, the ctrl feature)."""
+    `augmentations`, and the same as int64 tensors on the CPU: dihedral [V], colours [V, 10]
+    (colours[v, c]: the new colour of c), inverse [V, 10] (its inverse permutation), side [V] (the
+    canvas side a sample of the view needs), and augmented [V] float32 (1: not the identity, the
+    ctrl feature)."""
 
     augmentations: tuple[Augmentation, ...]
     dihedral: torch.Tensor
     colours: torch.Tensor
     inverse: torch.Tensor
-    scale: torch.Tensor
-    row: torch.Tensor
-    col: torch.Tensor
     side: torch.Tensor
     augmented: torch.Tensor
 
     @classmethod
     def of(cls, augmentations: list[Augmentation], sides: list[int]) -> ViewSet:
         colours = torch.tensor([a.colours for a in augmentations], dtype=torch.int64)
-        placements = torch.tensor([(a.placement.scale, a.placement.row, a.placement.col) for a in augmentations],
-                                  dtype=torch.int64).reshape(-1, 3)
         return cls(tuple(augmentations), torch.tensor([a.dihedral for a in augmentations], dtype=torch.int64),
-                   colours, colours.argsort(1), *placements.unbind(1), torch.tensor(sides, dtype=torch.int64),
+                   colours, colours.argsort(1), torch.tensor(sides, dtype=torch.int64),
                    torch.tensor([float(not a.is_identity) for a in augmentations], dtype=torch.float32))
 
     def __len__(self) -> int:
@@ -86,40 +81,38 @@ class ViewSet:
     def part(self, lo: int, hi: int) -> ViewSet:
         """Views lo..hi-1."""
         return ViewSet(self.augmentations[lo:hi], *(t[lo:hi] for t in (
-            self.dihedral, self.colours, self.inverse, self.scale, self.row, self.col, self.side, self.augmented)))
+            self.dihedral, self.colours, self.inverse, self.side, self.augmented)))
 
     @staticmethod
     def cat(parts: list[ViewSet]) -> ViewSet:
         return ViewSet(tuple(a for p in parts for a in p.augmentations), *(torch.cat(ts) for ts in zip(*(
-            (p.dihedral, p.colours, p.inverse, p.scale, p.row, p.col, p.side, p.augmented) for p in parts),
+            (p.dihedral, p.colours, p.inverse, p.side, p.augmented) for p in parts),
             strict=True)))
 
 
 def encode_views(grid: np.ndarray, views: ViewSet, side: int) -> torch.Tensor:
     """One grid [h, w] int64 (task frame) under every view -> canvases [V, side, side] int64: what
-    `data.canvas.encode(view.grid(grid), view.placement, side)` gives each view (the grid placed,
-    its end-of-grid markers, PAD beyond; a grid must fit every view's placement, as inputs do)."""
+    `data.canvas.encode(view.grid(grid), side)` gives each view (the grid at the top-left, its
+    end-of-grid markers, PAD beyond)."""
     g = torch.from_numpy(np.ascontiguousarray(grid))
     h, w = g.shape
-    k, s, r0, c0 = (t[:, None, None] for t in (views.dihedral, views.scale, views.row, views.col))
+    k = views.dihedral[:, None, None]
     turned = swaps_shape(k)
     vh, vw = torch.where(turned, w, h), torch.where(turned, h, w)  # the view-frame shape
     p, q = torch.arange(side)[None, :, None], torch.arange(side)[None, None, :]
-    a, b = torch.div(p - r0, s, rounding_mode="floor"), torch.div(q - c0, s, rounding_mode="floor")
-    inside = (p >= r0) & (q >= c0) & (a < vh) & (b < vw)
-    i, j = task_cell(k, torch.tensor(h), torch.tensor(w), a, b)
+    inside = (p < vh) & (q < vw)
+    i, j = task_cell(k, torch.tensor(h), torch.tensor(w), p, q)
     cells = g[i.clamp(0, h - 1), j.clamp(0, w - 1)]  # [V, side, side], read only where inside
     values = views.colours.gather(1, cells.reshape(len(views), -1)).view_as(cells)
-    eog = end_markers(p, q, r0, c0, r0 + s * vh, c0 + s * vw)
+    eog = end_markers(p, q, vh, vw)
     return torch.where(inside, values, torch.where(eog, torch.tensor(EOG), torch.tensor(PAD)))
 
 
-def end_markers(p: torch.Tensor, q: torch.Tensor, r0: torch.Tensor, c0: torch.Tensor, bottom: torch.Tensor,
-                right: torch.Tensor) -> torch.Tensor:
-    """Whether canvas cell (p, q) holds an end-of-grid marker of a grid placed from (r0, c0) whose
-    blocks end at row `bottom` and column `right` (data.canvas.encode's markers: the column right of
-    the grid and the row below it, their corner included). Broadcasting int64 tensors -> bool."""
-    return ((q == right) & (p >= r0) & (p <= bottom)) | ((p == bottom) & (q >= c0) & (q <= right))
+def end_markers(p: torch.Tensor, q: torch.Tensor, bottom: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """Whether canvas cell (p, q) holds an end-of-grid marker of a grid at the top-left whose cells
+    end at row `bottom` and column `right` (data.canvas.encode's markers: the column right of the
+    grid and the row below it, their corner included). Broadcasting int64 tensors -> bool."""
+    return ((q == right) & (p <= bottom)) | ((p == bottom) & (q <= right))
 
 
 def view_batch(dataset, segments: list[tuple[int, ViewSet]], texts: bool = True) -> dict:

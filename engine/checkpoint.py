@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -142,6 +143,9 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
         problem = damage(p)
         if problem:
             raise ConfigError(f"--resume {path}: checkpoint damaged: {problem}")
+        planted = code_in_state(p)
+        if planted:
+            raise ConfigError(f"--resume {path}: {planted}")
         return p
     root = p if (p / LATEST).is_file() or p.name == "checkpoints" else p / "checkpoints"
     candidates = sorted(root.glob("step_*"), reverse=True)
@@ -154,6 +158,9 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
     problems = []
     for folder in candidates:
         problem = damage(folder)
+        planted = None if problem else code_in_state(folder)
+        if planted:  # not damage but a file written to run code: the folder is not to be trusted, no older one used
+            raise ConfigError(f"--resume {path}: {planted}")
         if problem is None:
             if problems and not quiet:
                 print(f"warning: --resume {path}: {'; '.join(problems)}; resuming from {folder.name}, the newest "
@@ -163,11 +170,39 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
     raise ConfigError(f"--resume {path}: no intact checkpoint: {'; '.join(problems)}")
 
 
+# What state.pt holds beyond tensors and plain containers: numpy's RNG state, one uint32 array
+# (under numpy 1 its reconstruct function had another module). Nothing else is unpickled: a state.pt
+# naming any other global would run code when read, and is refused before it is read.
+STATE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct,
+                 (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+_ALLOWED = {"numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"}
+
+
+def code_in_state(folder: Path) -> str | None:
+    """What in a checkpoint's state.pt would run code when unpickled (the globals it names beyond
+    STATE_GLOBALS, read from the archive without unpickling it), in a few words; None if nothing."""
+    path = folder / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - _ALLOWED
+    except (RuntimeError, ValueError, OSError, EOFError) as err:  # not a torch archive
+        return f"{path} is not a torch archive ({str(err).splitlines()[0]})"
+    if named:
+        return f"{path} names {', '.join(sorted(named))}, which would run code when read: refused"
+    return None
+
+
 def load_state(folder: Path) -> dict:
-    """state.pt of a checkpoint that `find_checkpoint` has checked."""
-    # weights_only=False: state.pt holds RNG states (numpy arrays, tuples) that this suite wrote itself,
-    # and its checksum has just been verified.
-    return torch.load(folder / STATE_FILE, weights_only=False)
+    """state.pt of a checkpoint that `find_checkpoint` has checked, read by torch's weights-only
+    unpickler with STATE_GLOBALS allowed (tensors, numbers, strings, containers, numpy's RNG array)."""
+    with torch.serialization.safe_globals(STATE_GLOBALS):
+        try:
+            return torch.load(folder / STATE_FILE, weights_only=True)
+        except pickle.UnpicklingError as err:  # torch's message: the refused global is on a line of its own
+            why = next((line for line in str(err).splitlines() if "got" in line or "Unsupported" in line), "")
+            raise ConfigError(f"{folder / STATE_FILE}: holds what a checkpoint never stores, refused "
+                              f"({why.strip()})") from None
 
 
 def is_weights_only(folder: Path) -> bool:

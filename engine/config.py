@@ -15,6 +15,7 @@ agents/__init__.py), so this file names no agent.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -36,10 +37,41 @@ COMPILE_SCOPES = ("agent", "blocks")  # what --compile compiles (agents.build_ag
 COMPILE_BACKENDS = ("inductor", "aot_eager_decomp_partition", "aot_eager", "eager")
 
 
-def flag(default, help: str, choices: tuple | None = None, *, model: bool = False,  # noqa: A002 - mirrors argparse
-         result_free: bool = False, resume_free: bool = False):
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric flag can mean: lo and hi its bounds (None: none), each closed unless open."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        return above and (self.hi is None or (value < self.hi if self.hi_open else value <= self.hi))
+
+    def __str__(self) -> str:
+        if self.hi is None:
+            return f"{'>' if self.lo_open else '>='} {self.lo}"
+        return f"in {'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
+
+
+POSITIVE = Range(0, lo_open=True)  # > 0: a learning rate, a scale
+NON_NEGATIVE = Range(0)  # >= 0: a count whose 0 means none or off, a weight, a budget whose 0 means no limit
+AT_LEAST_ONE = Range(1)  # >= 1: a size, a count of which one at least is needed
+SHARE = Range(0, 1, hi_open=True)  # in [0, 1): a fraction below the whole (a warm-up, a dropout, a smoothing)
+PROBABILITY = Range(0, 1)  # in [0, 1]
+SEEDS = Range(0, 2**32 - 1)  # numpy's seeds (np.random.seed refuses any other)
+
+
+def flag(default, help: str, choices: tuple | None = None, *, within: Range | None = None,  # noqa: A002 - argparse
+         model: bool = False, result_free: bool = False, resume_free: bool = False):
     """A command-line flag, and what it is, declared once, here:
 
+    - `within`: the values a numeric flag can mean; every int and float flag has one (and no other),
+      and its sub-config refuses a value outside it in one line naming the flag (_check).
     - `model`: it builds the model's weights (a checkpoint holds it; --resume builds the model from
       it: MODEL_FLAGS).
     - `result_free`: a validation's journal ignores it, so it may change between a stop and the
@@ -54,29 +86,26 @@ def flag(default, help: str, choices: tuple | None = None, *, model: bool = Fals
       it is computed), so `--resume` takes a new value without a warning (RESUME_FREE, with every
       validation flag: validation never changes what is learned).
 
-    tests/test_config.py holds each declaration to what the flag does."""
+    tests/test_config.py and tests/test_flag_ranges.py hold each declaration to what the flag does."""
     if model and result_free:
         raise ValueError("a flag that builds the model changes a task's result")
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "model": model,
-                                                        "result_free": result_free, "resume_free": resume_free})
+    numeric = isinstance(default, int | float) and not isinstance(default, bool)
+    if numeric != (within is not None) or (within is not None and not within.holds(default)):
+        raise ValueError(f"flag {default!r}: a numeric flag, and only one, declares the range its default is in")
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices, "within": within,
+                                                        "model": model, "result_free": result_free,
+                                                        "resume_free": resume_free})
 
 
-def _check(cfg, at_least_one: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
-           below_one: tuple[str, ...] = ()) -> None:
-    """Range checks and choices of a sub-config's flags (below_one: in [0, 1))."""
-    for name in at_least_one:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in non_negative:
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{name} must be >= 0, got {getattr(cfg, name)}")
-    for name in below_one:
-        if not 0 <= getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name} must be in [0, 1), got {getattr(cfg, name)}")
+def _check(cfg) -> None:
+    """Each flag of a sub-config within its declared range and among its choices: one line naming it."""
     for f in dataclasses.fields(cfg):
-        choices = f.metadata.get("choices")
-        if choices and getattr(cfg, f.name) not in choices:
-            raise ConfigError(f"--{f.name} {getattr(cfg, f.name)}: choose one of {', '.join(map(str, choices))}")
+        value, within, choices = getattr(cfg, f.name), f.metadata["within"], f.metadata["choices"]
+        if within is not None and not within.holds(value):
+            finite = "" if math.isfinite(value) else "a finite number "
+            raise ConfigError(f"--{f.name} {value}: must be {finite}{within}")
+        if choices and value not in choices:
+            raise ConfigError(f"--{f.name} {value}: choose one of {', '.join(map(str, choices))}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,35 +120,32 @@ class DataCfg:
     synthetic_rules: str = flag(",".join(FAMILIES), "synthetic:<n> training rule families (comma-separated)")
     synthetic_eval_rules: str = flag(",".join(FAMILIES), "synthetic:<n> evaluation rule families")
     synthetic_size: str = flag("3-10", "synthetic:<n> grid side range, lo-hi")
-    re_arc_sets: int = flag(8, "re-arc: demo sets per task, each --re_arc_demos demos and a query", result_free=True)
-    re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set", result_free=True)
-    hold_out_tests: int = flag(0, "hold the first N training tasks' test pairs out of training (demos still train)")
-    batch_size: int = flag(8, "episodes per micro-batch", result_free=True)
+    re_arc_sets: int = flag(8, "re-arc: demo sets per task, each --re_arc_demos demos and a query", result_free=True,
+                            within=AT_LEAST_ONE)
+    re_arc_demos: int = flag(3, "re-arc:<path>: demos per drawn demo set", result_free=True, within=AT_LEAST_ONE)
+    hold_out_tests: int = flag(0, "hold the first N training tasks' test pairs out of training (demos still train)",
+                               within=NON_NEGATIVE)
+    batch_size: int = flag(8, "episodes per micro-batch", result_free=True, within=AT_LEAST_ONE)
     train_on_eval_demos: bool = flag(False, "transductive: the evaluation tasks' demo pairs join training (leave-one-"
                                             "out among them); their test outputs never do")
     augment: bool = flag(True, "random dihedral x colour x demo-order augmentation of training", result_free=True)
     augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen encodes each "
-                             "(demo, augmentation) once (0: a fresh one every time)", result_free=True)
+                             "(demo, augmentation) once (0: a fresh one every time)", result_free=True,
+                             within=NON_NEGATIVE)
     permute_background: bool = flag(False, "let augmentation permute colour 0 too", result_free=True)
     canvas: str = flag("fit", "agent canvas: fit (the side a batch needs; evaluation predicts it from the demos), "
-                       "bucket (the smallest of 8, 12, 16, 20, 25, 30, ... holding it: few compiles) or full (30x30)",
+                       "bucket (the smallest of 8, 12, 16, 20, 25, 30 holding it: few compiles) or full (30x30)",
                        CANVAS_MODES)
-    place_scale: int = flag(1, "views other than the identity draw an episode's grids at a random integer scale "
-                               "up to this (each cell an s x s block), where they fit --canvas_side (1: off)")
-    place_shift: int = flag(0, "views other than the identity draw an episode's grids at a random offset of up to "
-                               "this many cells along each axis, where --canvas_side has room (0: off)")
-    place_validation: bool = flag(True, "validation and test-time training place grids too (false: training only)")
-    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side (0: off)", result_free=True)
-    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True)
-    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True)
-    num_workers: int = flag(0, "DataLoader worker processes", result_free=True, resume_free=True)
+    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side (0: off)", result_free=True,
+                             within=NON_NEGATIVE)
+    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True,
+                              within=PROBABILITY)
+    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True,
+                             within=PROBABILITY)
+    num_workers: int = flag(0, "DataLoader worker processes", result_free=True, resume_free=True, within=NON_NEGATIVE)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("batch_size", "re_arc_sets", "re_arc_demos", "place_scale"),
-               non_negative=("augment_pool", "size_buckets", "num_workers", "place_shift", "hold_out_tests"))
-        for name in ("easy_warmup", "easy_later"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ConfigError(f"--{name} must be a share in [0, 1], got {getattr(self, name)}")
+        _check(self)
         self.synthetic_sizes()
         unknown = sorted(set(self.synthetic_families(True) + self.synthetic_families(False)) - set(FAMILIES))
         if unknown or not self.synthetic_families(True) or not self.synthetic_families(False):
@@ -147,17 +173,18 @@ class QwenCfg:
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
                            ("float32", "bfloat16", "float16"), model=True)
     qwen_pooling: str = flag("mean", "mean or last token of a demo's Qwen states", ("mean", "last"), model=True)
-    qwen_encode_batch: int = flag(16, "demo texts per Qwen forward")
-    max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)")
-    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora", model=True)
-    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora", model=True)
-    prompt_refresh: int = flag(10, "trainable Qwen: re-encode with gradients every N micro-batches", result_free=True)
+    qwen_encode_batch: int = flag(16, "demo texts per Qwen forward", within=AT_LEAST_ONE)
+    max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)",
+                                  within=NON_NEGATIVE)
+    lora_rank: int = flag(8, "LoRA rank with --qwen_train lora", model=True, within=AT_LEAST_ONE)
+    lora_alpha: int = flag(16, "LoRA alpha with --qwen_train lora", model=True, within=AT_LEAST_ONE)
+    prompt_refresh: int = flag(10, "trainable Qwen: re-encode with gradients every N micro-batches", result_free=True,
+                               within=AT_LEAST_ONE)
     prompt_cache_dir: str = flag("", "frozen Qwen: folder of the on-disk prompt cache (default: prompt_cache/ "
                                      "beside the run folder; 'none': memory only)", result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("qwen_encode_batch", "lora_rank", "lora_alpha", "prompt_refresh"),
-               non_negative=("max_prompt_tokens",))
+        _check(self)
         if self.trainable and self.qwen_dtype != "float32":
             # fp16 master weights make GradScaler fail later with "Attempting to unscale FP16 gradients".
             raise ConfigError(f"trainable Qwen weights must be float32, got --qwen_dtype {self.qwen_dtype} with "
@@ -173,17 +200,17 @@ class QwenCfg:
 class PromptCfg:
     """The hybrid prompt and its refinement."""
 
-    prompt_dim: int = flag(256, "prompt width P", model=True)
+    prompt_dim: int = flag(256, "prompt width P", model=True, within=AT_LEAST_ONE)
     use_qwen: bool = flag(True, "Qwen text stream of the prompt", model=True)
     use_numeric: bool = flag(True, "15 numeric task features stream of the prompt", model=True)
     use_relation: bool = flag(True, "demo input/output relation features stream of the prompt", model=True)
     fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES, model=True)
-    rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True)
+    rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True, within=AT_LEAST_ONE)
     task_embedding: bool = flag(False, "a learned embedding per training task (and per evaluation task with "
                                 "--train_on_eval_demos) added to the prompt; an untrained task gets none", model=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("prompt_dim", "rl_rank"))
+        _check(self)
         if not (self.use_qwen or self.use_numeric or self.use_relation):
             raise ConfigError("every prompt stream is off: enable --use_qwen, --use_numeric or --use_relation")
 
@@ -193,9 +220,11 @@ class AgentCfg:
     """The grid agent."""
 
     agent: str = flag("conv", "grid agent: a name in agents/__init__.py's AGENTS", model=True)
-    agent_channels: int = flag(64, "channels (model width) of the agent", model=True)
-    agent_layers: int = flag(3, "layers, of an agent built of layers (others refuse a non-default value)", model=True)
-    agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True)
+    agent_channels: int = flag(64, "channels (model width) of the agent", model=True, within=AT_LEAST_ONE)
+    agent_layers: int = flag(3, "layers, of an agent built of layers (others refuse a non-default value)", model=True,
+                             within=AT_LEAST_ONE)
+    agent_cycles: int = flag(1, "recurrent passes of the layers (weight-tied), of an agent that loops", model=True,
+                             within=AT_LEAST_ONE)
     input_views: bool = flag(True, "17 views of the input, gated by the prompt: 8 dihedral, 2x/3x up/down-scalings, "
                              "crop to content, gravity x4, enclosed background (agents/views.py)", model=True)
     compile: bool = flag(False, "torch.compile the agent, on --canvas bucket (chosen for it) or full (compiled at "
@@ -210,59 +239,63 @@ class AgentCfg:
                                 "graph break or recompile shows under each)", COMPILE_BACKENDS, resume_free=True)
     compile_mode: str = flag("default", "--compile's mode: default, or reduce-overhead (GPU: forward and backward one "
                              "CUDA graph each, for launch-bound steps; CPU: default)", COMPILE_MODES, resume_free=True)
-    canvas_side: int = flag(30, "the largest canvas the agent takes, in cells a side (its position tables are this "
-                                "long): room beyond 30 for the grids --place_scale and --place_shift place", model=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("agent_channels", "agent_layers", "agent_cycles"))
-        if self.canvas_side < 30:
-            raise ConfigError(f"--canvas_side must be at least 30 (an ARC grid's largest side), got {self.canvas_side}")
+        _check(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class LossCfg:
     """The training loss (loss_function.py) and the RL reward."""
 
-    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)", result_free=True)
-    mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)", result_free=True)
-    reward_scale: float = flag(5.0, "RL reward = this x (target log-lik: sampled - mean refinement)", result_free=True)
-    label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference")
-    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)")
-    lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)")
-    lambda_a: float = flag(0.01, "EFE: weight of the ambiguity H[q]")
-    lambda_c: float = flag(1e-3, "EFE: weight of the complexity ||refined - prompt||^2")
-    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)")
+    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)", result_free=True,
+                             within=NON_NEGATIVE)
+    mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)", result_free=True,
+                              within=NON_NEGATIVE)
+    reward_scale: float = flag(5.0, "RL reward = this x (target log-lik: sampled - mean refinement)", result_free=True,
+                               within=NON_NEGATIVE)
+    label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference", within=SHARE)
+    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)",
+                         within=Range(0, 1, lo_open=True, hi_open=True))
+    lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)", within=NON_NEGATIVE)
+    lambda_a: float = flag(0.01, "EFE: weight of the ambiguity H[q]", within=NON_NEGATIVE)
+    lambda_c: float = flag(1e-3, "EFE: weight of the complexity ||refined - prompt||^2", within=NON_NEGATIVE)
+    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)",
+                              within=NON_NEGATIVE)
 
     def __post_init__(self) -> None:
-        _check(self, non_negative=("efe_weight", "mean_weight", "lambda_r", "lambda_a", "lambda_c", "hard_weight"),
-               below_one=("label_smoothing", "kl_eps"))
+        _check(self)
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimCfg:
     """Optimizers, mixed precision and accumulation."""
 
-    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement", result_free=True)
-    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)", result_free=True)
-    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer)", result_free=True)
-    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True)
+    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement", result_free=True,
+                           within=POSITIVE)
+    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)", result_free=True,
+                          within=POSITIVE)
+    rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer; 0: the head does not move)",
+                        result_free=True, within=NON_NEGATIVE)
+    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True,
+                                    within=POSITIVE)
     lr_schedule: str = flag("constant", "every training lr: constant, or cosine to a tenth at the end of --epochs or "
                             "--max_minutes (whichever first)", LR_SCHEDULES, result_free=True)
     lr_warmup: float = flag(0.0, "every training lr rises linearly over this share of the run (steps or --max_minutes, "
-                                 "as --lr_schedule counts it) before its schedule", result_free=True)
-    weight_decay: float = flag(0.01, "AdamW weight decay", result_free=True)
-    clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)")
-    grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True)
+                                 "as --lr_schedule counts it) before its schedule", result_free=True, within=SHARE)
+    weight_decay: float = flag(0.01, "AdamW weight decay", result_free=True, within=NON_NEGATIVE)
+    clip: float = flag(1.0, "max global gradient norm, on unscaled gradients (0: no clipping)", within=NON_NEGATIVE)
+    grad_accum: int = flag(1, "micro-batches per optimizer step (a partial last window steps too)", result_free=True,
+                           within=AT_LEAST_ONE)
     amp: str = flag("off", "mixed precision: bf16 autocast, or fp16 autocast with a GradScaler", AMP_MODES)
-    fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler")
+    fp16_init_scale: float = flag(2.0**16, "initial loss scale of the fp16 GradScaler", within=POSITIVE)
     grad_bucket_mb: float = flag(25.0, "DDP all-reduce bucket size in MiB (several processes)",
-    result_free=True, resume_free=True)
+    result_free=True, resume_free=True, within=NON_NEGATIVE)
     fsdp: bool = flag(False, "FSDP2: shard weights, gradients and AdamW state (else DDP replicates)",
     result_free=True, resume_free=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("grad_accum",), non_negative=("clip", "weight_decay", "grad_bucket_mb"),
-               below_one=("lr_warmup",))
+        _check(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -272,60 +305,59 @@ class EvalCfg:
     val_every: str = flag("epoch", "when to validate during training: epoch (after each but the last), N (optimizer "
                           "steps), Mmin (training minutes) or end (the final validation only); each from a checkpoint",
                           result_free=True)
-    val_tasks: int = flag(16, "tasks a mid-training validation scores, the first N (0: all)", result_free=True)
+    val_tasks: int = flag(16, "tasks a mid-training validation scores, the first N (0: all)", result_free=True,
+                          within=NON_NEGATIVE)
     val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "
-                                 "this share of the training time so far (the first one always runs)", result_free=True)
+                                 "this share of the training time so far (the first one always runs)", result_free=True,
+                            within=POSITIVE)
     eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N (0: all; -1: all if "
-                           "--eval_only or expected within the training's time, else --val_tasks)", result_free=True)
-    eval_batch_size: int = flag(32, "episodes per validation batch")
+                           "--eval_only or expected within the training's time, else --val_tasks)", result_free=True,
+                           within=Range(-1))
+    eval_batch_size: int = flag(32, "episodes per validation batch", within=AT_LEAST_ONE)
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md) at each validation: before adaptation on "
                               "--heldout_tasks tasks and held-out training pairs, after adaptation on the voted views")
     heldout_tasks: int = flag(-1, "the first N evaluation tasks get the held-out loss before adaptation (0: all; -1: "
-                              "all without Qwen or on a GPU, else the validated ones)", result_free=True)
-    eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)")
+                              "all without Qwen or on a GPU, else the validated ones)", result_free=True,
+                              within=Range(-1))
+    eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)",
+                              within=AT_LEAST_ONE)
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
     view_starts: bool = flag(True, "search over starts: the mean refinement and each gate-forced input view that "
                                    "sizes every demo right, the one of lowest demo loss kept")
-    ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)")
-    ttt_lr: float = flag(1e-3, "test-time training learning rate")
+    ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)",
+                          within=NON_NEGATIVE)
+    ttt_lr: float = flag(1e-3, "test-time training learning rate", within=POSITIVE)
     ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
-    ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this fraction of --ttt_steps (VARC: 0.1)")
+    ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this fraction of --ttt_steps (VARC: 0.1)",
+                             within=SHARE)
     ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
-                                   "(VARC trains with 0.1; never in the demo checks or the predictions)")
+                                   "(VARC trains with 0.1; never in the demo checks or the predictions)", within=SHARE)
     ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
                                "adapter row (latent at --ttt_lr), read by that view's predictions (VARC)")
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights", TTT_PARAMS)
     ttt_check_every: int = flag(5, "test-time training stops once every adapted task's leave-one-out demos are exact, "
-                                "checked before the first step and every this many (0: never)")
-    ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop")
-    ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations")
-    ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step")
+                                "checked before the first step and every this many (0: never)", within=NON_NEGATIVE)
+    ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop",
+                               within=AT_LEAST_ONE)
+    ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations",
+                          within=AT_LEAST_ONE)
+    ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step", within=AT_LEAST_ONE)
     adapt_tasks: int = flag(16, "tasks adapted at once, each as alone: the search over starts, shared-weight "
-                            "test-time training (one canvas side; singly with --amp fp16)")
+                            "test-time training (one canvas side; singly with --amp fp16)", within=AT_LEAST_ONE)
     submission: str = flag("", "write the ARC Prize submission JSON of the last validation here", result_free=True)
     eval_minutes: float = flag(0.0, "wall-clock minutes the final validation or --eval_only ends within (plus one "
-                               "task): adaptation cut to fit, late tasks unadapted (0: no limit)", result_free=True)
+                               "task): adaptation cut to fit, late tasks unadapted (0: no limit)", result_free=True,
+                               within=NON_NEGATIVE)
     journal: bool = flag(True, "the final validation and --eval_only journal each task's result in the run folder; the "
                          "same command rerun after a stop continues from it", result_free=True)
     new_deadline: bool = flag(False, "a validation continued from its journal gets the whole --eval_minutes again "
                                      "(by default it gets what the first start left)", result_free=True)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("eval_batch_size", "eval_augments", "ttt_batch_size", "adapt_tasks", "ttt_views"),
-               non_negative=("val_tasks", "ttt_steps", "ttt_check_every"),
-               below_one=("ttt_dropout", "ttt_warmup"))
-        if self.eval_tasks < -1:
-            raise ConfigError(f"--eval_tasks must be -1 (chosen by the run's length), 0 (all) or a task count, got "
-                              f"{self.eval_tasks}")
-        if self.heldout_tasks < -1:
-            raise ConfigError(f"--heldout_tasks must be -1 (by the Qwen and device), 0 (all) or a task count, got "
-                              f"{self.heldout_tasks}")
-        if self.val_share <= 0:
-            raise ConfigError(f"--val_share must be > 0, got {self.val_share}; use --val_every end to validate "
-                              f"only at the end")
+        _check(self)
         self.validation_interval()
-        if not 1 <= self.ttt_stop_views <= self.ttt_views:
+        if self.ttt_stop_views > self.ttt_views:  # at least 1: its range
             raise ConfigError(f"--ttt_stop_views must be in 1..--ttt_views ({self.ttt_views}, the views adaptation "
                               f"trains on), got {self.ttt_stop_views}")
 
@@ -350,34 +382,36 @@ class RunCfg:
     """Run length, device, seed, the run folder, logging and checkpoints."""
 
     epochs: int = flag(1, "number of epochs (total, counting epochs done before a --resume)",
-    result_free=True, resume_free=True)
+    result_free=True, resume_free=True, within=AT_LEAST_ONE)
     max_batches: int = flag(0, "micro-batches per epoch at most (0: the whole epoch)",
-    result_free=True, resume_free=True)
+    result_free=True, resume_free=True, within=NON_NEGATIVE)
     max_minutes: float = flag(0.0, "stop after this many minutes of training, counted over every invocation of the "
                                    "run (validations not counted), then save and run the final validation (0: no "
-                                   "limit)", result_free=True, resume_free=True)
+                                   "limit)", result_free=True, resume_free=True, within=NON_NEGATIVE)
     device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
-    seed: int = flag(0, "seed of every random number in the run")
+    seed: int = flag(0, "seed of every random number in the run", within=SEEDS)
     run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True, resume_free=True)
     run_name: str = flag("arc", "name part of the default run folder", result_free=True, resume_free=True)
     resume: str = flag("", "continue from: a run folder, its checkpoints/ folder or checkpoints/latest file, or "
                            "one checkpoint folder", result_free=True, resume_free=True)
     eval_only: bool = flag(False, "only validate --resume's (or fresh) weights, in a new run folder or an --eval_only "
                            "one it continues", result_free=True, resume_free=True)
-    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True, resume_free=True)
+    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True, resume_free=True,
+                          within=AT_LEAST_ONE)
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only, or by the "
-                              "clock under --max_minutes: --save_minutes)", result_free=True, resume_free=True)
+                              "clock under --max_minutes: --save_minutes)", result_free=True, resume_free=True,
+                           within=NON_NEGATIVE)
     save_minutes: float = flag(5.0, "under --max_minutes with --save_every 0: an epoch's end saves only when this "
                                     "many training minutes passed since the last checkpoint (a stop and the end "
-                                    "always save; 0: every epoch's end)", result_free=True)
-    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True, resume_free=True)
+                                    "always save; 0: every epoch's end)", result_free=True, within=NON_NEGATIVE)
+    keep_checkpoints: int = flag(3, "checkpoints kept (0: all)", result_free=True, resume_free=True,
+                                 within=NON_NEGATIVE)
     max_consecutive_skips: int = flag(50, "stop (with a checkpoint) after this many optimizer steps in a row "
                                           "skipped for non-finite loss or gradients",
-                                          result_free=True, resume_free=True)
+                                          result_free=True, resume_free=True, within=AT_LEAST_ONE)
 
     def __post_init__(self) -> None:
-        _check(self, at_least_one=("epochs", "log_every", "max_consecutive_skips"),
-               non_negative=("max_batches", "max_minutes", "save_every", "save_minutes", "keep_checkpoints"))
+        _check(self)
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is visible; use --device cpu or auto")
 

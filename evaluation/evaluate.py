@@ -72,7 +72,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
             tick("model")
             batch_views = ViewSet.cat([v for _, v in segments])
             grids, shapes, mean = decode_views(logp, batch_views)
-            grids, shapes = task_frame(grids, shapes, batch_views, dataset.canvas_side)
+            grids, shapes = task_frame(grids, shapes, batch_views)
             tick("decode")
             start = 0
             for e, part in segments:

@@ -38,12 +38,11 @@ def target_fitted(dataset: EpisodeDataset) -> EpisodeDataset:
     """The same episodes and views on the canvas side training would use (fitted to each target as
     well), so every output lies on the canvas its loss is read from."""
     return EpisodeDataset(dataset.episodes, dataset.scale, permute_background=dataset.permute_background,
-                          scores=dataset.scores, canvas=dataset.canvas, fit_target=True, task_rows=dataset.task_rows,
-                          placing=dataset.placing)
+                          scores=dataset.scores, canvas=dataset.canvas, fit_target=True, task_rows=dataset.task_rows)
 
 
 def grid_cells(shape: tuple[int, int]) -> int:
-    """Cells of an unplaced h x w grid's canvas that the loss reads: h*w colours, h + w + 1 markers."""
+    """Cells of an h x w grid's canvas that the loss reads: h*w colours, h + w + 1 markers."""
     h, w = shape
     return h * w + h + w + 1
 

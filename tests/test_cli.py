@@ -75,7 +75,7 @@ def test_bad_data_stops_before_a_run_folder_exists(tmp_path, run_cli):
 
 def test_values_out_of_range_are_refused(run_cli):
     out = run_cli("--grad_accum", "0")
-    assert out.returncode == 2 and "--grad_accum must be at least 1" in out.stderr
+    assert out.returncode == 2 and "--grad_accum 0: must be >= 1" in out.stderr
 
 
 def test_stop_views_must_be_among_the_views_adaptation_trains_on():

@@ -55,6 +55,6 @@ def test_a_flag_that_changes_what_a_checkpoint_holds_says_it_builds_the_model():
 def test_the_two_declarations_name_real_flags_and_never_both():
     names = {f.name for c in SECTIONS.values() for f in dataclasses.fields(c)}
     assert MODEL_FLAGS <= names and RESULT_FREE <= names and not MODEL_FLAGS & RESULT_FREE
-    assert {"agent", "agent_channels", "use_numeric", "qwen_model", "canvas_side"} <= MODEL_FLAGS
+    assert {"agent", "agent_channels", "use_numeric", "qwen_model"} <= MODEL_FLAGS
     with pytest.raises(ValueError, match="changes a task's result"):
         flag(0, "a flag", model=True, result_free=True)

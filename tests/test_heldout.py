@@ -89,7 +89,7 @@ def with_outputs(eval_set: EpisodeDataset, change) -> EpisodeDataset:
                                                                       for p in ep.task.test))
              for ep in eval_set.episodes}
     return EpisodeDataset(evaluation_episodes(tuple(tasks.values())), eval_set.scale, canvas=eval_set.canvas,
-                          fit_target=False, task_rows=eval_set.task_rows, placing=eval_set.placing)
+                          fit_target=False, task_rows=eval_set.task_rows)
 
 
 def test_it_reads_test_outputs_and_changes_no_attempt_or_weight(small_cfg, tmp_path):

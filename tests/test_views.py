@@ -183,9 +183,8 @@ def test_the_model_reads_the_enclosed_background_its_batch_carries(small_cfg, st
 
 def test_the_maps_a_task_s_demo_samples_carry_are_those_of_the_cut_batch(small_cfg):
     """Adaptation draws a task's few demo samples every step, so each sample's enclosed maps are
-    computed once (data.demo_episodes) and cut with the batch: the same maps as of the cut canvases,
-    for grids placed away from the corner."""
-    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill", place_shift=4)
+    computed once (data.demo_episodes) and cut with the batch: the same maps as of the cut canvases."""
+    cfg = small_cfg(data="synthetic:16", synthetic_rules="fill")
     eval_set = training.build_data(cfg, torch.device("cpu")).eval_set
     tasks = list({ep.task.task_id: ep.task for ep in eval_set.episodes}.values())[:3]
     demos = DemoEpisodes(tasks, eval_set, seed=0, views=8)

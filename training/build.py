@@ -11,7 +11,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from data.arc import ArcSplits, ArcTask, DataError
-from data.canvas import Placing
 from data.curriculum import CurriculumBatches
 from data.episodes import (
     DifficultyScale,
@@ -70,9 +69,8 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     families = list(dict.fromkeys(t.family_id for t in tasks))
     row_of = {f: i for i, f in enumerate(families)}
     task_rows = {t.task_id: row_of[t.family_id] for t in tasks} if cfg.prompt.task_embedding else None
-    placing = Placing(side=cfg.agent.canvas_side, max_scale=d.place_scale, max_shift=d.place_shift)
     train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas, task_rows=task_rows, placing=placing)
+                               canvas=d.canvas, task_rows=task_rows)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
@@ -84,9 +82,8 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
                         persistent_workers=d.num_workers > 0, pin_memory=device.type == "cuda")
     # every evaluation task (validation picks which it scores); the canvas side of a test input is
     # predicted without its output
-    eval_placing = placing if d.place_validation else Placing(side=placing.side)  # test-time training follows it
     eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
-                              task_rows=task_rows, placing=eval_placing)
+                              task_rows=task_rows)
     return TrainingData(splits, families, sampler, loader, eval_set, held_out)
 
 
@@ -154,12 +151,12 @@ def load_run(cfg: Config, checkpoint: Path | None, device: torch.device, dist: D
 
 def held_out_set(data: TrainingData) -> EpisodeDataset | None:
     """The test pairs training held out (--hold_out_tests) as an evaluation set shaped like the run's
-    own (canvas, scale, placement); None when it held none out."""
+    own (canvas, scale); None when it held none out."""
     if not data.held_out:
         return None
     e = data.eval_set
     return EpisodeDataset(evaluation_episodes(data.held_out), e.scale, canvas=e.canvas,
-                          fit_target=False, task_rows=e.task_rows, placing=e.placing)
+                          fit_target=False, task_rows=e.task_rows)
 
 
 def prompt_cache_dir(cfg: Config, run_dir: Path) -> Path | None:

@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from engine.checkpoint import checkpoint_flags, find_checkpoint, is_sharded_checkpoint, write_weights_only
 from engine.config import SECTION_OF, Config
+from engine.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNTIME = ("fixed.py", "model.py", "loss_function.py", "policy_refined.py", "requirements.txt", "constraints.txt",
@@ -111,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--wheels", type=Path, default=ROOT / "gpu-wheels", help="what make gpu-wheels fetched")
     ap.add_argument("--qwen_folder", type=Path, help="the Qwen's folder, for a run whose --qwen_model is a hub id")
     args = ap.parse_args(argv)
-    out = bundle(args.run, args.out, args.wheels, args.qwen_folder)
+    try:
+        out = bundle(args.run, args.out, args.wheels, args.qwen_folder)
+    except ConfigError as err:  # a damaged or planted checkpoint: one line, nothing written
+        print(f"make bundle: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     print(f"bundle: {out} ({size(out) / 2**20:.1f} MiB); run: sh {out}/predict.sh CHALLENGES SUBMISSION [MINUTES]")
 
 

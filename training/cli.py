@@ -49,8 +49,9 @@ def build_parser(prog: str, description: str) -> OneLineParser:
                 group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, default=f.default,
                                    help=f.metadata["help"])
             else:
+                within = f" ({f.metadata['within']})" if f.metadata["within"] else ""  # "(>= 1)"
                 group.add_argument(f"--{f.name}", type=kind, default=f.default, choices=choices,
-                                   help=f.metadata["help"], metavar=None if choices else kind.__name__.upper())
+                                   help=f.metadata["help"] + within, metavar=None if choices else kind.__name__.upper())
     return parser
 
 

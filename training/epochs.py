@@ -1,6 +1,6 @@
 """The epoch loop: `train()` runs a Config (or, with `--eval_only`, validates saved weights).
 
-    loop = EpochLoop(cfg, device, dist, stop)   # data, model, optimizers, resume, the run folder
+    loop = EpochLoop(cfg, device, dist, stop, resumed_from, run_dir)   # data, model, optimizers, resume
     summary = loop.run()                         # epochs of train_step, checkpoints, validations
 
 Checkpoints, validations and stops (SIGINT, SIGTERM, skipped steps, --max_minutes): docs/runs.md.
@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -28,7 +29,7 @@ from engine.run_logger import IntervalMeans
 from engine.schedule import TrainingSchedule
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.flops import TrainingFlops
-from training.run_folder import finish_run, open_run, plan_run_dir
+from training.run_folder import finish_run, holding, open_run, plan_run_dir
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
 from training.validation import ValidationSchedule, evaluate_only, validate
@@ -37,21 +38,22 @@ from training.validation import ValidationSchedule, evaluate_only, validate
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
-    with StopRequest(announce=dist.is_main) as stop:
+    resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
+    run_dir = plan_run_dir(cfg.run, resumed_from)
+    with StopRequest(announce=dist.is_main) as stop, holding(run_dir, dist):
         if cfg.run.eval_only:
-            return evaluate_only(cfg, device, dist, stop)
-        return EpochLoop(cfg, device, dist, stop).run()
+            return evaluate_only(cfg, device, dist, stop, resumed_from, run_dir)
+        return EpochLoop(cfg, device, dist, stop, resumed_from, run_dir).run()
 
 
 class EpochLoop:
     """One invocation of a training run, from its first (or resumed) step to its summary."""
 
-    def __init__(self, cfg: Config, device: torch.device, dist: Dist, stop: StopRequest):
-        self.cfg, self.device, self.dist, self.stop = cfg, device, dist, stop
+    def __init__(self, cfg: Config, device: torch.device, dist: Dist, stop: StopRequest, resumed_from: Path | None,
+                 run_dir: Path):
+        self.cfg, self.device, self.dist, self.stop, self.run_dir = cfg, device, dist, stop, run_dir
         seed_everything(cfg.run.seed)
         self.data = build_data(cfg, device, dist)
-        resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-        self.run_dir = plan_run_dir(cfg.run, resumed_from)
         self.state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, self.run_dir),
                                        len(self.data.task_ids))
         self.n_batches = self.data.batches_in_epoch(cfg.run.max_batches)

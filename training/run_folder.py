@@ -4,10 +4,17 @@ task images, training/validation.py's."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import shutil
+import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 from tqdm import tqdm
 
@@ -21,6 +28,7 @@ from training.build import TrainingData
 from training.run_state import TrainState
 
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = "run.lock"  # who holds the folder: "HOST pid PID", locked while that process runs
 
 
 def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
@@ -43,6 +51,65 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
         return resumed_from.parent.parent
     name = f"{run.run_name}-eval" if run.eval_only else run.run_name
     return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+@contextlib.contextmanager
+def holding(run_dir: Path, dist: Dist) -> Iterator[None]:
+    """The run folder held by this run while it trains or validates there, so two runs never write
+    one folder: the main process locks RUN/run.lock, a lock the operating system drops when the
+    process ends however it ends (a SIGKILL leaves nothing stale). Another fixed.py on the folder is
+    refused in one line naming the host and pid that hold it (ConfigError, on every process). A
+    folder made for the lock and left holding only it by a failed start is removed."""
+    handle, refused, created = None, None, False
+    if dist.is_main:
+        created = not run_dir.exists()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handle, refused = _lock(run_dir / LOCK_FILE)
+    refused = dist.gather(refused)[0]
+    if refused:
+        raise ConfigError(refused)
+    try:
+        yield
+    except BaseException:
+        if created and [p.name for p in run_dir.iterdir()] == [LOCK_FILE]:
+            shutil.rmtree(run_dir)
+        raise
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def _lock(path: Path) -> tuple[IO | None, str | None]:
+    """An exclusive lock on `path`, its holder written in it -> (the open file, None), or (None, why
+    not: the holder, and how to clear a lock its filesystem kept for a process that is gone)."""
+    handle = open(path, "a+")  # noqa: SIM115 - held open for the run: the lock lives as long as the file does
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().split()
+        handle.close()
+        host, pid = (holder[0], holder[-1]) if len(holder) == 3 else ("an unknown host", "unknown")
+        if host == socket.gethostname() and pid.isdigit() and not _alive(int(pid)):
+            return None, (f"run folder {path.parent}: locked for pid {pid} on {host}, which has ended; its filesystem "
+                          f"kept the lock: delete {path} to clear it")
+        return None, (f"run folder {path.parent}: in use by pid {pid} on {host}: wait for it to end or choose another "
+                      f"--run_dir (if that process is gone and a network filesystem kept its lock, delete {path})")
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{socket.gethostname()} pid {os.getpid()}\n")
+    handle.flush()
+    return handle, None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def announce(dist: Dist, line: str) -> None:

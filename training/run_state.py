@@ -181,6 +181,9 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
                               f"without --fsdp: it holds no optimizer state to train on")
         restore_weights(state.model, folder)
         return
+    if is_sharded_checkpoint(folder) and dist.is_main:  # torch's format, not ours: the one file read by pickle
+        print(f"note: {folder / SHARDED_DIR}/.metadata is unpickled by torch.distributed.checkpoint: resume a "
+              f"sharded checkpoint only from a source you trust (docs/runs.md)", file=sys.stderr)
     saved = _restore_model_and_optimizer(state, folder)
     state.rl_optimizer.load_state_dict(saved["rl_optimizer"])
     state.amp.load_state_dict(saved["amp"])

@@ -19,7 +19,6 @@ import torch
 from tqdm import tqdm
 
 from data.episodes import EpisodeDataset
-from engine.checkpoint import find_checkpoint
 from engine.config import Config, EvalCfg
 from engine.distributed import Dist
 from engine.files import write_atomic
@@ -36,7 +35,7 @@ from evaluation.submission import SubmissionFile
 from model import ArcModel
 from prompt import QwenFeatures
 from training.build import TrainingData, evaluation_view, held_out_set, load_run, prompt_cache_dir
-from training.run_folder import announce, finish_run, open_run, plan_run_dir
+from training.run_folder import announce, finish_run, open_run
 from training.run_state import TrainState
 
 
@@ -312,11 +311,10 @@ def write_run_report(logger: RunLogger | None, what: str, weights: str, step: in
                f"{time.perf_counter() - started:.2f} s)", file=sys.stderr)
 
 
-def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest) -> dict:
-    """Validate the weights of `--resume` (or fresh ones) on `--eval_tasks` (-1: all) into a new run
-    folder; nothing trains and the resumed run's folder is only read. -> the summary."""
-    checkpoint = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-    run_dir = plan_run_dir(cfg.run, checkpoint)
+def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopRequest, checkpoint: Path | None,
+                  run_dir: Path) -> dict:
+    """Validate the weights of `checkpoint` (--resume's; None: fresh ones) on `--eval_tasks` (-1: all)
+    into the run folder `run_dir`; nothing trains and the resumed run's folder is only read. -> the summary."""
     data, state = load_run(cfg, checkpoint, device, dist, prompt_cache_dir(cfg, run_dir))
     weights = checkpoint or "fresh weights"
     logger = open_run(run_dir, cfg, state, data, dist, f"evaluating {weights}")
