@@ -167,14 +167,9 @@ class ArcModel(nn.Module):
 
     def ttt_parameters(self, which: str) -> list[nn.Parameter]:
         """What test-time training adapts. all: prompt heads, refinement and agent; late: the second
-        half of the agent's blocks and its output layer (agent.late_parameters); adapter: what
-        reads the prompt outside the agent's blocks (agent.adapter_parameters) and the refinement;
-        prompt: prompt heads and refinement. Never the Qwen trunk or the RL head."""
+        half of the agent's blocks and its output layer (agent.late_parameters). Never the Qwen
+        trunk or the RL head."""
         groups = self.parameter_groups()
-        if which == "prompt":
-            return groups["prompt_heads"] + groups["refiner"]
-        if which == "adapter":
-            return [*self.agent.adapter_parameters(), *groups["refiner"]]
         if which == "late":
             return self.agent.late_parameters()
         if which == "all":
@@ -244,7 +239,7 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
     seed = cfg.run.seed
     if qwen is None and cfg.prompt.use_qwen:
         qwen = QwenTextEncoder.load(cfg.qwen, seed=seed)
-    prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM, fuse=cfg.prompt.fuse,
+    prompt = QwenHybridPrompt(prompt_dim=cfg.prompt.prompt_dim, numeric_in_dim=NUMERIC_DIM,
                               qwen_dim=qwen.hidden_size if qwen is not None else 0,
                               use_numeric=cfg.prompt.use_numeric, use_relation=cfg.prompt.use_relation)
     policy = PolicyRefiner(prompt_dim=cfg.prompt.prompt_dim, ctrl_dim=CTRL_DIM, feat_dim=NUMERIC_DIM,

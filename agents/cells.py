@@ -85,11 +85,6 @@ class CellEmbedding(nn.Module):
             enclosed = enclosed_map(input_canvas)
         return x + self.view_embed(viewed) + enclosed[..., None].to(x.dtype) * self.enclosed_embed, viewed
 
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        """The parameters that read the prompt here (test-time training adapts them)."""
-        gate = list(self.views.gate.parameters()) if self.views is not None else []
-        return [*self.prompt_in.parameters(), *gate]
-
 
 class PromptedOutput(nn.Module):
     """Cell states h [B, S, S, C], prompt [B, P], viewed classes [B, S, S, 12] -> logits [B, S, S, 12].

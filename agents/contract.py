@@ -21,11 +21,9 @@ from engine.errors import ConfigError
 
 @runtime_checkable
 class Agent(Protocol):
-    # Its shape: the agent's residual blocks (`residual_blocks`); the channels of its cell states;
-    # the prompt-gated views of the input it reads (0: none), which a per-task adapter's view-gate
-    # biases are sized by (agents/adapter.py).
+    # Its shape: the agent's residual blocks (`residual_blocks`); the prompt-gated views of the input
+    # it reads (0: none), which a per-task adapter's view-gate biases are sized by (agents/adapter.py).
     num_blocks: int
-    channels: int
     num_views: int
 
     @classmethod
@@ -46,9 +44,6 @@ class Agent(Protocol):
     def residual_blocks(self) -> list[nn.Module]:
         """The `num_blocks` residual blocks in order, each mapping its first input x to x plus a change
         of x's shape (`--ttt_dropout` drops elements of that change)."""
-
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        """What reads the prompt outside the blocks (`--ttt_params adapter`)."""
 
 
 def refuse_unread_options(cfg: AgentCfg, *, reads: tuple[str, ...]) -> None:

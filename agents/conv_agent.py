@@ -73,7 +73,3 @@ class FiLMConvAgent(nn.Module):
         """The second half of the blocks and the output layer: training only these, the backward
         pass stops halfway (about 1.5x cheaper a step)."""
         return [*self.blocks[self.num_blocks // 2:].parameters(), *self.head.parameters()]
-
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        """What reads the prompt outside the blocks: the cells' prompt input and view gate, the output layer."""
-        return [*self.cells.adapter_parameters(), *self.head.parameters()]

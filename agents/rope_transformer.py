@@ -123,8 +123,3 @@ class RopeTransformerAgent(nn.Module):
         """The second half of the blocks and the output layer (with one cycle, the backward pass
         stops halfway)."""
         return [*self.blocks[self.num_blocks // 2:].parameters(), *self.head.parameters()]
-
-    def adapter_parameters(self) -> list[nn.Parameter]:
-        """What reads the prompt outside the blocks: prefix tokens, the cells' prompt input and view
-        gate, the output layer."""
-        return [*self.prompt_tokens.parameters(), *self.cells.adapter_parameters(), *self.head.parameters()]

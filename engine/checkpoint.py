@@ -182,15 +182,11 @@ def code_in_state(folder: Path) -> str | None:
     """What in a checkpoint's state.pt would run code when unpickled (the globals it names beyond
     STATE_GLOBALS, read from the archive without unpickling it), in a few words; None if nothing."""
     path = folder / STATE_FILE
-    if not path.is_file():
-        return None
     try:
-        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - _ALLOWED
+        named = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - _ALLOWED if path.is_file() else ()
     except (RuntimeError, ValueError, OSError, EOFError) as err:  # not a torch archive
         return f"{path} is not a torch archive ({str(err).splitlines()[0]})"
-    if named:
-        return f"{path} names {', '.join(sorted(named))}, which would run code when read: refused"
-    return None
+    return f"{path} names {', '.join(sorted(named))}, which would run code when read: refused" if named else None
 
 
 def load_state(folder: Path) -> dict:

@@ -25,9 +25,8 @@ from data.synthetic import FAMILIES
 from engine.errors import ConfigError
 from engine.precision import AMP_MODES
 
-TTT_PARAMS = ("all", "late", "adapter", "prompt")  # what test-time training may adapt (ArcModel.ttt_parameters)
+TTT_PARAMS = ("all", "late")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
-FUSE_MODES = ("mean", "sum")  # how the prompt's streams are fused (prompt/hybrid.py)
 # torch.compile's modes for --compile (max-autotune-no-cudagraphs: inductor's kernel search, no graphs)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("agent", "blocks")  # what --compile compiles (agents.build_agent)
@@ -74,13 +73,8 @@ def flag(default, help: str, choices: tuple | None = None, *, within: Range | No
       and its sub-config refuses a value outside it in one line naming the flag (_check).
     - `model`: it builds the model's weights (a checkpoint holds it; --resume builds the model from
       it: MODEL_FLAGS).
-    - `result_free`: a validation's journal ignores it, so it may change between a stop and the
-      continuation (RESULT_FREE). Training's own flags and where and when validation writes cannot
-      change a validated task's result once the weights are given. The time budget (--eval_minutes,
-      --new_deadline) can, as a slower machine can, through the steps and views a deadline leaves a
-      task; it is free all the same because a continuation keeps every group whose tasks were all
-      journaled as it was scored (the lines keep the adaptation steps each got; eval/deadline_*
-      counts the tasks cut) and scores only the rest under the budget left.
+    - `result_free`: it cannot change a validated task's result once the weights are given, so a
+      journal's continuation may change it (RESULT_FREE; why the time budget is too: docs/code.md).
     - neither: it can change a task's result, and a continuation must keep it.
     - `resume_free`: it cannot change what training learns (the run's length, where it writes, how
       it is computed), so `--resume` takes a new value without a warning (RESUME_FREE, with every
@@ -172,7 +166,6 @@ class QwenCfg:
     qwen_train: str = flag("frozen", "how Qwen trains", ("frozen", "full", "lora"), model=True)
     qwen_dtype: str = flag("float32", "Qwen weight dtype; low precision only when frozen",
                            ("float32", "bfloat16", "float16"), model=True)
-    qwen_pooling: str = flag("mean", "mean or last token of a demo's Qwen states", ("mean", "last"), model=True)
     qwen_encode_batch: int = flag(16, "demo texts per Qwen forward", within=AT_LEAST_ONE)
     max_prompt_tokens: int = flag(0, "Qwen tokens per task at most: whole demos dropped from the end (0: no limit)",
                                   within=NON_NEGATIVE)
@@ -204,7 +197,6 @@ class PromptCfg:
     use_qwen: bool = flag(True, "Qwen text stream of the prompt", model=True)
     use_numeric: bool = flag(True, "15 numeric task features stream of the prompt", model=True)
     use_relation: bool = flag(True, "demo input/output relation features stream of the prompt", model=True)
-    fuse: str = flag("mean", "how the prompt streams are fused", FUSE_MODES, model=True)
     rl_rank: int = flag(8, "rank of the RL head's prompt delta", model=True, within=AT_LEAST_ONE)
     task_embedding: bool = flag(False, "a learned embedding per training task (and per evaluation task with "
                                 "--train_on_eval_demos) added to the prompt; an untrained task gets none", model=True)

@@ -262,31 +262,26 @@ class _Progress:
 
 
 class _GroupTiming:
-    """A group's times on the deadline's clock, for `Deadline.measured`: the search (until the first
+    """A group's times on the deadline's clock for `Deadline.measured`: the search (until the first
     adaptation step), the steps, the views' predictions (less a compile during them: paid once, not a
-    view's pace) and the rest."""
+    view's pace) and the rest. `marks`: as the first step starts and after each; `at`: the clock and
+    compile seconds as adaptation ends and as the predictions end."""
 
     def __init__(self, clock: Callable[[], float]):
-        self.clock, self.began = clock, clock()
-        self.marks: list[float] = []  # as the first adaptation step starts and after each
-        self.adapted_at = self.predicted_at = self.compiling = 0.0
+        self.clock, self.began, self.marks, self.at = clock, clock(), [], []
 
     def stepped(self, steps: int, adaptation: AdaptedTasks) -> None:
         self.marks.append(self.clock())
 
-    def adapted(self) -> None:
-        self.adapted_at, self.compiling = self.clock(), compile_seconds()
-
-    def predicted(self) -> None:
-        self.predicted_at, self.compiling = self.clock(), compile_seconds() - self.compiling
+    def mark(self) -> None:
+        self.at.append((self.clock(), compile_seconds()))
 
     def report(self, deadline: Deadline, views: int, tasks: int) -> None:
-        marks, adapted_at = self.marks, self.adapted_at
-        deadline.measured(search=(marks[0] if marks else adapted_at) - self.began,
-                          steps=(marks[-1] - marks[0] if marks else 0.0, max(len(marks) - 1, 0)),
-                          views=(max(self.predicted_at - adapted_at - self.compiling, 0.0), views),
-                          rest=(adapted_at - (marks[-1] if marks else adapted_at)) + self.clock() - self.predicted_at,
-                          tasks=tasks)
+        (adapted_at, compiled), (predicted_at, compiled_after) = self.at
+        first, last = (self.marks[0], self.marks[-1]) if self.marks else (adapted_at, adapted_at)
+        deadline.measured(search=first - self.began, steps=(last - first, max(len(self.marks) - 1, 0)),
+                          views=(max(predicted_at - adapted_at - (compiled_after - compiled), 0.0), views),
+                          rest=adapted_at - last + self.clock() - predicted_at, tasks=tasks)
 
 
 class _GroupScorer:
@@ -315,9 +310,9 @@ class _GroupScorer:
                      enough=deadline.group_over if deadline is not None else lambda: False) as adaptation:
             if self.stop():
                 return None
-            timing.adapted()
+            timing.mark()
             cands = self.predict(group, adaptation, planned, out)
-            timing.predicted()
+            timing.mark()
         for i in episodes:
             out.attempts[i] = cands[i].attempts()
         for t in group:  # a task's seconds: its adaptation, predictions and attempts

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from data.features import NUMERIC_DIM, RELATION_DIM
-from engine.config import FUSE_MODES
 from engine.precision import Float32LayerNorm
 
 
@@ -24,16 +23,14 @@ def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
 
 
 class QwenHybridPrompt(nn.Module):
-    def __init__(self, *, prompt_dim: int = 256, numeric_in_dim: int = NUMERIC_DIM, fuse: str = "mean",
+    def __init__(self, *, prompt_dim: int = 256, numeric_in_dim: int = NUMERIC_DIM,
                  qwen_dim: int = 0, use_numeric: bool = True, use_relation: bool = True,
                  relation_in_dim: int = RELATION_DIM):
         """`qwen_dim`: hidden size of the Qwen trunk whose pooled features arrive (0: no Qwen stream)."""
         super().__init__()
-        if fuse not in FUSE_MODES:
-            raise ValueError(f"fuse={fuse!r}: choose one of {', '.join(FUSE_MODES)}")
         if not (qwen_dim or use_numeric or use_relation):
             raise ValueError("every prompt stream is off")
-        self.fuse, self.prompt_dim = fuse, prompt_dim
+        self.prompt_dim = prompt_dim
         self.qwen_proj = nn.Linear(qwen_dim, prompt_dim) if qwen_dim else None
         self.numeric_mlp = _mlp(numeric_in_dim, prompt_dim) if use_numeric else None
         self.relation_mlp = _mlp(relation_in_dim, prompt_dim) if use_relation else None
@@ -58,7 +55,5 @@ class QwenHybridPrompt(nn.Module):
             streams.append(self.relation_mlp(relation))
             weights.append(ones)
         w = torch.stack(weights).unsqueeze(-1)  # [streams, B, 1]
-        fused = (torch.stack(streams) * w.to(streams[0].dtype)).sum(0)
-        if self.fuse == "mean":
-            fused = fused / w.sum(0).clamp_min(1.0).to(fused.dtype)
-        return self.norm(fused)
+        fused = (torch.stack(streams) * w.to(streams[0].dtype)).sum(0)  # the mean of a sample's streams
+        return self.norm(fused / w.sum(0).clamp_min(1.0).to(fused.dtype))

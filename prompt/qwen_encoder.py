@@ -150,7 +150,7 @@ class QwenTextEncoder(nn.Module):
         self.trunk = trunk
         self.hidden_size = trunk.config.hidden_size
         # Identifies the weights the features come from (a part of every prompt-cache key).
-        self.fingerprint = hashlib.sha1(f"{source}:{cfg.qwen_dtype}:{cfg.qwen_pooling}".encode()).hexdigest()[:16]
+        self.fingerprint = hashlib.sha1(f"{source}:{cfg.qwen_dtype}:mean".encode()).hexdigest()[:16]
         self.stats = EncoderStats()
         # Under FSDP (engine/fsdp.py) every forward of the sharded trunk is a collective: given the
         # chunks this process encodes, `lockstep` returns the most any process encodes.
@@ -216,10 +216,8 @@ class QwenTextEncoder(nn.Module):
         self.stats.tokens += tokens_read
         if hidden.requires_grad:
             self.stats.tokens_with_grad += tokens_read
-        if self.cfg.qwen_pooling == "mean":
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            return (hidden * weights).sum(1) / weights.sum(1)
-        return hidden[torch.arange(len(texts), device=device), mask.sum(1) - 1]  # right padding: last real token
+        weights = mask.unsqueeze(-1).to(hidden.dtype)  # the mean over a demo's real tokens
+        return (hidden * weights).sum(1) / weights.sum(1)
 
     @contextmanager
     def stops_on(self, stop: Callable[[], bool] | None) -> Iterator[None]:

@@ -187,7 +187,6 @@ def test_a_yaml_recipe_reads_as_a_toml_one(tmp_path):
 
 def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     """A choice added where the code acts on it is a choice of the flag, and no copy can drift."""
-    import prompt.hybrid
     from data.episodes import CANVAS_MODES
     from engine import precision
     from engine.config import LR_SCHEDULES, TTT_PARAMS
@@ -195,7 +194,6 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
 
     choices = {f.name: f.metadata.get("choices") for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
     assert choices["amp"] is precision.AMP_MODES
-    assert choices["fuse"] is prompt.hybrid.FUSE_MODES
     assert choices["canvas"] is CANVAS_MODES
     assert choices["ttt_params"] is TTT_PARAMS  # the weight groups model.ttt_parameters names
     assert choices["lr_schedule"] is LR_SCHEDULES

@@ -97,7 +97,7 @@ def test_test_time_training_restores_the_weights_exactly(small_cfg, tmp_path):
     cfg, state, eval_set = eval_setup(small_cfg, tmp_path)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     flags = [p.requires_grad for p in state.model.parameters()]
-    for which in ("all", "late", "adapter", "prompt"):
+    for which in ("all", "late"):
         metrics = run_eval(state, eval_set, cfg.replace(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch_size=4,
                                                         ttt_check_every=0)).metrics
         assert metrics["eval/ttt_steps_per_task"] == 3.0, which  # three steps a task, none stopped early

@@ -95,8 +95,7 @@ def _lock(path: Path) -> tuple[IO | None, str | None]:
                           f"kept the lock: delete {path} to clear it")
         return None, (f"run folder {path.parent}: in use by pid {pid} on {host}: wait for it to end or choose another "
                       f"--run_dir (if that process is gone and a network filesystem kept its lock, delete {path})")
-    handle.seek(0)
-    handle.truncate()
+    handle.truncate(0)  # (a+: every write goes to the end, here the start)
     handle.write(f"{socket.gethostname()} pid {os.getpid()}\n")
     handle.flush()
     return handle, None
@@ -104,11 +103,11 @@ def _lock(path: Path) -> tuple[IO | None, str | None]:
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # signal 0: only whether the process exists
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # another user's process: alive
+        pass
     return True
 
 
