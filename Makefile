@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-site gpu-check gpu-lease bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-site gpu-check gpu-lease bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
 
 setup: $(STAMP)
 
@@ -120,9 +120,6 @@ bench-cache: $(STAMP)
 bench-learn: $(STAMP)
 	$(PY) -m bench.learnability
 
-bench-adapt: $(STAMP)
-	$(PY) -m bench.adaptation --sections unseen,arc,arc-transductive
-
 # seconds a task with K tasks adapted together (bench/adapt_together.py): make bench-adapt-together [KS=1,4,16]
 KS ?= 1,4,16
 bench-adapt-together: $(STAMP)
@@ -130,14 +127,15 @@ bench-adapt-together: $(STAMP)
 
 # the adaptation frontier: pass@2 against seconds a task for each adaptation setting (bench/frontier.py's
 # SETTINGS), from the untrained weights and from MINUTES of the defaults (trained once into OUT):
-# make bench-frontier [SETTINGS=default,search,steps-30] [TASKS=100] [MINUTES=15] [OUT=runs/frontier]
+# make bench-frontier [SETTINGS=default,search,v64-s240] [TASKS=100] [SIZE=small|large] [MINUTES=15] [OUT=runs/frontier]
+# (SIZE: the first TASKS of a size class, small: every demo grid and test input at most 10 a side)
 TASKS ?= 100
 MINUTES ?= 15
 # OUT when given on the command line (its default is the GPU check's), else runs/frontier
 FRONTIER_OUT = $(if $(filter command line,$(origin OUT)),$(OUT),runs/frontier)
 bench-frontier: $(STAMP)
 	$(PY) -m bench.frontier --tasks $(TASKS) --minutes $(MINUTES) --out $(FRONTIER_OUT) \
-		--svg $(FRONTIER_OUT)/frontier.svg $(if $(SETTINGS),--settings $(SETTINGS))
+		--svg $(FRONTIER_OUT)/frontier.svg $(if $(SETTINGS),--settings $(SETTINGS)) $(if $(SIZE),--size $(SIZE))
 
 # a finished run's folder: make bench-ttt-curve RUN=runs/<name>
 bench-ttt-curve: $(STAMP)

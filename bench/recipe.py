@@ -13,7 +13,7 @@ one view, and not counted), then its final checkpoint is scored with the default
 first `--tasks` ARC-AGI-1 evaluation tasks, on the test pairs of the first `--held` training tasks
 (every row holds them out of training: `--hold_out_tests`, so over- and under-fitting show), and on
 `--unseen` held-out tasks of the synthetic families flip, transpose, scale and fill
-(bench/adaptation.py's unseen families; training on ARC never shows them as such). With `--curve`, the run is
+(bench/learnability.py's unseen families; training on ARC never shows them as such). With `--curve`, the run is
 resumed from one minute to the next (with the default constant learning rate a run stopped at minute
 15 is a 15-minute run) and each checkpoint is scored and kept as `<run>/marks/<minutes>min/`, a
 checkpoint folder any later validation can name (`fixed.py --eval_only --resume <run>/marks/30min
@@ -42,9 +42,8 @@ import numpy as np
 import torch
 
 import training
-from bench.adaptation import CHEAP_VALIDATION, EVAL_DEFAULTS, UNSEEN_FAMILIES
 from bench.data_cost import measure
-from bench.learnability import evaluate_variant, fmt, parse_settings
+from bench.learnability import CHEAP_VALIDATION, EVAL_DEFAULTS, UNSEEN_FAMILIES, evaluate_variant, fmt, parse_settings
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from evaluation.evaluate import first_tasks, score_tasks

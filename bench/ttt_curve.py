@@ -14,7 +14,7 @@ every test input (what it is scored on; the test outputs are read here only, to 
     exact    whole grid right
 
 Demo columns rising while test columns stay flat is memorisation: the steps past that point buy
-nothing on the test inputs. The scores of `make bench-adapt` vote over views; these do not, so
+nothing on the test inputs. The scores of `make bench-frontier` vote over views; these do not, so
 compare rows within this table.
 """
 

@@ -256,9 +256,9 @@ def test_ttt_curve_scores_every_demo_episode_and_test_pair_at_every_mark(small_c
         assert all(((v >= 0) & (v <= 1)).all() for v in cols.values())
 
 
-def test_bench_adaptation_scores_each_family_over_the_scored_tasks_only(small_cfg):
-    """bench.adaptation's per-family exact match reads the submission of the first --eval_tasks
-    tasks; the evaluation set holds every evaluation task (a task not scored is not a miss)."""
+def test_the_per_family_exact_match_counts_the_scored_tasks_only(small_cfg):
+    """bench.learnability's per-family exact match (evaluate_variant) reads the submission of the first
+    --eval_tasks tasks; the evaluation set holds every evaluation task (a task not scored is not a miss)."""
     from bench.learnability import evaluate_variant
     cfg = small_cfg(data="synthetic:40", synthetic_rules="recolour", synthetic_eval_rules="flip,transpose",
                     epochs=1, max_batches=2, eval_tasks=3, ttt_steps=0)

@@ -5,10 +5,14 @@ scores only the rows it lacks; the picture draws each start's frontier."""
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
-from bench.frontier import frontier, same_row
+from bench.frontier import frontier, of_size, same_row, task_side
+from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
+from training.build import build_data
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
@@ -113,3 +117,21 @@ def test_a_row_of_more_tasks_scores_only_the_tasks_a_row_of_fewer_lacks_and_scor
     assert tasks_in()[:2] == first_two and len(tasks_in()) == 3, "the first two tasks were read, not scored again"
     bench(arc_folder, tmp_path / "fresh", *alone, "--tasks", "3")
     assert kept_pairs(tmp_path / "grown") == kept_pairs(tmp_path / "fresh")
+
+
+def test_a_size_class_takes_the_first_tasks_whose_known_grids_fit_and_never_reads_a_test_output(small_cfg):
+    """--size small: every demo grid and test input at most --small_side a side; large: the rest; the
+    test outputs (unknown when a task is predicted) decide nothing."""
+    eval_set = build_data(small_cfg(), torch.device("cpu")).eval_set
+    ids = first_tasks(eval_set, 0)
+    tasks = {ep.task.task_id: ep.task for ep in eval_set.episodes}
+    sides = {t: task_side(tasks[t]) for t in ids}
+    cut = sorted(sides.values())[len(ids) // 2]
+    small, large = (of_size(eval_set, 100, size, cut) for size in ("small", "large"))
+    assert small and large and sorted(small + large) == sorted(ids) and of_size(eval_set, 100, "all", cut) == ids
+    assert all(sides[t] <= cut for t in small) and all(sides[t] > cut for t in large)
+    assert of_size(eval_set, 1, "small", cut) == small[:1] and small == [t for t in ids if t in small]
+    task = tasks[small[0]]
+    huge = type(task)(task.task_id, task.train, tuple(type(p)(p.input, np.zeros((30, 30), dtype=np.int64))
+                                                      for p in task.test))
+    assert task_side(huge) == task_side(task)  # the test outputs are not read
