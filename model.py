@@ -250,5 +250,4 @@ def build_model(cfg: Config, *, noise_seed: int | None = None, tasks: int = 0,
         embedding = nn.Embedding(max(tasks, 1), cfg.prompt.prompt_dim)
         nn.init.zeros_(embedding.weight)
     graphs = cfg.agent.compile and cfg.agent.compile_mode == "reduce-overhead"
-    return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding,
-                    cuda_graphs=graphs)
+    return ArcModel(prompt=prompt, policy=policy, agent=agent, qwen=qwen, task_embedding=embedding, cuda_graphs=graphs)

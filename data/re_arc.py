@@ -89,8 +89,7 @@ def demo_sets(pool: ReArcPool, *, sets: int, demos: int, seed: int) -> tuple[Arc
     for k in range(sets):
         chosen = rng.choice(len(pool.examples), size=demos + 1, replace=False)
         picked = [pool.examples[int(i)] for i in chosen]
-        out.append(ArcTask(f"{pool.task_id}{DERIVED}{k}", tuple(picked[:demos]), (picked[demos],),
-                           family=pool.task_id))
+        out.append(ArcTask(f"{pool.task_id}{DERIVED}{k}", tuple(picked[:demos]), (picked[demos],), family=pool.task_id))
     return tuple(out)
 
 

@@ -86,8 +86,7 @@ class ViewSet:
     @staticmethod
     def cat(parts: list[ViewSet]) -> ViewSet:
         return ViewSet(tuple(a for p in parts for a in p.augmentations), *(torch.cat(ts) for ts in zip(*(
-            (p.dihedral, p.colours, p.inverse, p.side, p.augmented) for p in parts),
-            strict=True)))
+            (p.dihedral, p.colours, p.inverse, p.side, p.augmented) for p in parts), strict=True)))
 
 
 def encode_views(grid: np.ndarray, views: ViewSet, side: int) -> torch.Tensor:

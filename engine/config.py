@@ -130,12 +130,9 @@ class DataCfg:
     canvas: str = flag("fit", "agent canvas: fit (the side a batch needs; evaluation predicts it from the demos), "
                        "bucket (the smallest of 8, 12, 16, 20, 25, 30 holding it: few compiles) or full (30x30)",
                        CANVAS_MODES)
-    size_buckets: int = flag(16, "re-deal runs of this many batches by canvas side (0: off)", result_free=True,
-                             within=NON_NEGATIVE)
-    easy_warmup: float = flag(0.6, "share of easy episodes per batch while epoch < 1", result_free=True,
-                              within=PROBABILITY)
-    easy_later: float = flag(0.3, "share of easy episodes per batch from epoch 1 on", result_free=True,
-                             within=PROBABILITY)
+    size_buckets: int = flag(16, "re-deal N batches by canvas side (0: off)", result_free=True, within=NON_NEGATIVE)
+    easy_warmup: float = flag(0.6, "easy episodes' share a batch while epoch < 1", result_free=True, within=PROBABILITY)
+    easy_later: float = flag(0.3, "easy episodes' share a batch from epoch 1", result_free=True, within=PROBABILITY)
     num_workers: int = flag(0, "DataLoader worker processes", result_free=True, resume_free=True, within=NON_NEGATIVE)
 
     def __post_init__(self) -> None:
@@ -240,20 +237,18 @@ class AgentCfg:
 class LossCfg:
     """The training loss (loss_function.py) and the RL reward."""
 
-    efe_weight: float = flag(0.7, "weight of EFE(prediction with the sampled refinement)", result_free=True,
+    efe_weight: float = flag(0.7, "weight of EFE(the sampled refinement's prediction)", result_free=True,
                              within=NON_NEGATIVE)
     mean_weight: float = flag(0.3, "weight of EFE(prediction with the mean refinement)", result_free=True,
                               within=NON_NEGATIVE)
     reward_scale: float = flag(5.0, "RL reward = this x (target log-lik: sampled - mean refinement)", result_free=True,
                                within=NON_NEGATIVE)
     label_smoothing: float = flag(0.1, "EFE risk: label smoothing of the preference", within=SHARE)
-    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)",
-                         within=Range(0, 1, lo_open=True, hi_open=True))
+    kl_eps: float = flag(0.01, "EFE: smoothing of p_eps in KL(q || p_eps)", within=Range(0, 1, True, True))
     lambda_r: float = flag(0.1, "EFE: weight of KL(q || p_eps)", within=NON_NEGATIVE)
     lambda_a: float = flag(0.01, "EFE: weight of the ambiguity H[q]", within=NON_NEGATIVE)
     lambda_c: float = flag(1e-3, "EFE: weight of the complexity ||refined - prompt||^2", within=NON_NEGATIVE)
-    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output differs from input)",
-                              within=NON_NEGATIVE)
+    hard_weight: float = flag(2.0, "EFE: weight of hard cells (wrong, or output != input)", within=NON_NEGATIVE)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -263,13 +258,11 @@ class LossCfg:
 class OptimCfg:
     """Optimizers, mixed precision and accumulation."""
 
-    agent_lr: float = flag(1e-3, "learning rate of the agent, prompt heads and refinement", result_free=True,
-                           within=POSITIVE)
-    qwen_lr: float = flag(1e-5, "learning rate of trainable Qwen weights (full or LoRA)", result_free=True,
-                          within=POSITIVE)
+    agent_lr: float = flag(1e-3, "lr of the agent, prompt heads and refinement", result_free=True, within=POSITIVE)
+    qwen_lr: float = flag(1e-5, "lr of trainable Qwen weights (full or LoRA)", result_free=True, within=POSITIVE)
     rl_lr: float = flag(1e-3, "learning rate of the RL head (own optimizer; 0: the head does not move)",
                         result_free=True, within=NON_NEGATIVE)
-    task_embedding_lr: float = flag(1e-2, "learning rate of the task embeddings (no weight decay)", result_free=True,
+    task_embedding_lr: float = flag(1e-2, "lr of the task embeddings (no weight decay)", result_free=True,
                                     within=POSITIVE)
     lr_schedule: str = flag("constant", "every training lr: constant, or cosine to a tenth at the end of --epochs or "
                             "--max_minutes (whichever first)", LR_SCHEDULES, result_free=True)
@@ -297,8 +290,7 @@ class EvalCfg:
     val_every: str = flag("epoch", "when to validate during training: epoch (after each but the last), N (optimizer "
                           "steps), Mmin (training minutes) or end (the final validation only); each from a checkpoint",
                           result_free=True)
-    val_tasks: int = flag(16, "tasks a mid-training validation scores, the first N (0: all)", result_free=True,
-                          within=NON_NEGATIVE)
+    val_tasks: int = flag(16, "tasks a mid-training validation scores (0: all)", result_free=True, within=NON_NEGATIVE)
     val_share: float = flag(0.1, "a validation during training is skipped while validation has taken more than "
                                  "this share of the training time so far (the first one always runs)", result_free=True,
                             within=POSITIVE)
@@ -311,8 +303,7 @@ class EvalCfg:
     heldout_tasks: int = flag(-1, "the first N evaluation tasks get the held-out loss before adaptation (0: all; -1: "
                               "all without Qwen or on a GPU, else the validated ones)", result_free=True,
                               within=Range(-1))
-    eval_augments: int = flag(8, "views voted over for the two attempts (identity + dihedral x colour)",
-                              within=AT_LEAST_ONE)
+    eval_augments: int = flag(8, "views voted over for the two attempts (dihedral x colour)", within=AT_LEAST_ONE)
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
     view_starts: bool = flag(True, "search over starts: the mean refinement and each gate-forced input view that "
@@ -321,8 +312,7 @@ class EvalCfg:
                           within=NON_NEGATIVE)
     ttt_lr: float = flag(1e-3, "test-time training learning rate", within=POSITIVE)
     ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
-    ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this fraction of --ttt_steps (VARC: 0.1)",
-                             within=SHARE)
+    ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this share of --ttt_steps", within=SHARE)
     ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
                                    "(VARC trains with 0.1; never in the demo checks or the predictions)", within=SHARE)
     ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
@@ -388,8 +378,7 @@ class RunCfg:
                            "one checkpoint folder", result_free=True, resume_free=True)
     eval_only: bool = flag(False, "only validate --resume's (or fresh) weights, in a new run folder or an --eval_only "
                            "one it continues", result_free=True, resume_free=True)
-    log_every: int = flag(50, "TensorBoard scalars every N optimizer steps", result_free=True, resume_free=True,
-                          within=AT_LEAST_ONE)
+    log_every: int = flag(50, "scalars every N steps", result_free=True, resume_free=True, within=AT_LEAST_ONE)
     save_every: int = flag(0, "checkpoint every N optimizer steps (0: at the end of each epoch only, or by the "
                               "clock under --max_minutes: --save_minutes)", result_free=True, resume_free=True,
                            within=NON_NEGATIVE)

@@ -88,8 +88,7 @@ def task_cards(attempts: dict[int, tuple[Grid, Grid]], records: dict[int, tuple[
                 pair["nats_cell"] = round(losses[i][1], 5)
         cards.append({"id": task_id, "demos": [[grid_rows(d.input), grid_rows(d.output)] for d in task.train],
                       "tests": [{"input": grid_rows(q.input), "target": grid_rows(q.output) if q.answered else None}
-                                for q in queries],
-                      "runs": [run]})
+                                for q in queries], "runs": [run]})
     return cards
 
 

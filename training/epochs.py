@@ -54,8 +54,7 @@ class EpochLoop:
         self.cfg, self.device, self.dist, self.stop, self.run_dir = cfg, device, dist, stop, run_dir
         seed_everything(cfg.run.seed)
         self.data = build_data(cfg, device, dist)
-        self.state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, self.run_dir),
-                                       len(self.data.task_ids))
+        self.state = build_train_state(cfg, device, dist, prompt_cache_dir(cfg, self.run_dir), len(self.data.task_ids))
         self.n_batches = self.data.batches_in_epoch(cfg.run.max_batches)
         self.lr_schedule = TrainingSchedule(
             cfg.optim.lr_schedule, [self.state.optimizer, self.state.rl_optimizer],
@@ -103,8 +102,7 @@ class EpochLoop:
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
                                **self.validation.report(self.seconds), **self.flops.since_start(self.seconds),
                                **self.outside_steps_figures(),
-                               **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})},
-                              self.dist)
+                               **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})}, self.dist)
         finally:
             if self.logger is not None:
                 self.logger.close()
