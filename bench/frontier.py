@@ -98,6 +98,9 @@ SETTINGS: dict[str, dict] = {
 # the grid of test-time training's views of the demos by its steps at most (v8-s60: the default's)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
                  for views in (8, 16, 32, 64) for steps in (60, 120, 240) if (views, steps) != (8, 60)})
+# the stop's variant: no early stop, every step taken (--ttt_check_every 0)
+SETTINGS.update({f"v{views}-s{steps}-nostop": {"ttt_views": views, "ttt_steps": steps, "ttt_check_every": 0}
+                 for views in (8, 64) for steps in (120, 240)})
 MODEL_SETTINGS = {"width-32", "width-128"}
 SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most --small_side
 LEDGER = "frontier.json"
