@@ -71,7 +71,7 @@ def candidates(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDa
             logp = F.log_softmax(logits, -1)  # [B, S, S, 12], kept on the device: decoded and voted there
             tick("model")
             batch_views = ViewSet.cat([v for _, v in segments])
-            grids, shapes, mean = decode_views(logp, batch_views)
+            grids, shapes, mean = decode_views(logp)
             grids, shapes = task_frame(grids, shapes, batch_views)
             tick("decode")
             start = 0

@@ -44,9 +44,9 @@ def _first(hit: torch.Tensor) -> torch.Tensor:
     return torch.where(hit.any(1), hit.int().argmax(1), torch.full_like(hit[:, 0], hit.shape[1], dtype=torch.int64))
 
 
-def decode_views(logp: torch.Tensor, views: ViewSet) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`decode_logp` of every row: logp [N, S, S, 12] float32 (one batch's, on any device), its views
-    (each reads its grid from the top-left alike) -> (grids [N, S, S] int64 in each view's frame,
+def decode_views(logp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`decode_logp` of every row: logp [N, S, S, 12] float32 (one batch's, on any device; each view's
+    grid read from the top-left) -> (grids [N, S, S] int64 in each view's frame,
     cells past its shape 0; shapes [N, 2] int64 (h, w); mean colour log-probability a cell [N] float32)."""
     side = logp.shape[1]
     at = torch.arange(side, device=logp.device)

@@ -112,7 +112,7 @@ def test_decoded_inverted_voted_and_scored_as_one_view_at_a_time(episodes):
         views = ds.view_set(e, VIEWS)
         batch = view_batch(ds, [(e, views)], texts=False)
         logp = _logits(batch, e).log_softmax(-1)
-        grids, shapes, mean = decode_views(logp, views)
+        grids, shapes, mean = decode_views(logp)
         grids, shapes = task_frame(grids, shapes, views)
         stack = ViewLogp(logp, views, torch.full((len(views),), logp.shape[1]))
         ours = Candidates.from_views(stack, grids, shapes, mean)
