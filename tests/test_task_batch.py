@@ -129,10 +129,10 @@ def test_tasks_adapted_together_under_bf16_end_as_each_alone_to_its_precision(sm
 def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg):
     """--ttt_check_every: a copy task the weights learn early stops at the same multiple of 5 steps
     together as alone, keeping its copy from then while the others train on."""
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=40, ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=30, ttt_lr=1e-2, view_starts=False)
     tasks = made_tasks({"copy": RULES["copy"], "flip": RULES["flip"]}, side=3)
     alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks)
-    assert alone["copy"][0] < 40 and alone["copy"][0] % 5 == 0
+    assert alone["copy"][0] < 30 and alone["copy"][0] % 5 == 0  # (15 here)
     for task_id in alone:
         assert together[task_id][0] == alone[task_id][0]
         assert together[task_id][1] == float32_approx(alone[task_id][1])

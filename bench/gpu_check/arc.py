@@ -33,7 +33,8 @@ ONE_GPU_RECIPE = ("--config", RECIPE, "--qwen_model", RECIPE_QWEN)
 TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers", "1", "--agent_cycles", "1",
               "--prompt_dim", "32", "--no-compile",
               "--batch_size", "8", "--num_workers", "0", "--eval_augments", "8", "--ttt_batch_size", "8",
-              "--heldout_tasks", "8")  # the held-out loss on 8 tasks, not 400 (10 of the run's 22 s on 2 cores)
+              "--heldout_tasks", "8",  # the held-out loss on 8 tasks, not 400 (10 of the run's 22 s on 2 cores)
+              "--ttt_steps", "8")  # a task's adaptation: 8 steps, not 60 (1.2 s, not 7.3, a task on 2 cores)
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
                  "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
                  "ARC-AGI-1 (docs/adaptation.md)")
