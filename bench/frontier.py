@@ -101,9 +101,6 @@ SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
 # the stop's variant: no early stop, every step taken (--ttt_check_every 0)
 SETTINGS.update({f"v{views}-s{steps}-nostop": {"ttt_views": views, "ttt_steps": steps, "ttt_check_every": 0}
                  for views in (8, 64) for steps in (120, 240)})
-# the stop that waits: the demos checked only once half the steps are taken (--ttt_stop_after 0.5)
-SETTINGS.update({f"v{views}-s{steps}-wait": {"ttt_views": views, "ttt_steps": steps, "ttt_stop_after": 0.5}
-                 for views in (8, 64) for steps in (120, 240)})
 MODEL_SETTINGS = {"width-32", "width-128"}
 SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most --small_side
 LEDGER = "frontier.json"

@@ -322,8 +322,6 @@ class EvalCfg:
                                 "checked before the first step and every this many (0: never)", within=NON_NEGATIVE)
     ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop",
                                within=AT_LEAST_ONE)
-    ttt_stop_after: float = flag(0.0, "test-time training's demo checks begin once this share of --ttt_steps is "
-                                 "taken (0: before the first step)", within=SHARE)
     ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations",
                           within=AT_LEAST_ONE)
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step", within=AT_LEAST_ONE)

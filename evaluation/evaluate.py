@@ -141,8 +141,7 @@ def describe(cfg: Config) -> str:
         extras = [f"--ttt_params {e.ttt_params}", f"{e.ttt_views} views",
                   *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
                   *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
-                  *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows,
-                  *[f"stop checked after {e.ttt_stop_after:g} of them"] * bool(e.ttt_check_every and e.ttt_stop_after)]
+                  *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
         parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
                      f"test-time-training steps ({', '.join(extras)})")
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"

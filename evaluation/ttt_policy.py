@@ -5,9 +5,7 @@ every step.
 - Steps: at most `steps`; none once `stop()` asks (the caller discards the result) or `enough()`
   says the time is spent (--eval_minutes: the tasks are predicted as adapted so far).
 - Early stop: before the first step and every `check_every` (0: never) the demos are predicted; a
-  task whose every leave-one-out demo comes out exact stops, as it is. With `stop_after` the checks
-  begin once that share of `steps` is taken: demos exact under the views trained on come long before
-  the test output does (docs/adaptation.md, "The stop").
+  task whose every leave-one-out demo comes out exact stops, as it is.
 - Learning rate: each group's own, times the warm-up over the first `warmup` fraction of `steps`
   and `schedule` (engine/schedule.py).
 - Clip: `clip` > 0 scales a task's gradient to that global norm at most (clip_grad_norm_'s rule).
@@ -36,15 +34,13 @@ class TTTPolicy:
     warmup: float = 0.0
     clip: float = 0.0
     check_every: int = 0
-    stop_after: float = 0.0
     stop: Callable[[], bool] = lambda: False
     enough: Callable[[], bool] = lambda: False
 
     @classmethod
     def test_time(cls, e: EvalCfg, clip: float, stop: Callable[[], bool], enough: Callable[[], bool]) -> TTTPolicy:
-        """Test-time training's: --ttt_steps, --ttt_schedule, --ttt_warmup, `clip`, --ttt_check_every,
-        --ttt_stop_after."""
-        return cls(e.ttt_steps, e.ttt_schedule, e.ttt_warmup, clip, e.ttt_check_every, e.ttt_stop_after, stop, enough)
+        """Test-time training's: --ttt_steps, --ttt_schedule, --ttt_warmup, --ttt_check_every, `clip`."""
+        return cls(e.ttt_steps, e.ttt_schedule, e.ttt_warmup, clip, e.ttt_check_every, stop, enough)
 
     def goes_on(self, tried: int) -> bool:
         """Whether step `tried` + 1 is taken (the demos' check aside)."""
@@ -52,7 +48,7 @@ class TTTPolicy:
 
     def checks(self, tried: int) -> bool:
         """Whether the demos are checked before step `tried` + 1."""
-        return bool(self.check_every) and tried % self.check_every == 0 and tried >= self.stop_after * self.steps
+        return bool(self.check_every) and tried % self.check_every == 0
 
     def lr_factor(self, tried: int) -> float:
         """What every group's lr is multiplied by in step `tried` + 1."""

@@ -320,17 +320,6 @@ def test_training_on_evaluation_demos_never_reads_their_test_outputs(arc_folder,
     assert events.Tensors("transductive/text_summary")[0].tensor_proto.string_val[0] == b"True"
 
 
-def test_the_stop_that_waits_checks_the_demos_only_after_its_share_of_the_steps():
-    """--ttt_stop_after: the demos are checked every --ttt_check_every steps from that share of
-    --ttt_steps on (0: from before the first step); --ttt_check_every 0 never checks."""
-    def checked(**policy) -> list[int]:
-        return [tried for tried in range(21) if TTTPolicy(20, **policy).checks(tried)]
-    assert checked(check_every=5) == [0, 5, 10, 15, 20]
-    assert checked(check_every=5, stop_after=0.5) == [10, 15, 20]
-    assert checked(check_every=5, stop_after=0.6) == [15, 20]
-    assert checked(check_every=0, stop_after=0.5) == []
-
-
 def test_cosine_schedule_takes_every_group_from_its_lr_towards_zero():
     """--ttt_schedule cosine: step 0 at each group's own lr, half of it halfway, the last step small
     but not zero, the groups' ratio kept (each group its own base lr); constant

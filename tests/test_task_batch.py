@@ -136,9 +136,6 @@ def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg
     for task_id in alone:
         assert together[task_id][0] == alone[task_id][0]
         assert together[task_id][1] == float32_approx(alone[task_id][1])
-    # --ttt_stop_after 0.8: the first check after step 24 of 30 is step 25's, where the copy is exact still
-    waited, together = adapt_alone_and_together(cfg.replace(ttt_stop_after=0.8), state, eval_set, tasks)
-    assert waited["copy"][0] == together["copy"][0] == 25 and waited["flip"][0] == together["flip"][0] == 30
 
 
 def test_groups_of_tasks_adapted_together_never_mix_canvas_sides(small_cfg):
