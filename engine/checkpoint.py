@@ -175,7 +175,7 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
 # naming any other global would run code when read, and is refused before it is read.
 STATE_GLOBALS = [np.ndarray, np.dtype, type(np.dtype(np.uint32)), np._core.multiarray._reconstruct,
                  (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
-_ALLOWED = {"numpy.ndarray", "numpy.dtype", "numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct"}
+_ALLOWED = {g[1] if isinstance(g, tuple) else f"{g.__module__}.{g.__qualname__}" for g in STATE_GLOBALS}  # their names
 
 
 def code_in_state(folder: Path) -> str | None:
