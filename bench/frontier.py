@@ -2,12 +2,13 @@
 the untrained weights and from a trained checkpoint, every setting paired with the default.
 
     python -m bench.frontier [--settings default,search,v64-s240,...] [--tasks 100] [--minutes 15]
-                             [--size all|small|large] [--small_side 10] [--starts untrained,trained]
+                             [--size all|small|large] [--starts untrained,trained]
                              [--out runs/frontier] [--svg docs/frontier.svg] [--set NAME=VALUE ...]
 
-`--size` scores the first `--tasks` of a size class: small, the tasks whose every demo grid and
-test input is at most `--small_side` a side (78 of ARC-AGI-1's 400 at 10), or large, the rest;
-`v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S (v8-s60: the default).
+`--size` scores the first `--tasks` of a size class (evaluation/ttt_policy.size_class): small, the
+tasks whose every demo grid and test input is at most 10 a side (78 of ARC-AGI-1's 400), or large,
+the rest; `v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S, every task alike (v8-s60:
+the default before the size rule, `--ttt_small_steps 0`).
 
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
@@ -54,7 +55,6 @@ import training
 from bench.heldout_curve import COLOURS
 from bench.learnability import EVAL_DEFAULTS, parse_settings
 from bench.recipe import train_until, with_interval
-from data.arc import ArcTask
 from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
@@ -62,6 +62,7 @@ from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 from evaluation.journal import open_journal
+from evaluation.ttt_policy import SMALL_SIDE
 
 CPU = torch.device("cpu")
 UNTRAINED = "untrained"
@@ -95,36 +96,34 @@ SETTINGS: dict[str, dict] = {
     "width-32": {"agent_channels": 32},
     "width-128": {"agent_channels": 128},
 }
-# the grid of test-time training's views of the demos by its steps at most (v8-s60: the default's)
+# the grid of test-time training's views of the demos by its steps at most (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
-                 for views in (8, 16, 32, 64) for steps in (60, 120, 240) if (views, steps) != (8, 60)})
+                 for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
 # the stop's variant: no early stop, every step taken (--ttt_check_every 0)
 SETTINGS.update({f"v{views}-s{steps}-nostop": {"ttt_views": views, "ttt_steps": steps, "ttt_check_every": 0}
-                 for views in (8, 64) for steps in (120, 240)})
+                 for views in (8, 64) for steps in (60, 120, 240)})
+for _name in SETTINGS.keys() - {DEFAULT}:  # every setting but the default adapts every task alike: no size rule
+    SETTINGS[_name].setdefault("ttt_small_steps", 0)
 MODEL_SETTINGS = {"width-32", "width-128"}
-SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most --small_side
+# flags added since rows were first kept whose default changed what a row measures: the value a row
+# kept before them ran with
+ADDED = {"ttt_small_steps": 0}
+SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most SMALL_SIDE
 LEDGER = "frontier.json"
 
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
 
 
-def task_side(task: ArcTask) -> int:
-    """The largest side of a task's grids known before its test outputs: every demo grid, the test inputs."""
-    return max(max(g.shape) for g in (*(x for pair in task.train for x in (pair.input, pair.output)),
-                                      *(pair.input for pair in task.test)))
-
-
-def of_size(dataset: EpisodeDataset, tasks: int, size: str, small_side: int) -> list[str]:
+def of_size(dataset: EpisodeDataset, tasks: int, size: str) -> list[str]:
     """The first `tasks` evaluation tasks of a size class (`SIZES`), in the set's order."""
     ids = first_tasks(dataset, 0)
     if size != "all":
-        side = {ep.task.task_id: task_side(ep.task) for ep in dataset.episodes}
-        ids = [t for t in ids if (side[t] <= small_side) == (size == "small")]
+        side = {ep.task.task_id: ep.task.known_side for ep in dataset.episodes}
+        ids = [t for t in ids if (side[t] <= SMALL_SIDE) == (size == "small")]
     return ids[:tasks]
 
 
-def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, size: str = "all",
-          small_side: int = 10) -> dict:
+def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, size: str = "all") -> dict:
     """The checkpoint in `start` (None: the weights as built) validated with `flags` on the first
     `tasks` evaluation tasks of a size class (`of_size`), the prompts cached in `out`/cache, each
     task's result journaled in `out`/journal/`name`.rank0of1.jsonl (evaluation/journal.py) and read
@@ -135,7 +134,7 @@ def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, siz
                             **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks})
     checkpoint = find_checkpoint(str(start)) if start is not None else None
     data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
-    scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, tasks, size, small_side),
+    scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, tasks, size),
                          cfg=cfg,
                          device=CPU, desc="frontier",
                          journal=open_journal(out, name, state.model, cfg, 0, 1))
@@ -153,9 +152,10 @@ def row_name(key: dict) -> str:
 
 def same_row(row: dict, key: dict) -> bool:
     """Whether a kept row is the one `key` asks for: its start, its tasks and the flags it sets away
-    from their defaults (a flag added to the suite since, at its default, changes nothing)."""
+    from their defaults (a flag added to the suite since, at its default, changes nothing but those of
+    ADDED)."""
     defaults = Config().flags()
-    changed = [{k: v for k, v in r["flags"].items() if v != defaults.get(k)} for r in (row, key)]
+    changed = [{k: v for k, v in f.items() if v != defaults.get(k)} for f in ({**ADDED, **row["flags"]}, key["flags"])]
     return row["start"] == key["start"] and row["tasks"] == key["tasks"] and changed[0] == changed[1] \
         and row.get("size", "all") == key.get("size", "all")
 
@@ -301,8 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
     ap.add_argument("--size", choices=SIZES, default="all", help="the tasks: all, or the first of a size class: small "
                                                                  "(every demo grid and test input at most "
-                                                                 "--small_side a side) or large (the rest)")
-    ap.add_argument("--small_side", type=int, default=10, help="the largest side of a small task's known grids")
+                                                                 f"{SMALL_SIDE} a side) or large (the rest)")
     ap.add_argument("--minutes", default="15", help="training minutes of each trained start, comma-separated "
                                                         "(0: none)")
     ap.add_argument("--starts", default="untrained,trained", help="which starts: untrained, trained or both")
@@ -333,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
     starts: dict[str, Path | None] = {UNTRAINED: None} if UNTRAINED in wanted else {}
     if "trained" in wanted:
         starts.update(trained_start(m, args.out, common) for m in minutes)
-    size = args.size if args.size == "all" else f"{args.size}:{args.small_side}"
+    size = args.size if args.size == "all" else f"{args.size}:{SMALL_SIDE}"
     print(f"the first {args.tasks} evaluation tasks ({size}); intervals: {METHOD}; s/task on this machine "
           f"({torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)
     shown = []
@@ -342,16 +341,16 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             if folder is not None and name in MODEL_SETTINGS:
                 continue
-            flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
+            flags = {**{k: Config().flags()[k] for k in ADDED}, **EVAL_DEFAULTS, **common, **SETTINGS[name]}
             key = {"start": start, "flags": flags, "tasks": args.tasks, "size": size}
             row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
-                row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out, row_name(key), args.size,
-                                                       args.small_side)}
+                row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out, row_name(key), args.size)}
                 rows.append(row)
                 partial = ledger.with_suffix(".partial")
                 partial.write_text(json.dumps(rows))
                 partial.replace(ledger)  # whole or not at all
+            row = {**row, "setting": name}  # a kept row shows the name asked for (v8-s60: the old default's)
             base = base or row
             shown.append(row)
             print(table_line(row, base), flush=True)

@@ -43,6 +43,12 @@ class ArcTask:
         it reads."""
         return self.family or self.task_id
 
+    @property
+    def known_side(self) -> int:
+        """The largest side of the grids known before its test outputs: every demo grid, the test inputs."""
+        return max(max(g.shape) for g in (*(x for pair in self.train for x in (pair.input, pair.output)),
+                                          *(pair.input for pair in self.test)))
+
 
 @dataclass(frozen=True)
 class ArcSplits:

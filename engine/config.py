@@ -310,6 +310,8 @@ class EvalCfg:
                                    "sizes every demo right, the one of lowest demo loss kept")
     ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)",
                           within=NON_NEGATIVE)
+    ttt_small_steps: int = flag(120, "a small task's test-time training steps (every demo grid and test input at "
+                                "most 10 a side), every one taken: no early stop (0: as any task)", within=NON_NEGATIVE)
     ttt_lr: float = flag(1e-3, "test-time training learning rate", within=POSITIVE)
     ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
     ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this share of --ttt_steps", within=SHARE)

@@ -35,6 +35,7 @@ from evaluation.scores import TaskScores
 from evaluation.scoring import Candidates, pair_metrics
 from evaluation.submission import SubmissionFile, submission_of
 from evaluation.task_batch import batches_shared_weights
+from evaluation.ttt_policy import by_size, size_class
 from evaluation.view_votes import ViewLogp, decode_views, task_frame
 from model import ArcModel
 from prompt import QwenFeatures
@@ -142,8 +143,9 @@ def describe(cfg: Config) -> str:
                   *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
                   *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
                   *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
+        small = f"; a small task's {e.ttt_small_steps}, every one" if e.ttt_small_steps else ""
         parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
-                     f"test-time-training steps ({', '.join(extras)})")
+                     f"test-time-training steps{small} ({', '.join(extras)})")
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
 
 
@@ -159,7 +161,8 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
                    world_size: int) -> list[list[list[str]]]:
     """The groups of tasks each process adapts and scores together, process by process: its share of
     `task_ids` (every `world_size`-th), in groups of `--adapt_tasks` (one where tasks share weights
-    and are not batched together), one canvas side a group when batched together."""
+    and are not batched together), one size class a group (evaluation/ttt_policy.by_size) and one
+    canvas side when batched together."""
     together = batches_shared_weights(cfg)
     size = 1 if cfg.eval.ttt_steps and not together else cfg.eval.adapt_tasks
     if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
@@ -168,7 +171,11 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
     else:
         def side_of(t: str) -> int:
             return max(dataset.sides[i] for i in by_task[t])
-    return [task_groups(task_ids[r::world_size], side_of, size, together) for r in range(world_size)]
+    def classes(ids: list[str]) -> list[list[str]]:  # the small tasks, then the rest (one list with the rule off)
+        kind = {t: size_class(cfg.eval, dataset.episodes[by_task[t][0]].task) for t in ids}
+        return [c for c in ([t for t in ids if kind[t] == k] for k in ("", "small", "large")) if c]
+    return [[g for ids in classes(task_ids[r::world_size]) for g in task_groups(ids, side_of, size, together)]
+            for r in range(world_size)]
 
 
 def count_tasks(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
@@ -301,6 +308,7 @@ class _GroupScorer:
         start = time.perf_counter()
         tasks = [dataset.episodes[self.by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in self.by_task[t]]
+        cfg = cfg.replace(**by_size(cfg.eval, tasks))
         planned = cfg if deadline is None else cfg.replace(**deadline.plan(
             cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group)))
         timing = _GroupTiming(deadline.clock if deadline is not None else time.perf_counter)

@@ -6,6 +6,9 @@ every step.
   says the time is spent (--eval_minutes: the tasks are predicted as adapted so far).
 - Early stop: before the first step and every `check_every` (0: never) the demos are predicted; a
   task whose every leave-one-out demo comes out exact stops, as it is.
+- By size (`by_size`): a small task (every grid known before its test outputs at most SMALL_SIDE a
+  side) takes --ttt_small_steps steps, every one: exact demos under the views it trains on come long
+  before what generalizes, and its steps are cheap (docs/results.md, "The frontier by task size").
 - Learning rate: each group's own, times the warm-up over the first `warmup` fraction of `steps`
   and `schedule` (engine/schedule.py).
 - Clip: `clip` > 0 scales a task's gradient to that global norm at most (clip_grad_norm_'s rule).
@@ -23,8 +26,27 @@ from dataclasses import dataclass
 
 import torch
 
+from data.arc import ArcTask
 from engine.config import EvalCfg
 from engine.schedule import warmed_factor
+
+SMALL_SIDE = 10  # 78 of ARC-AGI-1's 400 evaluation tasks, 179 of its 400 training tasks
+
+
+def size_class(e: EvalCfg, task: ArcTask) -> str:
+    """"small" or "large" where the size rule is on (test-time training, --ttt_small_steps), else ""."""
+    if not (e.ttt_steps and e.ttt_small_steps):
+        return ""
+    return "small" if task.known_side <= SMALL_SIDE else "large"
+
+
+def by_size(e: EvalCfg, tasks: list[ArcTask]) -> dict:
+    """The overrides of the EvalCfg flags that a group of tasks of one size class adapts with: a small
+    task's steps (every one taken), nothing for the rest or with the rule off."""
+    classes = {size_class(e, t) for t in tasks}
+    if len(classes) != 1:
+        raise ValueError(f"tasks of two size classes in one group: {[t.task_id for t in tasks]}")
+    return {"ttt_steps": e.ttt_small_steps, "ttt_check_every": 0} if classes == {"small"} else {}
 
 
 @dataclass(frozen=True)

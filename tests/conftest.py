@@ -109,10 +109,11 @@ def small_cfg(arc_folder, tmp_path):
     """A Config factory for fast CPU runs on the small folder; flags by name override. Validation
     adapts each task for 4 steps, not the default 60: at this size the default's test-time training
     is most of a run's time (2.5 of 3.5 s; 17 of 17.5 s under emulated fp16), and the tests of
-    adaptation set their own steps (tests/test_recipe.py runs the defaults)."""
+    adaptation set their own steps (tests/test_recipe.py runs the defaults). Every task of the folder
+    is small: the size rule is off (--ttt_small_steps 0), tests/test_size_rule.py has it."""
     def make(**overrides) -> Config:
         base = dict(data=str(arc_folder), batch_size=4, eval_batch_size=8, agent_channels=16, prompt_dim=32,
-                    run_dir=str(tmp_path / "run"), log_every=1, max_batches=3, ttt_steps=4)
+                    run_dir=str(tmp_path / "run"), log_every=1, max_batches=3, ttt_steps=4, ttt_small_steps=0)
         base.update(overrides)
         return Config.from_flags(**base)
     return make

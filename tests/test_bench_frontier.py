@@ -5,18 +5,17 @@ scores only the rows it lacks; the picture draws each start's frontier."""
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
-from bench.frontier import frontier, of_size, same_row, task_side
+from bench.frontier import frontier, of_size, same_row
 from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
 from training.build import build_data
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
-SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_check_every=0")
+SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_small_steps=3", "ttt_check_every=0")
 
 
 def rows(stdout: str) -> list[list[str]]:
@@ -47,13 +46,16 @@ def test_the_frontier_keeps_the_points_no_cheaper_point_beats():
 
 
 def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
-    """A row kept before a flag joined the suite (the flag absent, or at its default) is the same row;
-    another value of any flag, another start or other tasks is not."""
+    """A row kept before a flag joined the suite (the flag absent, or at its default) is the same row,
+    but for a flag of ADDED; another value of any flag, another start or other tasks is not."""
     kept = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3}}
-    asked = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0}}
+    asked = {"start": "untrained", "tasks": 30,  # a key names each flag of ADDED: here the size rule off
+             "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0, "ttt_small_steps": 0}}
     assert same_row(kept, asked)
     assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_dropout": 0.1}})
     assert not same_row(kept, {**asked, "tasks": 100}) and not same_row(kept, {**asked, "start": "trained"})
+    # a flag whose default changed what a row measures as it joined (ADDED): a row kept before it ran without it
+    assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_small_steps": 120}})
 
 
 @pytest.mark.slow
@@ -119,19 +121,15 @@ def test_a_row_of_more_tasks_scores_only_the_tasks_a_row_of_fewer_lacks_and_scor
     assert kept_pairs(tmp_path / "grown") == kept_pairs(tmp_path / "fresh")
 
 
-def test_a_size_class_takes_the_first_tasks_whose_known_grids_fit_and_never_reads_a_test_output(small_cfg):
-    """--size small: every demo grid and test input at most --small_side a side; large: the rest; the
-    test outputs (unknown when a task is predicted) decide nothing."""
+def test_a_size_class_takes_the_first_tasks_whose_known_grids_fit(small_cfg, monkeypatch):
+    """--size small: every demo grid and test input at most SMALL_SIDE a side (here the folder's
+    median, every task of it being small at 10); large: the rest, in the set's order."""
     eval_set = build_data(small_cfg(), torch.device("cpu")).eval_set
     ids = first_tasks(eval_set, 0)
-    tasks = {ep.task.task_id: ep.task for ep in eval_set.episodes}
-    sides = {t: task_side(tasks[t]) for t in ids}
+    sides = {ep.task.task_id: ep.task.known_side for ep in eval_set.episodes}
     cut = sorted(sides.values())[len(ids) // 2]
-    small, large = (of_size(eval_set, 100, size, cut) for size in ("small", "large"))
-    assert small and large and sorted(small + large) == sorted(ids) and of_size(eval_set, 100, "all", cut) == ids
+    monkeypatch.setattr("bench.frontier.SMALL_SIDE", cut)
+    small, large = (of_size(eval_set, 100, size) for size in ("small", "large"))
+    assert small and large and sorted(small + large) == sorted(ids) and of_size(eval_set, 100, "all") == ids
     assert all(sides[t] <= cut for t in small) and all(sides[t] > cut for t in large)
-    assert of_size(eval_set, 1, "small", cut) == small[:1] and small == [t for t in ids if t in small]
-    task = tasks[small[0]]
-    huge = type(task)(task.task_id, task.train, tuple(type(p)(p.input, np.zeros((30, 30), dtype=np.int64))
-                                                      for p in task.test))
-    assert task_side(huge) == task_side(task)  # the test outputs are not read
+    assert of_size(eval_set, 1, "small") == small[:1] and small == [t for t in ids if t in small]

@@ -9,7 +9,7 @@ from tests.conftest import WARM_PYTHON, run_command
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
-SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=2")
+SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=2", "ttt_small_steps=0")
 
 
 COLUMNS = 15  # the first table's: row, seed, train min, steps, s/step, views, ARC loss, exact, pass@2, oracle, s/task,

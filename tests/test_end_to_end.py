@@ -26,7 +26,7 @@ scalars = read_scalars  # {tag: [(step, value), ...]} of a run folder
 def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path, capsys, warm_python):
     run_dir = tmp_path / "run"
     common = ["--data", str(arc_folder), "--max_batches", "2", "--log_every", "1", "--batch_size", "4",
-              "--run_dir", str(run_dir)]
+              "--run_dir", str(run_dir), "--ttt_small_steps", "0"]
     out = run_command([*warm_python, "fixed.py", *common, "--ttt_steps", "2"])  # (the defaults: tests/test_recipe.py)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("done: 2 steps") and str(run_dir) in out.stdout

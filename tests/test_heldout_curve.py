@@ -25,7 +25,8 @@ def test_a_run_and_its_untrained_start_make_a_table_and_a_picture(small_cfg, tmp
                                    val_tasks=1, eval_tasks=1, ttt_steps=1, hold_out_tests=3), CPU)["run_dir"]
     start = tmp_path / "untrained"
     training.main(["--eval_only", "--run_dir", str(start), "--data", str(small_cfg().data.data), "--eval_tasks", "1",
-                   "--ttt_steps", "1", "--agent_channels", "16", "--prompt_dim", "32", "--hold_out_tests", "3"])
+                   "--ttt_steps", "1", "--ttt_small_steps", "0",
+                   "--agent_channels", "16", "--prompt_dim", "32", "--hold_out_tests", "3"])
     picture = tmp_path / "curve.svg"
     heldout_curve.main([run, "--untrained", str(start), "--svg", str(picture)])
     out = capsys.readouterr().out

@@ -41,7 +41,7 @@ def cli(*args):
 def small_args(arc_folder, run_dir, *extra):
     """small_cfg's flags for fixed.py (validation: one task, 4 test-time-training steps)."""
     return ["--data", str(arc_folder), "--batch_size", "4", "--agent_channels", "16", "--prompt_dim", "32",
-            "--eval_tasks", "1", "--ttt_steps", "4", "--run_dir", str(run_dir), *extra]
+            "--eval_tasks", "1", "--ttt_steps", "4", "--ttt_small_steps", "0", "--run_dir", str(run_dir), *extra]
 
 
 def test_nan_storm_stops_with_a_message_and_a_checkpoint(arc_folder, tmp_path, warm_python):

@@ -29,7 +29,8 @@ def args(arc_folder, run_dir, batch, *extra):
     # small_cfg's): these tests compare what the processes gather, not what adaptation reaches.
     return ["fixed.py", "--data", str(arc_folder), "--batch_size", str(batch), "--agent_channels", "16",
             "--prompt_dim", "32", "--eval_tasks", "3", "--efe_weight", "0", "--mean_weight", "1", "--rl_lr", "0",
-            "--ttt_steps", "4", "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1", *extra]
+            "--ttt_steps", "4", "--ttt_small_steps", "0",
+            "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--log_every", "1", *extra]
 
 
 def weights(run_dir, step):

@@ -172,7 +172,7 @@ def test_max_minutes_counts_training_only(small_cfg, tmp_path):
 
 def small(arc_folder, run_dir, *extra):
     return ["--data", str(arc_folder), "--batch_size", "4", "--agent_channels", "16", "--prompt_dim", "32",
-            "--run_dir", str(run_dir), "--prompt_cache_dir", "none", *extra]
+            "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--ttt_small_steps", "0", *extra]
 
 
 ENDLESS = ("--ttt_steps", "1000000", "--ttt_check_every", "0", "--val_share", "1e9")  # validation never ends alone

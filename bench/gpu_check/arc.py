@@ -34,7 +34,8 @@ TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers"
               "--prompt_dim", "32", "--no-compile",
               "--batch_size", "8", "--num_workers", "0", "--eval_augments", "8", "--ttt_batch_size", "8",
               "--heldout_tasks", "8",  # the held-out loss on 8 tasks, not 400 (10 of the run's 22 s on 2 cores)
-              "--ttt_steps", "8")  # a task's adaptation: 8 steps, not 60 (1.2 s, not 7.3, a task on 2 cores)
+              # a task's adaptation: 8 steps, not 60 or a small task's 120 (1.2 s, not 7.3, a task on 2 cores)
+              "--ttt_steps", "8", "--ttt_small_steps", "8")
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
                  "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
                  "ARC-AGI-1 (docs/adaptation.md)")

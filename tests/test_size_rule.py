@@ -1,0 +1,57 @@
+"""Test-time training by task size (evaluation/ttt_policy.by_size): a small task, every grid known
+before its test outputs at most SMALL_SIDE a side, takes --ttt_small_steps steps with no early stop;
+the rest adapt as --ttt_steps and the stop say; a group never holds both (evaluate.process_groups)."""
+
+import numpy as np
+import pytest
+import torch
+
+from data.arc import ArcPair, ArcTask
+from data.episodes import EpisodeDataset, evaluation_episodes
+from engine.config import Config
+from evaluation.evaluate import episodes_by_task, process_groups, score_tasks
+from evaluation.ttt_policy import SMALL_SIDE, by_size, size_class
+from tests.test_adaptation import setup
+from tests.test_task_batch import RULES, made_tasks
+
+CPU = torch.device("cpu")
+
+
+def with_test_input(task: ArcTask, side: int) -> ArcTask:
+    """`task` with its test pair's input `side` x `side` (its output left as it is)."""
+    pair = task.test[0]
+    return ArcTask(task.task_id, task.train, (ArcPair(np.zeros((side, side), dtype=np.int64), pair.output),))
+
+
+def test_a_task_is_small_when_every_grid_known_before_its_test_outputs_fits():
+    e = Config().eval
+    small = made_tasks({"copy": RULES["copy"]}, side=SMALL_SIDE)[0]
+    assert small.known_side == SMALL_SIDE and size_class(e, small) == "small"
+    assert size_class(e, with_test_input(small, SMALL_SIDE + 1)) == "large"  # a test input counts
+    huge_output = ArcTask("t", small.train, (ArcPair(small.test[0].input, np.zeros((30, 30), dtype=np.int64)),))
+    assert size_class(e, huge_output) == "small"  # a test output is never read
+    assert by_size(e, [small]) == {"ttt_steps": e.ttt_small_steps, "ttt_check_every": 0}
+    assert by_size(e, [with_test_input(small, 12)]) == {}
+    with pytest.raises(ValueError, match="two size classes"):
+        by_size(e, [small, with_test_input(small, 12)])
+    for off in (dict(ttt_small_steps=0), dict(ttt_steps=0)):  # the rule off; no adaptation at all
+        cfg = Config.from_flags(**off).eval
+        assert size_class(cfg, small) == "" and by_size(cfg, [small, with_test_input(small, 12)]) == {}
+
+
+def test_small_tasks_take_every_one_of_their_steps_in_groups_of_their_own(small_cfg):
+    """Four small and four large tasks adapted three at a time, their demos alike in side (one canvas a
+    group would let them share one), the large ones large by their test inputs alone: the groups keep
+    the classes apart, each small task takes --ttt_small_steps steps, each large one at most --ttt_steps."""
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=2, ttt_small_steps=3, adapt_tasks=3, eval_augments=1,
+                                    view_starts=False, heldout_loss=False)
+    small = made_tasks(RULES, side=SMALL_SIDE)
+    large = [with_test_input(ArcTask(f"big-{t.task_id}", t.train, t.test), SMALL_SIDE + 2) for t in small]
+    dataset = EpisodeDataset(evaluation_episodes(tuple(small + large)), eval_set.scale)
+    ids = [t.task_id for t in small + large]
+    groups = process_groups(dataset, episodes_by_task(dataset), ids, cfg, 1)[0]
+    classes = [{t.task_id for t in small}, {t.task_id for t in large}]
+    assert sorted(sum(groups, [])) == sorted(ids) and all(any(set(g) <= c for c in classes) for g in groups)
+    scores = score_tasks(state.model, state.prompts, dataset, ids, cfg=cfg, device=CPU)
+    assert {t.task_id: scores.ttt_steps[t.task_id] for t in small} == {t.task_id: 3 for t in small}
+    assert all(scores.ttt_steps[t.task_id] <= 2 for t in large)
