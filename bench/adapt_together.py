@@ -42,7 +42,7 @@ def chosen_tasks(eval_set, cfg: Config, tasks: int, first: int) -> tuple[list[st
     if first:
         return ids[:first], f"the first {first} evaluation tasks (sides mixed)"
     task_of = {ep.task.task_id: ep.task for ep in eval_set.episodes}
-    sides = {t: pool_side(task_of[t], eval_set, cfg.eval.ttt_views) for t in ids}
+    sides = {t: pool_side(task_of[t], eval_set) for t in ids}
     side, count = Counter(s for s in sides.values() if s).most_common(1)[0]
     picked = [t for t in ids if sides[t] == side][:tasks]
     return picked, f"the first {len(picked)} of the {count} evaluation tasks whose demo batches are {side} x {side}"

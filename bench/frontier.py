@@ -7,8 +7,8 @@ the untrained weights and from a trained checkpoint, every setting paired with t
 
 `--size` scores the first `--tasks` of a size class (evaluation/ttt_policy.size_class): small, the
 tasks whose every demo grid and test input is at most 10 a side (78 of ARC-AGI-1's 400), or large,
-the rest; `v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S, every task alike (v8-s60:
-the default before the size rule, `--ttt_small_steps 0`).
+the rest; `v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S, every task alike
+(`--ttt_small_steps 0`; v8-s60: the default on a large task).
 
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
@@ -69,7 +69,7 @@ UNTRAINED = "untrained"
 DEFAULT = "default"
 # name (no commas: --settings lists them) -> the adaptation flags it changes from the default validation
 SETTINGS: dict[str, dict] = {
-    DEFAULT: {},  # view starts, then at most 60 steps of all weights at 1e-3 on 8 views, 8 voted views
+    DEFAULT: {},  # view starts, then 60 steps of all weights at 1e-3 on 8 views (a small task 120), 8 voted views
     "search": {"ttt_steps": 0},  # the view starts alone, no test-time training
     "steps-30": {"ttt_steps": 30},
     "lr-3e-3": {"ttt_lr": 3e-3},
@@ -96,18 +96,17 @@ SETTINGS: dict[str, dict] = {
     "width-32": {"agent_channels": 32},
     "width-128": {"agent_channels": 128},
 }
-# the grid of test-time training's views of the demos by its steps at most (v8-s60: the default's on large tasks)
+# the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
                  for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
-# the stop's variant: no early stop, every step taken (--ttt_check_every 0)
-SETTINGS.update({f"v{views}-s{steps}-nostop": {"ttt_views": views, "ttt_steps": steps, "ttt_check_every": 0}
-                 for views in (8, 64) for steps in (60, 120, 240)})
 for _name in SETTINGS.keys() - {DEFAULT}:  # every setting but the default adapts every task alike: no size rule
     SETTINGS[_name].setdefault("ttt_small_steps", 0)
 MODEL_SETTINGS = {"width-32", "width-128"}
-# flags added since rows were first kept whose default changed what a row measures: the value a row
-# kept before them ran with
-ADDED = {"ttt_small_steps": 0}
+# flags whose coming or going changed what a row measures, at the value a row kept before ran with:
+# --ttt_small_steps came with the size rule (0: none); --ttt_check_every left with the early stop (5:
+# its default; every row since takes every step, as 0 did). NOW: what a row runs with today.
+BEFORE = {"ttt_small_steps": 0, "ttt_check_every": 5}
+NOW = {"ttt_small_steps": Config().eval.ttt_small_steps, "ttt_check_every": 0}
 SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most SMALL_SIDE
 LEDGER = "frontier.json"
 
@@ -153,9 +152,9 @@ def row_name(key: dict) -> str:
 def same_row(row: dict, key: dict) -> bool:
     """Whether a kept row is the one `key` asks for: its start, its tasks and the flags it sets away
     from their defaults (a flag added to the suite since, at its default, changes nothing but those of
-    ADDED)."""
+    BEFORE)."""
     defaults = Config().flags()
-    changed = [{k: v for k, v in f.items() if v != defaults.get(k)} for f in ({**ADDED, **row["flags"]}, key["flags"])]
+    changed = [{k: v for k, v in f.items() if v != defaults.get(k)} for f in ({**BEFORE, **row["flags"]}, key["flags"])]
     return row["start"] == key["start"] and row["tasks"] == key["tasks"] and changed[0] == changed[1] \
         and row.get("size", "all") == key.get("size", "all")
 
@@ -341,8 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:
             if folder is not None and name in MODEL_SETTINGS:
                 continue
-            flags = {**{k: Config().flags()[k] for k in ADDED}, **EVAL_DEFAULTS, **common, **SETTINGS[name]}
-            key = {"start": start, "flags": flags, "tasks": args.tasks, "size": size}
+            flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
+            key = {"start": start, "flags": {**NOW, **flags}, "tasks": args.tasks, "size": size}
             row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
                 row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out, row_name(key), args.size)}

@@ -58,7 +58,7 @@ def step_flops(cfg: Config, windows: int = 16) -> float:
 
 def run_config(run: Path) -> Config:
     """The flags `run` trained with, from its newest intact checkpoint."""
-    return Config.from_flags(**load_state(find_checkpoint(str(run)))["config"])
+    return Config.from_saved(load_state(find_checkpoint(str(run)))["config"])
 
 
 def frontier(points: list[dict]) -> list[dict]:

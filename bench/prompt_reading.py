@@ -69,9 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a flag to change")
     args = ap.parse_args(argv)
     checkpoint = find_checkpoint(str(args.run))
-    flags = {**load_state(checkpoint)["config"], **parse_settings(args.set)}
-    cfg = Config.from_flags(**{k: v for k, v in flags.items() if k not in ("resume", "run_dir")},
-                            run_dir=str(args.run))
+    cfg = Config.from_saved(load_state(checkpoint)["config"]).replace(**parse_settings(args.set), resume="",
+                                                                      run_dir=str(args.run))
     data, state = training.load_run(cfg, None if args.untrained else checkpoint, CPU)
     state.model.train(False)
     print(f"{'the weights as built' if args.untrained else checkpoint}; intervals: {METHOD}\n")

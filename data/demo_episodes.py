@@ -54,15 +54,13 @@ class DemoEpisodes:
                 of.append(row)
         return collate(samples, self.side(rows)), torch.tensor(of)
 
-    def every(self, rows: dict[int, int], views: int = 1) -> tuple[dict, torch.Tensor]:
-        """Every leave-one-out episode of each row's task under the first `views` views (1: unaugmented,
-        the demo loss that picks a start)."""
+    def every(self, rows: dict[int, int]) -> tuple[dict, torch.Tensor]:
+        """Every leave-one-out episode of each row's task, unaugmented (the demo loss that picks a start)."""
         samples, of = [], []
         for row, task in rows.items():
             for j in range(len(self.episodes[task])):
-                for aug in self.views[:views]:
-                    samples.append(self.sample(int(self.first[task] + j), aug))
-                    of.append(row)
+                samples.append(self.sample(int(self.first[task] + j), self.views[0]))
+                of.append(row)
         return collate(samples, self.side(rows)), torch.tensor(of)
 
     def side(self, rows: dict[int, int]) -> int:
@@ -70,10 +68,10 @@ class DemoEpisodes:
         return max(self.sides[task] for task in rows.values())
 
 
-def pool_side(task: ArcTask, eval_set: EpisodeDataset, views: int) -> int:
+def pool_side(task: ArcTask, eval_set: EpisodeDataset) -> int:
     """The side DemoEpisodes cuts `task`'s batches to (0 for a task of one demo), without computing
-    its samples: what tasks adapted together are grouped by. Any number of `views` gives the same
-    side (a sample's side is its episode's, whatever its view)."""
+    its samples: what tasks adapted together are grouped by (a sample's side is its episode's,
+    whatever its view)."""
     episodes = training_episodes((ArcTask(task.task_id, task.train, ()),))
     dataset = EpisodeDataset(episodes, eval_set.scale, canvas=eval_set.canvas,
                              scores=np.zeros(len(episodes)))  # no difficulty scores: only the sides are read

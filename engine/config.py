@@ -308,22 +308,17 @@ class EvalCfg:
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
     view_starts: bool = flag(True, "search over starts: the mean refinement and each gate-forced input view that "
                                    "sizes every demo right, the one of lowest demo loss kept")
-    ttt_steps: int = flag(60, "test-time training steps per task, at most (see --ttt_check_every; 0: search only)",
-                          within=NON_NEGATIVE)
+    ttt_steps: int = flag(60, "test-time training steps per task (0: search only)", within=NON_NEGATIVE)
     ttt_small_steps: int = flag(120, "a small task's test-time training steps (every demo grid and test input at "
-                                "most 10 a side), every one taken: no early stop (0: as any task)", within=NON_NEGATIVE)
+                                "most 10 a side; 0: as any task)", within=NON_NEGATIVE)
     ttt_lr: float = flag(1e-3, "test-time training learning rate", within=POSITIVE)
     ttt_schedule: str = flag("constant", "test-time training lr: constant, or cosine to 0 at --ttt_steps", LR_SCHEDULES)
     ttt_warmup: float = flag(0.0, "test-time training: linear lr warm-up over this share of --ttt_steps", within=SHARE)
     ttt_dropout: float = flag(0.0, "test-time training steps drop this share of each residual block's change "
-                                   "(VARC trains with 0.1; never in the demo checks or the predictions)", within=SHARE)
+                                   "(VARC trains with 0.1; never in the predictions)", within=SHARE)
     ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
                                "adapter row (latent at --ttt_lr), read by that view's predictions (VARC)")
     ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights", TTT_PARAMS)
-    ttt_check_every: int = flag(5, "test-time training stops once every adapted task's leave-one-out demos are exact, "
-                                "checked before the first step and every this many (0: never)", within=NON_NEGATIVE)
-    ttt_stop_views: int = flag(8, "views (1: the identity; at most --ttt_views) whose demos must be exact to stop",
-                               within=AT_LEAST_ONE)
     ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations",
                           within=AT_LEAST_ONE)
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step", within=AT_LEAST_ONE)
@@ -341,9 +336,6 @@ class EvalCfg:
     def __post_init__(self) -> None:
         _check(self)
         self.validation_interval()
-        if self.ttt_stop_views > self.ttt_views:  # at least 1: its range
-            raise ConfigError(f"--ttt_stop_views must be in 1..--ttt_views ({self.ttt_views}, the views adaptation "
-                              f"trains on), got {self.ttt_stop_views}")
 
     def validation_interval(self) -> tuple[str, float]:
         """--val_every as (unit, amount): ("epoch", 1), ("steps", N), ("minutes", M) or ("end", 0)."""
@@ -459,6 +451,11 @@ class Config:
     def from_flags(cls, **flags) -> Config:
         """Config(batch_size=4, amp="bf16", ...) by flag name; unknown names are an error."""
         return cls().replace(**flags)
+
+    @classmethod
+    def from_saved(cls, flags: dict) -> Config:
+        """A run's saved flags (a checkpoint's config), those the suite has retired since left out."""
+        return cls.from_flags(**{k: v for k, v in flags.items() if k in SECTION_OF})
 
     def replace(self, **flags) -> Config:
         """A copy with some flags changed, by flag name."""

@@ -97,20 +97,6 @@ def _demo_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAd
                        amp).float().cpu()
 
 
-@torch.no_grad()
-def _solves_demos(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, demos: DemoEpisodes,
-                  rows: dict[int, int], cfg: Config, device: torch.device, amp: MixedPrecision) -> bool:
-    """Whether every row's task has each leave-one-out demo episode predicted exactly (every cell),
-    under `--ttt_stop_views` views. The identity view is tried alone first: most checks fail there,
-    at an eighth of the cost."""
-    for views in sorted({1, cfg.eval.ttt_stop_views}):
-        batch, of = demos.every(rows, views)
-        batch, pred = _predict(model, prompts, adapters, to_device(batch, device), host_to_device(of, device), amp)
-        if not bool((pred.of("mean")[0].argmax(-1) == batch["target"]).all()):
-            return False
-    return True
-
-
 def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, groups: list[dict],
          demos: DemoEpisodes, rows: dict[int, int], policy: TTTPolicy, *, cfg: Config, device: torch.device,
          amp: MixedPrecision, dropout: float = 0.0, observe: Callable[[int], None] = lambda steps: None) -> int:
@@ -129,8 +115,7 @@ def _fit(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters |
     tried = taken = 0
     observe(tried)
     masks = DropoutMasks(dropout, demos.seed, device) if dropout else None
-    while policy.goes_on(tried) and not (
-            policy.checks(tried) and _solves_demos(model, prompts, adapters, demos, rows, cfg, device, amp)):
+    while policy.goes_on(tried):
         set_lrs(optimizer, base, policy.lr_factor(tried))
         tried += 1
         batch, of = demos.draw(rows, cfg.eval.ttt_batch_size)
@@ -291,14 +276,9 @@ def _trained(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask]
                                               device=device, amp=amp, dropout=cfg.eval.ttt_dropout, observe=observe)
     else:
         groups, clip = _test_time_groups(model, None, cfg)
-
-        def solves(k: int, weights: TaskWeights) -> bool:
-            weights.load(k)
-            return _solves_demos(model, prompts, kept[k], demos[k], {0: 0}, cfg, device, amp)
-
         policy = TTTPolicy.test_time(cfg.eval, clip, stop, enough)
         result.weights, taken = fit_together(model, prompts, groups[0]["params"], demos, kept, policy, cfg=cfg,
-                                             device=device, amp=amp, observe=observe, solves=solves)
+                                             device=device, amp=amp, observe=observe)
         result.steps.update({t.task_id: n for t, n in zip(tasks, taken, strict=True)})
     loss = {}
     for k, d in enumerate(demos):

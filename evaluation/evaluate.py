@@ -143,8 +143,8 @@ def describe(cfg: Config) -> str:
                   *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
                   *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
                   *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
-        small = f"; a small task's {e.ttt_small_steps}, every one" if e.ttt_small_steps else ""
-        parts.append(f"{'up to ' if e.ttt_check_every else ''}{e.ttt_steps} "
+        small = f"; a small task's {e.ttt_small_steps}" if e.ttt_small_steps else ""
+        parts.append(f"{e.ttt_steps} "
                      f"test-time-training steps{small} ({', '.join(extras)})")
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
 
@@ -166,7 +166,7 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
     together = batches_shared_weights(cfg)
     size = 1 if cfg.eval.ttt_steps and not together else cfg.eval.adapt_tasks
     if together:  # one canvas side a group: its demo batches' (data.demo_episodes.pool_side)
-        sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset, cfg.eval.ttt_views) for t in task_ids}
+        sides = {t: pool_side(dataset.episodes[by_task[t][0]].task, dataset) for t in task_ids}
         side_of = sides.__getitem__
     else:
         def side_of(t: str) -> int:

@@ -53,15 +53,14 @@ class TaskWeights:
 
 def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.Parameter],
                  demos: list[DemoEpisodes], adapters: list[TaskAdapters | None], policy: TTTPolicy, *, cfg: Config,
-                 device: torch.device, amp: MixedPrecision, observe: Callable[[int], None],
-                 solves: Callable[[int, TaskWeights], bool]) -> tuple[TaskWeights, list[int]]:
+                 device: torch.device, amp: MixedPrecision,
+                 observe: Callable[[int], None]) -> tuple[TaskWeights, list[int]]:
     """Test-time training of `params` for K tasks together under `policy` (evaluation/ttt_policy.py, as
     one task alone, with each task's own clip; a non-finite gradient ends that task), task k on its demos
     `demos[k]` (one task each, every pool of one side) read with its adapter `adapters[k]` (one row, fixed;
     with `--ttt_view_rows` a row per view, whose latents train with the weights and end written back into it;
-    None without one). `solves(k, weights)`: whether task k's demos are exact under its copy and adapter; a
-    solved or stopped task keeps its copy. `observe` as adaptation._fit's. -> (each task's adapted copy, the
-    steps each took)."""
+    None without one). A stopped task keeps its copy. `observe` as adaptation._fit's. -> (each task's adapted
+    copy, the steps each took)."""
     e = cfg.eval
     k_tasks = len(demos)
     names = {id(p): name for name, p in model.named_parameters()}
@@ -85,13 +84,6 @@ def fit_together(model: ArcModel, prompts: QwenFeatures | None, params: list[nn.
     tried = 0
     observe(tried)
     while policy.goes_on(tried) and any(active):
-        if policy.checks(tried):
-            for k in [k for k in range(k_tasks) if active[k]]:
-                _latents_into_adapters(stacks, adapters, [k], e.ttt_view_rows)
-                if solves(k, weights):
-                    stop_task(k)
-            if not any(active):
-                break
         set_lrs(optimizer, [e.ttt_lr], policy.lr_factor(tried))
         tried += 1
         ks = [k for k in range(k_tasks) if active[k]]

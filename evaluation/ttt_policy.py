@@ -2,13 +2,12 @@
 or tasks' shared weights adapt together (evaluation/task_batch.py `fit_together`): both loops ask it
 every step.
 
-- Steps: at most `steps`; none once `stop()` asks (the caller discards the result) or `enough()`
-  says the time is spent (--eval_minutes: the tasks are predicted as adapted so far).
-- Early stop: before the first step and every `check_every` (0: never) the demos are predicted; a
-  task whose every leave-one-out demo comes out exact stops, as it is.
+- Steps: `steps`, every one; none once `stop()` asks (the caller discards the result) or `enough()`
+  says the time is spent (--eval_minutes: the tasks are predicted as adapted so far). No early stop:
+  demos exact under the views a task trains on come before what generalizes (docs/results.md, "The
+  frontier by task size": a stop lost on the small tasks and never fired on the large ones).
 - By size (`by_size`): a small task (every grid known before its test outputs at most SMALL_SIDE a
-  side) takes --ttt_small_steps steps, every one: exact demos under the views it trains on come long
-  before what generalizes, and its steps are cheap (docs/results.md, "The frontier by task size").
+  side) takes --ttt_small_steps steps: its steps are cheap, and the frontier's gain is there.
 - Learning rate: each group's own, times the warm-up over the first `warmup` fraction of `steps`
   and `schedule` (engine/schedule.py).
 - Clip: `clip` > 0 scales a task's gradient to that global norm at most (clip_grad_norm_'s rule).
@@ -42,11 +41,11 @@ def size_class(e: EvalCfg, task: ArcTask) -> str:
 
 def by_size(e: EvalCfg, tasks: list[ArcTask]) -> dict:
     """The overrides of the EvalCfg flags that a group of tasks of one size class adapts with: a small
-    task's steps (every one taken), nothing for the rest or with the rule off."""
+    task's steps, nothing for the rest or with the rule off."""
     classes = {size_class(e, t) for t in tasks}
     if len(classes) != 1:
         raise ValueError(f"tasks of two size classes in one group: {[t.task_id for t in tasks]}")
-    return {"ttt_steps": e.ttt_small_steps, "ttt_check_every": 0} if classes == {"small"} else {}
+    return {"ttt_steps": e.ttt_small_steps} if classes == {"small"} else {}
 
 
 @dataclass(frozen=True)
@@ -55,22 +54,17 @@ class TTTPolicy:
     schedule: str = "constant"
     warmup: float = 0.0
     clip: float = 0.0
-    check_every: int = 0
     stop: Callable[[], bool] = lambda: False
     enough: Callable[[], bool] = lambda: False
 
     @classmethod
     def test_time(cls, e: EvalCfg, clip: float, stop: Callable[[], bool], enough: Callable[[], bool]) -> TTTPolicy:
-        """Test-time training's: --ttt_steps, --ttt_schedule, --ttt_warmup, --ttt_check_every, `clip`."""
-        return cls(e.ttt_steps, e.ttt_schedule, e.ttt_warmup, clip, e.ttt_check_every, stop, enough)
+        """Test-time training's: --ttt_steps, --ttt_schedule, --ttt_warmup, `clip`."""
+        return cls(e.ttt_steps, e.ttt_schedule, e.ttt_warmup, clip, stop, enough)
 
     def goes_on(self, tried: int) -> bool:
-        """Whether step `tried` + 1 is taken (the demos' check aside)."""
+        """Whether step `tried` + 1 is taken."""
         return tried < self.steps and not self.stop() and not self.enough()
-
-    def checks(self, tried: int) -> bool:
-        """Whether the demos are checked before step `tried` + 1."""
-        return bool(self.check_every) and tried % self.check_every == 0
 
     def lr_factor(self, tried: int) -> float:
         """What every group's lr is multiplied by in step `tried` + 1."""

@@ -16,7 +16,7 @@ from data.canvas import EOG, NUM_CLASSES
 from data.demo_episodes import DemoEpisodes
 from engine.precision import MixedPrecision
 from engine.schedule import set_lrs
-from evaluation.adaptation import _row_losses, _solves_demos, _starts, adapted
+from evaluation.adaptation import _row_losses, _starts, adapted
 from evaluation.evaluate import first_tasks
 from evaluation.scoring import grid_logprob
 from evaluation.ttt_policy import TTTPolicy
@@ -122,8 +122,7 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     """--ttt_params all after the view-start search: the weights trained under the kept start differ
     from those trained from the plain mean (no search: the start is used), and both are restored bit
     for bit, also under bf16 autocast (float32 weights, bf16 arithmetic)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
-                                        amp=amp)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, amp=amp)
     model = state.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     # a task whose search kept a view start (which one does depends on the untrained weights)
@@ -143,7 +142,7 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
     every scaled loss overflows fp16, so the scaler skips each of the 4 steps (halving its scale):
     none is counted as taken and nothing moves; at 2^8 all 4 apply."""
     cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_params="all", ttt_lr=1e-2,
-                                        ttt_check_every=0, view_starts=False)
+                                        view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     losses = {}
@@ -157,33 +156,10 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
     assert losses[2.0**100][1] != losses[2.0**8][1]
 
 
-@pytest.mark.parametrize("stop_views", [1, 8])
-def test_weight_ttt_stops_once_the_demos_are_solved(small_cfg, stop_views):
-    """--ttt_check_every 5: a task whose rule (here: copy the input, the same under every view) the
-    weights learn within the budget stops at a multiple of 5 steps with its demos predicted exactly
-    under --ttt_stop_views views; 0 runs every step."""
-    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=200, ttt_params="all", ttt_lr=1e-2, view_starts=False,
-                                    ttt_stop_views=stop_views)
-    rng = np.random.default_rng(0)
-    grids = [rng.integers(0, 3, (3, 3)) for _ in range(3)]
-    task = ArcTask("copy", tuple(ArcPair(g, g.copy()) for g in grids), ())
-    demos = DemoEpisodes([task], eval_set, seed=0, views=8)
-    solved = lambda: _solves_demos(state.model, state.prompts, None, demos, {0: 0}, cfg, CPU,  # noqa: E731
-                                   MixedPrecision("off", CPU))
-    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
-        assert solved()
-    steps = result.steps["copy"]
-    assert 0 < steps < 200 and steps % 5 == 0
-    assert not solved()  # restored
-    with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(ttt_steps=7, ttt_check_every=0),
-                 device=CPU) as result:
-        assert result.steps == {"copy": 7}
-
-
-def test_a_group_whose_demos_are_solved_takes_no_step(small_cfg):
-    """The early stop of tasks adapted together: with an agent that copies its input, a group of copy
-    tasks is solved before the first step (no step taken); a task of another rule in the group trains
-    to the end, and the copy tasks beside it stop on their own."""
+def test_a_task_whose_demos_come_out_exact_takes_every_step(small_cfg):
+    """No early stop (evaluation/ttt_policy.py): with an agent that copies its input, copy tasks, their
+    demos exact before the first step, take every step alone and together, as a task of another rule
+    beside them does."""
     from tests.test_evaluation import CopyAgent
     cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params="all", view_starts=False)
     state.model.agent = CopyAgent()
@@ -191,11 +167,9 @@ def test_a_group_whose_demos_are_solved_takes_no_step(small_cfg):
     copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
             for i in range(2)]
     flip = ArcTask("flip", tuple(ArcPair(g, g[::-1].copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
-    together = {"copy0": 0, "copy1": 0, "flip": 6}  # shared weights adapted together stop each task alone
-    for group, steps in (([copy[0]], {"copy0": 0}), ([flip], {"flip": 6}), ((*copy, flip), together),
-                         (copy, {"copy0": 0, "copy1": 0})):
-        with adapted(state.model, state.prompts, list(group), eval_set, cfg=cfg, device=CPU) as result:
-            assert result.steps == steps
+    for group in ([copy[0]], [flip], [*copy, flip], copy):
+        with adapted(state.model, state.prompts, group, eval_set, cfg=cfg, device=CPU) as result:
+            assert result.steps == {t.task_id: 6 for t in group}
 
 
 def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkeypatch):
@@ -203,8 +177,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
     changes the demo loss test-time training reaches and the weights it ends with; and the demo loss
     it reports is loss_function.adaptation_loss of the adapted model on every demo."""
     import loss_function
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
-                                        view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     seen = []
     real = loss_function.adaptation_loss
@@ -223,7 +196,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
 def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_every_step(small_cfg):
     """`observe(steps, adapted)` sees 0 (the weights as trained) and then each step's weights: each
     call's weights differ from the last; after the context the weights are the trained ones again."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, seen = weight.detach().clone(), []
@@ -355,8 +328,7 @@ def test_warmup_rises_linearly_then_the_schedule_runs_over_the_steps_after_it():
 
 def test_warmup_changes_what_test_time_training_ends_with(small_cfg):
     """--ttt_warmup reaches the loop: the same steps end with other weights, restored after."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
-                                        view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, ends = weight.detach().clone(), []
@@ -372,8 +344,8 @@ def test_view_rows_give_each_view_its_own_latent_trained_with_the_weights(small_
     with the weights; a sample reads its augmentation's row (a view without one: the identity's);
     the shared weights end as they started."""
     from data.augment import view_ids
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
-                                        ttt_views=4, ttt_stop_views=4, ttt_batch_size=8,
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_views=4,
+                                        ttt_batch_size=8,
                                         ttt_view_rows=True)
     task = next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
@@ -396,7 +368,7 @@ def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp
     (the backward pass starts halfway, through a first trained block whose input needs no grad);
     the prompt heads, refinement, cells and early blocks keep their values; all restored after."""
     cfg, state, eval_set, tasks = setup(small_cfg, agent=agent, amp=amp, ttt_steps=3, ttt_params="late",
-                                        ttt_lr=1e-2, ttt_check_every=0, view_starts=False)
+                                        ttt_lr=1e-2, view_starts=False)
     model, task = state.model, next(t for t in tasks if len(t.train) > 1)
     late = {id(p) for p in model.agent.late_parameters()}
     names = {n for n, p in model.named_parameters() if id(p) in late}
@@ -412,8 +384,7 @@ def test_ttt_dropout_drops_block_changes_in_training_steps_only_seeded_by_the_ta
     """--ttt_dropout: the same steps end with other weights than without it, twice the same (its masks
     seeded by the task, not by what ran before: the global stream is drawn from in between), the
     global stream left as it was, and no hook left on the model (its output as before)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, ttt_check_every=0,
-                                        view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     ends = []

@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from bench.frontier import frontier, of_size, same_row
+from bench.frontier import NOW, frontier, of_size, same_row
 from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
 from training.build import build_data
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
-SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_small_steps=3", "ttt_check_every=0")
+SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=3", "ttt_small_steps=3")
 
 
 def rows(stdout: str) -> list[list[str]]:
@@ -47,15 +47,17 @@ def test_the_frontier_keeps_the_points_no_cheaper_point_beats():
 
 def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
     """A row kept before a flag joined the suite (the flag absent, or at its default) is the same row,
-    but for a flag of ADDED; another value of any flag, another start or other tasks is not."""
-    kept = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3}}
-    asked = {"start": "untrained", "tasks": 30,  # a key names each flag of ADDED: here the size rule off
-             "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0, "ttt_small_steps": 0}}
+    but for a flag of BEFORE (read at the value such a row ran with); another value of any flag,
+    another start or other tasks is not."""
+    kept = {"start": "untrained", "tasks": 30, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_check_every": 0}}
+    asked = {"start": "untrained", "tasks": 30,  # a key names NOW's flags: here the size rule off
+             "flags": {**NOW, "ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0, "ttt_small_steps": 0}}
     assert same_row(kept, asked)
     assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_dropout": 0.1}})
     assert not same_row(kept, {**asked, "tasks": 100}) and not same_row(kept, {**asked, "start": "trained"})
-    # a flag whose default changed what a row measures as it joined (ADDED): a row kept before it ran without it
-    assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_small_steps": 120}})
+    assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_small_steps": 120}})  # ran without the rule
+    stopped = {**kept, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3}}  # kept under the early stop's default
+    assert not same_row(stopped, asked)
 
 
 @pytest.mark.slow

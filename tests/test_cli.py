@@ -78,12 +78,6 @@ def test_values_out_of_range_are_refused(run_cli):
     assert out.returncode == 2 and "--grad_accum 0: must be >= 1" in out.stderr
 
 
-def test_stop_views_must_be_among_the_views_adaptation_trains_on():
-    with pytest.raises(ConfigError, match="--ttt_stop_views must be in 1..--ttt_views"):
-        Config.from_flags(ttt_stop_views=16)
-    assert Config.from_flags(ttt_stop_views=16, ttt_views=32).eval.ttt_stop_views == 16
-
-
 def test_compile_takes_the_bucketed_canvas_unless_a_fit_one_is_asked_for(run_cli, capsys):
     """--compile alone: the bucketed canvas, said in one line; --canvas fit given with it: refused."""
     cfg = parse(["--compile"], "fixed.py", "")

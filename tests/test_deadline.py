@@ -90,7 +90,7 @@ def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_pat
 def test_an_evaluation_under_a_deadline_ends_in_time_with_a_complete_submission(small_cfg, tmp_path):
     """A budget far below what the settings need (1000 steps a task): the run ends within it plus a
     task, says how the tasks were scored, and its submission holds every test input."""
-    cfg = small_cfg(eval_only=True, eval_tasks=0, ttt_steps=1000, ttt_check_every=0, eval_minutes=0.05,
+    cfg = small_cfg(eval_only=True, eval_tasks=0, ttt_steps=1000, eval_minutes=0.05,
                     run_dir=str(tmp_path / "eval"), submission=str(tmp_path / "submission.json"))
     started = time.perf_counter()
     summary = training.train(cfg, CPU)
@@ -119,8 +119,8 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
 
     monkeypatch.setattr(Deadline, "plan", spy)
     # 6 s: room on a loaded machine for the held-out pass and the first group before the rest is planned
-    cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, ttt_check_every=0,
-                    eval_minutes=0.1, run_dir=str(tmp_path / "run"))
+    cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, eval_minutes=0.1,
+                    run_dir=str(tmp_path / "run"))
     summary = training.train(cfg, CPU)
     tasks = int(summary["eval/tasks"])
     assert tasks == 3 and plans == [3, 2, 1]  # one task a group: the first is planned as one of three

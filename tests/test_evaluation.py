@@ -98,8 +98,8 @@ def test_test_time_training_restores_the_weights_exactly(small_cfg, tmp_path):
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     flags = [p.requires_grad for p in state.model.parameters()]
     for which in ("all", "late"):
-        metrics = run_eval(state, eval_set, cfg.replace(ttt_steps=3, ttt_lr=1e-2, ttt_params=which, ttt_batch_size=4,
-                                                        ttt_check_every=0)).metrics
+        metrics = run_eval(state, eval_set, cfg.replace(ttt_steps=3, ttt_lr=1e-2, ttt_params=which,
+                                                        ttt_batch_size=4)).metrics
         assert metrics["eval/ttt_steps_per_task"] == 3.0, which  # three steps a task, none stopped early
         after = state.model.state_dict()
         assert all(torch.equal(v, after[k]) for k, v in before.items()), which
@@ -130,7 +130,7 @@ def test_nothing_that_predicts_or_adapts_an_evaluation_task_is_handed_a_test_out
     held-out loss holds targets of demo episodes only (the query a demo, `where` train[i])."""
     from evaluation.heldout import pair_losses, target_fitted
 
-    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=2, ttt_check_every=1, adapt_tasks=1)
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=2, adapt_tasks=1)
     assert "target" not in eval_set[(0, 0)] and "target" in target_fitted(eval_set)[(0, 0)]
     given = []
     real = type(state.model).forward

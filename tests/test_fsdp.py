@@ -18,8 +18,7 @@ from tests.test_multiprocess import args, weights
 ACCELERATE_FSDP = accelerate_launch("1x8-fsdp.yaml")
 # two epochs of two windows of two micro-batches, a checkpoint after every step, Qwen trained in full
 # and re-reading its prompts in every micro-batch; a short validation (it runs on an unsharded copy)
-SHORT_TTT = ("--val_every", "end", "--ttt_steps", "3", "--ttt_small_steps", "0", "--ttt_views", "2",
-             "--ttt_stop_views", "2")
+SHORT_TTT = ("--val_every", "end", "--ttt_steps", "3", "--ttt_small_steps", "0", "--ttt_views", "2")
 RUN = (*SHORT_TTT, "--epochs", "2", "--max_batches", "4", "--grad_accum", "2", "--prompt_refresh", "1",
        "--qwen_train", "full", "--save_every", "1", "--keep_checkpoints", "0")
 

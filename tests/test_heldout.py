@@ -93,7 +93,7 @@ def with_outputs(eval_set: EpisodeDataset, change) -> EpisodeDataset:
 
 
 def test_it_reads_test_outputs_and_changes_no_attempt_or_weight(small_cfg, tmp_path):
-    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=3, ttt_check_every=0)
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=3)
     weights = {k: v.clone() for k, v in state.model.state_dict().items()}
     first = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
     before, _ = heldout_losses(state.model, state.prompts, {"eval": eval_set}, cfg=cfg, device=CPU)

@@ -108,7 +108,7 @@ def test_an_evaluation_killed_halfway_and_run_again_gives_the_uninterrupted_subm
     """SIGKILL (nothing can be caught) after the first task's line; the same command run again
     scores the others and writes the submission and summary an uninterrupted run writes, its held-out
     loss read from the journal (measured once)."""
-    flags = ("--eval_only", "--eval_tasks", "0", "--ttt_steps", "20", "--ttt_check_every", "0")
+    flags = ("--eval_only", "--eval_tasks", "0", "--ttt_steps", "20")
     whole = tmp_path / "whole"
     # uninterrupted, in this process
     assert training.main(small(arc_folder, whole, *flags, "--submission", str(whole / "sub.json"))) == 0
@@ -277,7 +277,7 @@ def test_two_processes_killed_mid_validation_leave_their_finished_tasks_in_the_s
     # workers started by python itself: WARM_PYTHON_SCRIPT's worker outlives its SIGKILLed command by a moment
     proc = spawn(*TORCHRUN_AS_TYPED, "fixed.py", *small(
         arc_folder, run, "--data", "synthetic:40", "--eval_only", "--eval_tasks", "0", "--ttt_steps", "20",
-        "--ttt_check_every", "0", "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks
+        "--adapt_tasks", "1", "--submission", str(run / "sub.json")))  # 10 tasks
     journals = [run / "journal" / f"evaluate.rank{r}of2.jsonl" for r in range(2)]
 
     def tasks_in(path):

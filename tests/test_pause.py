@@ -69,7 +69,7 @@ def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_
     validation's of the same checkpoint."""
     run_dir = tmp_path / "killed"
     args = small_args(arc_folder, run_dir, "--epochs", "1000", "--max_minutes", "0.05", "--eval_tasks", "0",
-                      "--ttt_steps", "30", "--ttt_check_every", "0", "--submission", str(run_dir / "submission.json"))
+                      "--ttt_steps", "30", "--submission", str(run_dir / "submission.json"))
     proc = cli(*args)
     deadline = time.time() + 240
     while not (journals := list((run_dir / "journal").glob("final-step_*.jsonl"))) or \
@@ -93,6 +93,5 @@ def test_a_run_killed_in_its_final_validation_continues_it_from_the_journal(arc_
     alone = tmp_path / "alone"
     assert training.main(small_args(arc_folder, alone, "--eval_only", "--resume",
                                     str(run_dir / "checkpoints" / f"step_{step:08d}"), "--eval_tasks", "0",
-                                    "--ttt_steps", "30", "--ttt_check_every", "0",
-                                    "--submission", str(alone / "submission.json"))) == 0
+                                    "--ttt_steps", "30", "--submission", str(alone / "submission.json"))) == 0
     assert (run_dir / "submission.json").read_bytes() == (alone / "submission.json").read_bytes()

@@ -30,7 +30,7 @@ def test_a_task_is_small_when_every_grid_known_before_its_test_outputs_fits():
     assert size_class(e, with_test_input(small, SMALL_SIDE + 1)) == "large"  # a test input counts
     huge_output = ArcTask("t", small.train, (ArcPair(small.test[0].input, np.zeros((30, 30), dtype=np.int64)),))
     assert size_class(e, huge_output) == "small"  # a test output is never read
-    assert by_size(e, [small]) == {"ttt_steps": e.ttt_small_steps, "ttt_check_every": 0}
+    assert by_size(e, [small]) == {"ttt_steps": e.ttt_small_steps}
     assert by_size(e, [with_test_input(small, 12)]) == {}
     with pytest.raises(ValueError, match="two size classes"):
         by_size(e, [small, with_test_input(small, 12)])

@@ -83,7 +83,7 @@ def together_as_alone(small_cfg, tolerance: dict, **flags) -> dict:
     """The RULES tasks adapted for 6 steps alone and together under `flags`:
     equal steps, demo losses and view predictions to `tolerance` (loss_rel, loss_abs, logp_rtol,
     logp_atol), the model's weights bit for bit as they started. -> the alone outcomes."""
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=6, ttt_lr=3e-3, ttt_check_every=0, **flags)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=6, ttt_lr=3e-3, **flags)
     assert batches_shared_weights(cfg)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     alone, together = adapt_alone_and_together(cfg, state, eval_set, made_tasks(RULES))
@@ -126,22 +126,10 @@ def test_tasks_adapted_together_under_bf16_end_as_each_alone_to_its_precision(sm
                       amp="bf16")
 
 
-def test_a_task_solved_early_stops_alone_and_together_at_the_same_step(small_cfg):
-    """--ttt_check_every: a copy task the weights learn early stops at the same multiple of 5 steps
-    together as alone, keeping its copy from then while the others train on."""
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=30, ttt_lr=1e-2, view_starts=False)
-    tasks = made_tasks({"copy": RULES["copy"], "flip": RULES["flip"]}, side=3)
-    alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks)
-    assert alone["copy"][0] < 30 and alone["copy"][0] % 5 == 0  # (15 here)
-    for task_id in alone:
-        assert together[task_id][0] == alone[task_id][0]
-        assert together[task_id][1] == float32_approx(alone[task_id][1])
-
-
 def test_groups_of_tasks_adapted_together_never_mix_canvas_sides(small_cfg):
     cfg, _, eval_set = setup(small_cfg)
     tasks = made_tasks(RULES, side=4) + made_tasks({"big": RULES["flip"]}, side=7)
-    sides = {t.task_id: pool_side(t, eval_set, cfg.eval.ttt_views) for t in tasks}
+    sides = {t.task_id: pool_side(t, eval_set) for t in tasks}
     assert sides["big"] == 8 and {sides[t] for t in RULES} == {5}
     assert DemoEpisodes(tasks[:1], eval_set, 0, 8).sides == [sides["flip"]]
     groups = task_groups(list(sides), sides.__getitem__, 3, one_side=True)
@@ -153,7 +141,7 @@ def test_groups_of_tasks_adapted_together_never_mix_canvas_sides(small_cfg):
 def test_a_validation_adapting_tasks_together_scores_as_one_at_a_time(small_cfg):
     """score_tasks with --adapt_tasks 4 (shared weights: grouped by side, adapted together) gives the
     attempts and TTT steps of --adapt_tasks 1."""
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=3, ttt_check_every=0, eval_augments=2)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=3, eval_augments=2)
     task_ids = list(dict.fromkeys(ep.task.task_id for ep in eval_set.episodes))[:6]
     scores = {}
     for k in (1, 4):
@@ -189,7 +177,7 @@ def test_a_task_whose_gradient_is_not_finite_keeps_its_weights_and_the_others_go
         return real(logits, refined, prompt, target, input_canvas, cfg=cfg) * nan_if_blank
     for module in (evaluation.task_batch, evaluation.adaptation):
         monkeypatch.setattr(module, "adaptation_loss", poisoned)
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, ttt_lr=3e-3, ttt_check_every=0, view_starts=False)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, ttt_lr=3e-3, view_starts=False)
     tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
     blank = ArcTask("blank", tuple(ArcPair(np.zeros((4, 4), dtype=np.int64), np.full((4, 4), 3)) for _ in range(3)),
                     tasks[0].test)
@@ -221,7 +209,7 @@ def test_a_gradient_turning_non_finite_ends_the_task_there_alone_and_together(sm
             armed.clear()
     for module in (evaluation.task_batch, evaluation.adaptation):
         monkeypatch.setattr(module, "adaptation_loss", poisoned)
-    flags = dict(ttt_lr=3e-3, ttt_check_every=0, view_starts=False, ttt_schedule="constant", ttt_warmup=0.0)
+    flags = dict(ttt_lr=3e-3, view_starts=False, ttt_schedule="constant", ttt_warmup=0.0)
     cfg, state, eval_set = setup(small_cfg, ttt_steps=4, **flags)
     tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
     alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks, observe=third_step_nan)

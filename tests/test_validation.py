@@ -175,7 +175,7 @@ def small(arc_folder, run_dir, *extra):
             "--run_dir", str(run_dir), "--prompt_cache_dir", "none", "--ttt_small_steps", "0", *extra]
 
 
-ENDLESS = ("--ttt_steps", "1000000", "--ttt_check_every", "0", "--val_share", "1e9")  # validation never ends alone
+ENDLESS = ("--ttt_steps", "1000000", "--val_share", "1e9")  # validation never ends alone
 FIXED = (*WARM_PYTHON, "fixed.py")  # forked warm by the spawn fixture
 GRACE = 30  # seconds between SIGTERM and SIGKILL on SLURM and Kubernetes
 
@@ -275,7 +275,7 @@ def test_processes_stop_together_when_one_of_them_is_signalled(arc_folder, tmp_p
     run = tmp_path / "run"
     proc = spawn(*TORCHRUN, WARM_PYTHON_SCRIPT, "fixed.py",
                  *small(arc_folder, run, "--epochs", "2", "--max_batches", "1", "--ttt_steps", "400",
-                        "--ttt_check_every", "0", "--val_share", "1e9"))
+                        "--val_share", "1e9"))
     wait_for(run / "checkpoints" / "latest", proc, timeout=180)
     time.sleep(2.0)
     workers = children(proc.pid)
