@@ -199,7 +199,8 @@ def official_score(submission: dict, solutions: dict) -> float:
 def test_submission_file_scores_like_the_run(arc_folder, tmp_path):
     sub = tmp_path / "sub.json"
     cfg = Config.from_flags(data=str(arc_folder), batch_size=4, agent_channels=16, prompt_dim=32, max_batches=2,
-                            eval_augments=4, ttt_steps=4, run_dir=str(tmp_path / "run"), submission=str(sub))
+                            eval_augments=4, ttt_steps=4, ttt_small_steps=4, run_dir=str(tmp_path / "run"),
+                            submission=str(sub))
     summary = training.train(cfg, CPU)
     submission = json.loads(sub.read_text())
     solutions = {t.task_id: [p.output.tolist() for p in t.test] for t in load_source(str(arc_folder)).evaluation}

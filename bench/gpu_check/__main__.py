@@ -75,8 +75,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--agent_batches", default="8", help="micro-batches the default agent is timed at (the others: "
                                                          "the first)")
     ap.add_argument("--adapt_tasks", type=int, default=16, help="tasks of the adaptation section (its largest K)")
-    ap.add_argument("--adapt_steps", type=int, help="the adaptation section's --ttt_steps (default: the recipe's); "
-                                                    "fewer price K's memory and ratio in less time")
+    ap.add_argument("--adapt_steps", type=int, help="the adaptation section's steps a task, small or not "
+                                                    "(default: the recipe's); fewer price K's memory and ratio in "
+                                                    "less time")
     ap.add_argument("--arc_set", action="append", default=[], metavar="FLAG=VALUE",
                     help="a flag of fixed.py for the ARC run over the recipe's (repeatable): --arc_set adapt_tasks=8")
     ap.add_argument("--budgets", default="", metavar="SECTION=SECONDS,...",

