@@ -6,10 +6,13 @@ shares (`Deadline.plan`). The pace is measured in four parts (PARTS): the search
 step, a view of a test input, and the rest (the final demo loss, ranking, scoring). A view is priced per view
 and test input whatever the group; the other three per group size (tasks adapted together), since a step of K
 tasks costs about K times one on a CPU and less on a GPU: a size not yet measured is priced from the nearest
-measured one, in proportion to its tasks, until it is measured itself. So two tasks that cost the same get
-the same settings whether they are adapted alone or in a group. On a GPU the clock synchronizes the device first
-(`Deadline.synchronized`): work is queued, and a clock read without it charges a step's time to whatever waits
-on it later.
+measured one, in proportion to its tasks, until it is measured itself. So two tasks that cost the same get the
+same settings whether they are adapted alone or in a group. Each part is priced within a task's size class
+(evaluation/ttt_policy.size_class: a small task's step and view cost a fraction of a large one's), a class not
+yet measured from the other's. Small tasks are scored first (evaluate.process_groups), each in its share: what
+they leave goes to the large ones, so a deadline cuts large tasks' steps before small tasks' views. On a GPU
+the clock synchronizes the device first (`Deadline.synchronized`): work is queued, and a clock read without it
+charges a step's time to whatever waits on it later.
 """
 
 from __future__ import annotations
@@ -29,8 +32,8 @@ class Deadline:
         self.clock = clock
         self.spent = spent
         self.end = clock() + 60.0 * minutes - spent
-        # part -> {group size: [seconds, times measured]} (a view's under VIEW_SIZE)
-        self.pace: dict[str, dict[int, list]] = {part: {} for part in PARTS}
+        # part -> {(size class, group size): [seconds, times measured]} (a view's under VIEW_SIZE)
+        self.pace: dict[str, dict[tuple[str, int], list]] = {part: {} for part in PARTS}
         self.tasks = {"full": 0, "cut": 0, "late": 0}  # planned with the full settings, cut, after the deadline
         self.group_end = self.end  # when the group being scored has spent its share
         self.searching = True  # the plan of the group being scored kept its search
@@ -49,22 +52,24 @@ class Deadline:
     def left(self) -> float:
         return self.end - self.clock()
 
-    def cost(self, part: str, tasks: int = VIEW_SIZE) -> float:
-        """Seconds one `part` takes for a group of `tasks` (0 before any group was measured): the mean
-        at that size, else the nearest measured size's in proportion to the tasks."""
-        sizes = self.pace[part]
+    def cost(self, part: str, tasks: int = VIEW_SIZE, kind: str = "") -> float:
+        """Seconds one `part` takes for a group of `tasks` of size class `kind` (0 before any group was
+        measured): the mean at that size, else the nearest measured size's in proportion to the tasks;
+        a class not measured yet, the others'."""
+        paces = self.pace[part]
+        sizes = {k: v for (c, k), v in paces.items() if c == kind} or {k: v for (_, k), v in paces.items()}
         if not sizes:
             return 0.0
         nearest = tasks if tasks in sizes else min(sizes, key=lambda k: (abs(k - tasks), k))
         seconds, n = sizes[nearest]
         return seconds / n * tasks / nearest if n else 0.0
 
-    def plan(self, ttt_steps: int, views: int, tasks_left: int, pairs: int, tasks: int = 1) -> dict:
+    def plan(self, ttt_steps: int, views: int, tasks_left: int, pairs: int, tasks: int = 1, kind: str = "") -> dict:
         """The next group's settings, overrides of the EvalCfg flags: views and adaptation steps at
         most `views` and `ttt_steps`, fitted to its `tasks`' share of the time left (the left time
         evenly over the `tasks_left` tasks still to score, this group's included) for its `pairs` test
-        inputs; no search when one view does not fit beside it; after the deadline no adaptation at
-        all (no search either) and one view."""
+        inputs at the pace of size class `kind`; no search when one view does not fit beside it; after
+        the deadline no adaptation at all (no search either) and one view."""
         left = self.left()
         if left <= 0:
             self.tasks["late"] += tasks
@@ -74,14 +79,14 @@ class Deadline:
         self.group_end = self.clock() + share
         plan: dict = {"ttt_steps": ttt_steps, "eval_augments": views}
         if self.pace["rest"]:  # a group was measured: fit this one to its share
-            room = share - self.cost("rest", tasks) - self.cost("search", tasks)
-            view = self.cost("view") * pairs
+            room = share - self.cost("rest", tasks, kind) - self.cost("search", tasks, kind)
+            view = self.cost("view", VIEW_SIZE, kind) * pairs
             if room < view:  # not even one view beside the search: leave it out
-                room += self.cost("search", tasks)
+                room += self.cost("search", tasks, kind)
                 plan.update(view_starts=False)
             plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
             spare = room - view * plan["eval_augments"]
-            step = self.cost("step", tasks)
+            step = self.cost("step", tasks, kind)
             plan["ttt_steps"] = max(0, min(ttt_steps, int(spare / step))) if step else ttt_steps * (spare > 0)
         self.searching = "view_starts" not in plan
         full = plan == {"ttt_steps": ttt_steps, "eval_augments": views}
@@ -94,20 +99,20 @@ class Deadline:
         return self.clock() > self.group_end
 
     def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float,
-                 tasks: int = 1) -> None:
-        """What a group of `tasks` took, in seconds: its `search` over starts (counted only when its plan
-        kept it), its adaptation `steps` (seconds, steps), its `views` (seconds, views x test inputs)
-        and the `rest`."""
+                 tasks: int = 1, kind: str = "") -> None:
+        """What a group of `tasks` of size class `kind` took, in seconds: its `search` over starts
+        (counted only when its plan kept it), its adaptation `steps` (seconds, steps), its `views`
+        (seconds, views x test inputs) and the `rest`."""
         if self.searching:
-            self._add("search", tasks, search, 1)
-        self._add("step", tasks, *steps)
-        self._add("view", VIEW_SIZE, *views)
-        self._add("rest", tasks, rest, 1)
+            self._add("search", (kind, tasks), search, 1)
+        self._add("step", (kind, tasks), *steps)
+        self._add("view", (kind, VIEW_SIZE), *views)
+        self._add("rest", (kind, tasks), rest, 1)
 
-    def _add(self, part: str, tasks: int, seconds: float, n: int) -> None:
+    def _add(self, part: str, key: tuple[str, int], seconds: float, n: int) -> None:
         if not n:  # a group that took no step measured no step's cost
             return
-        pace = self.pace[part].setdefault(tasks, [0.0, 0])
+        pace = self.pace[part].setdefault(key, [0.0, 0])
         pace[0] += seconds
         pace[1] += n
 

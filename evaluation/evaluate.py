@@ -158,9 +158,9 @@ def episodes_by_task(dataset: EpisodeDataset) -> dict[str, list[int]]:
 
 
 def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_ids: list[str], cfg: Config,
-                   world_size: int) -> list[list[list[str]]]:
+                   processes: int) -> list[list[list[str]]]:
     """The groups of tasks each process adapts and scores together, process by process: its share of
-    `task_ids` (every `world_size`-th), in groups of `--adapt_tasks` (one where tasks share weights
+    `task_ids` (every `processes`-th), in groups of `--adapt_tasks` (one where tasks share weights
     and are not batched together), one size class a group (evaluation/ttt_policy.by_size) and one
     canvas side when batched together."""
     together = batches_shared_weights(cfg)
@@ -171,11 +171,9 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
     else:
         def side_of(t: str) -> int:
             return max(dataset.sides[i] for i in by_task[t])
-    def classes(ids: list[str]) -> list[list[str]]:  # the small tasks, then the rest (one list with the rule off)
-        kind = {t: size_class(cfg.eval, dataset.episodes[by_task[t][0]].task) for t in ids}
-        return [c for c in ([t for t in ids if kind[t] == k] for k in ("", "small", "large")) if c]
-    return [[g for ids in classes(task_ids[r::world_size]) for g in task_groups(ids, side_of, size, together)]
-            for r in range(world_size)]
+    kind = {t: size_class(cfg.eval, dataset.episodes[by_task[t][0]].task) for t in task_ids}  # small ones first
+    return [[g for k in ("", "small", "large") for g in task_groups([t for t in task_ids[r::processes] if kind[t] == k],
+                                                                    side_of, size, together)] for r in range(processes)]
 
 
 def count_tasks(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
@@ -283,12 +281,12 @@ class _GroupTiming:
     def mark(self) -> None:
         self.at.append((self.clock(), compile_seconds()))
 
-    def report(self, deadline: Deadline, views: int, tasks: int) -> None:
+    def report(self, deadline: Deadline, views: int, tasks: int, kind: str) -> None:
         (adapted_at, compiled), (predicted_at, compiled_after) = self.at
         first, last = (self.marks[0], self.marks[-1]) if self.marks else (adapted_at, adapted_at)
         deadline.measured(search=first - self.began, steps=(last - first, max(len(self.marks) - 1, 0)),
                           views=(max(predicted_at - adapted_at - (compiled_after - compiled), 0.0), views),
-                          rest=adapted_at - last + self.clock() - predicted_at, tasks=tasks)
+                          rest=adapted_at - last + self.clock() - predicted_at, tasks=tasks, kind=kind)
 
 
 class _GroupScorer:
@@ -308,9 +306,9 @@ class _GroupScorer:
         start = time.perf_counter()
         tasks = [dataset.episodes[self.by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in self.by_task[t]]
-        cfg = cfg.replace(**by_size(cfg.eval, tasks))
+        cfg, kind = cfg.replace(**by_size(cfg.eval, tasks)), size_class(cfg.eval, tasks[0])
         planned = cfg if deadline is None else cfg.replace(**deadline.plan(
-            cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group)))
+            cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group), kind))
         timing = _GroupTiming(deadline.clock if deadline is not None else time.perf_counter)
         out = TaskScores()
         with adapted(self.model, self.prompts, tasks, dataset, cfg=planned, device=self.device, stop=self.stop,
@@ -331,7 +329,7 @@ class _GroupScorer:
                 self.on_candidates(i, cands[i])
             self.pair_scores(i, out.attempts[i], cands[i], out)
         if deadline is not None:
-            timing.report(deadline, planned.eval.eval_augments * len(episodes), len(group))
+            timing.report(deadline, planned.eval.eval_augments * len(episodes), len(group), kind)
         return out
 
     def predict(self, group: list[str], adaptation: AdaptedTasks, planned: Config,

@@ -34,9 +34,7 @@ SMALL_SIDE = 10  # 78 of ARC-AGI-1's 400 evaluation tasks, 179 of its 400 traini
 
 def size_class(e: EvalCfg, task: ArcTask) -> str:
     """"small" or "large" where the size rule is on (test-time training, --ttt_small_steps), else ""."""
-    if not (e.ttt_steps and e.ttt_small_steps):
-        return ""
-    return "small" if task.known_side <= SMALL_SIDE else "large"
+    return "" if not (e.ttt_steps and e.ttt_small_steps) else "small" if task.known_side <= SMALL_SIDE else "large"
 
 
 def by_size(e: EvalCfg, tasks: list[ArcTask]) -> dict:

@@ -58,6 +58,22 @@ def test_tasks_that_cost_the_same_get_the_same_settings_alone_and_in_a_group_of_
     assert alone == group == {"ttt_steps": 10, "eval_augments": 8}
 
 
+def test_each_size_class_is_planned_at_its_own_pace():
+    """A small task's step and view cost a tenth of a large one's (evaluation/ttt_policy.size_class):
+    each class is planned at its own pace, a class not yet measured at the other's. With 20 s a task,
+    a small one takes its 120 steps and 8 views (1 + 12 + 0.8 + 1 s), a large one 8 views and 8 steps
+    (2 + 8 + 8 + 2 s), where one pace over both (0.4 s a step) would plan it 20 and overrun."""
+    clock = Clock()
+    deadline = Deadline(10.0, clock)
+    deadline.measured(search=1.0, steps=(12.0, 120), views=(0.8, 8), rest=1.0, kind="small")
+    assert deadline.cost("step", 1, "large") == 0.1 and deadline.cost("view", 1, "large") == 0.1  # borrowed
+    deadline.measured(search=2.0, steps=(60.0, 60), views=(8.0, 8), rest=2.0, kind="large")
+    assert deadline.cost("step", 1, "small") == 0.1 and deadline.cost("step", 1, "large") == 1.0
+    clock.now = 600.0 - 40.0
+    assert deadline.plan(120, 8, tasks_left=2, pairs=1, kind="small") == {"ttt_steps": 120, "eval_augments": 8}
+    assert deadline.plan(60, 8, tasks_left=2, pairs=1, kind="large") == {"ttt_steps": 8, "eval_augments": 8}
+
+
 def test_a_group_size_not_yet_measured_is_priced_from_the_nearest_in_proportion():
     clock = Clock()
     deadline = Deadline(10.0, clock)
@@ -113,9 +129,9 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
     plans = []
     plan = Deadline.plan
 
-    def spy(self, ttt_steps, views, tasks_left, pairs, tasks=1):
-        plans.append(tasks_left)
-        return plan(self, ttt_steps, views, tasks_left, pairs, tasks)
+    def spy(self, *args):
+        plans.append(args[2])  # tasks_left
+        return plan(self, *args)
 
     monkeypatch.setattr(Deadline, "plan", spy)
     # 6 s: room on a loaded machine for the held-out pass and the first group before the rest is planned
@@ -141,5 +157,5 @@ def test_a_compile_during_the_predictions_is_not_priced_as_views(small_cfg, tmp_
     deadline = Deadline(10.0)
     score_tasks(state.model, state.prompts, eval_set, first_tasks(eval_set, 0), cfg=cfg, device=CPU,
                 deadline=deadline)
-    seconds, views = deadline.pace["view"][1]
+    seconds, views = deadline.pace["view"][("", 1)]  # the size rule off: one class
     assert 0 <= seconds / views < 1.0  # a view's seconds, not the compile's 50 over its views
