@@ -96,6 +96,9 @@ SETTINGS: dict[str, dict] = {
     "width-32": {"agent_channels": 32},
     "width-128": {"agent_channels": 128},
 }
+# the default with one flag changed, the size rule kept
+SETTINGS.update({"default-lr-3e-3": {"ttt_lr": 3e-3, "ttt_small_steps": Config().eval.ttt_small_steps},
+                 "default-views-16": {"ttt_views": 16, "ttt_small_steps": Config().eval.ttt_small_steps}})
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
                  for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
