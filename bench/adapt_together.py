@@ -4,8 +4,9 @@ several K at equal settings, in one run.
     python -m bench.adapt_together [--ks 1,4,16] [--tasks 32] [--first N] [--device cpu] [--config FILE]
                                    [--set NAME=VALUE ...]
 
-The tasks: the ARC-AGI-1 evaluation tasks whose demo batches have the side most of them share
-(data.demo_episodes.pool_side), the first `--tasks` of them in the set's order, so every group of
+The tasks: the ARC-AGI-1 evaluation tasks whose demo batches have the side and size class most of them
+share (data.demo_episodes.pool_side, evaluation/ttt_policy.size_class), the first `--tasks` of them in the
+set's order, so every group of
 K is full; `--first N` takes the first N evaluation tasks instead, sides mixed as a validation
 meets them (groups never mix sides, so some are smaller than K). The model is the untrained one
 of the flags (adaptation costs the same whatever the weights' values). Each K validates the same
@@ -32,6 +33,7 @@ from data.demo_episodes import pool_side
 from engine.config import Config
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.scores import TaskScores
+from evaluation.ttt_policy import size_class
 from training.cli import read_config_file
 from training.validation import evaluation_view
 
@@ -42,10 +44,12 @@ def chosen_tasks(eval_set, cfg: Config, tasks: int, first: int) -> tuple[list[st
     if first:
         return ids[:first], f"the first {first} evaluation tasks (sides mixed)"
     task_of = {ep.task.task_id: ep.task for ep in eval_set.episodes}
-    sides = {t: pool_side(task_of[t], eval_set) for t in ids}
-    side, count = Counter(s for s in sides.values() if s).most_common(1)[0]
-    picked = [t for t in ids if sides[t] == side][:tasks]
-    return picked, f"the first {len(picked)} of the {count} evaluation tasks whose demo batches are {side} x {side}"
+    # a group holds one canvas side and one size class (evaluate.process_groups)
+    sides = {t: (pool_side(task_of[t], eval_set), size_class(cfg.eval, task_of[t])) for t in ids}
+    (side, kind), count = Counter(s for s in sides.values() if s[0]).most_common(1)[0]
+    picked = [t for t in ids if sides[t] == (side, kind)][:tasks]
+    return picked, (f"the first {len(picked)} of the {count} {kind} evaluation tasks whose demo batches are "
+                    f"{side} x {side}")
 
 
 def attempts_equal(a: TaskScores, b: TaskScores, task_ids: list[str]) -> int:

@@ -106,10 +106,11 @@ for _name in SETTINGS.keys() - {DEFAULT}:  # every setting but the default adapt
     SETTINGS[_name].setdefault("ttt_small_steps", 0)
 MODEL_SETTINGS = {"width-32", "width-128"}
 # flags whose coming or going changed what a row measures, at the value a row kept before ran with:
-# --ttt_small_steps came with the size rule (0: none); --ttt_check_every left with the early stop (5:
-# its default; every row since takes every step, as 0 did). NOW: what a row runs with today.
-BEFORE = {"ttt_small_steps": 0, "ttt_check_every": 5}
-NOW = {"ttt_small_steps": Config().eval.ttt_small_steps, "ttt_check_every": 0}
+# --ttt_small_steps came with the size rule (0: none); --ttt_check_every and --ttt_stop_views left with
+# the early stop (5 and 8: their defaults; every row since takes every step, as check 0 did). NOW: what
+# a row runs with today.
+BEFORE = {"ttt_small_steps": 0, "ttt_check_every": 5, "ttt_stop_views": 8}
+NOW = {"ttt_small_steps": Config().eval.ttt_small_steps, "ttt_check_every": 0, "ttt_stop_views": 8}
 SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most SMALL_SIDE
 LEDGER = "frontier.json"
 
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
                 partial = ledger.with_suffix(".partial")
                 partial.write_text(json.dumps(rows))
                 partial.replace(ledger)  # whole or not at all
-            row = {**row, "setting": name}  # a kept row shows the name asked for (v8-s60: the old default's)
+            row = {**row, "setting": name}  # a kept row shows the name asked for (v8-s120: once v8-s120-nostop)
             base = base or row
             shown.append(row)
             print(table_line(row, base), flush=True)

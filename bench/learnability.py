@@ -99,8 +99,8 @@ def section_eval(args, runs: list[tuple[str, str, Config, Path]]) -> None:
     for name, agent, cfg, run_dir in runs:
         for ttt in (0, args.ttt_steps):
             for views in (1, 8):
-                m = evaluate_variant(cfg.replace(ttt_steps=ttt, eval_augments=views, eval_tasks=args.eval_sample),
-                                     run_dir)
+                m = evaluate_variant(cfg.replace(ttt_steps=ttt, ttt_small_steps=ttt, eval_augments=views,
+                                                 eval_tasks=args.eval_sample), run_dir)
                 print(f"{name + ' ' + agent:<28}{ttt:>5}{views:>7}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2']):>8}"
                       f"{fmt(m['eval/oracle']):>8}{m['eval/task_score']:>12.3f}{m['eval/seconds_per_task']:>8.2f}",
                       flush=True)

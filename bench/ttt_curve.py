@@ -69,8 +69,8 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
     """{mark: {"demo_<column>" / "test_<column>": per-pair values}} over the first `tasks` tasks."""
     folder = find_checkpoint(run)
     saved = load_state(folder)
-    cfg = Config.from_saved(saved["config"]).replace(eval_tasks=tasks, **settings, ttt_steps=max(marks),
-                                                     ttt_small_steps=0)
+    cfg = Config.from_saved(saved["config"]).replace(**{"eval_tasks": tasks, **settings, "ttt_steps": max(marks),
+                                                        "ttt_small_steps": 0})
     data, state = training.load_run(cfg, folder, device, cache_dir=training.prompt_cache_dir(cfg, folder.parent.parent))
     evals = data.eval_set
     model = state.model.train(False)
