@@ -144,8 +144,7 @@ def describe(cfg: Config) -> str:
                   *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
                   *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]
         small = f"; a small task's {e.ttt_small_steps}" if e.ttt_small_steps else ""
-        parts.append(f"{e.ttt_steps} "
-                     f"test-time-training steps{small} ({', '.join(extras)})")
+        parts.append(f"{e.ttt_steps} test-time-training steps{small} ({', '.join(extras)})")
     return f"{' + '.join(parts) or 'no adaptation'}, {e.eval_augments} views voted"
 
 
