@@ -1,16 +1,22 @@
 """`--eval_minutes`: a validation that ends by a wall-clock deadline, spending what is left on the
 tasks not yet done (docs/runs.md, "Validation, ...": "A deadline"): an ARC Prize notebook has a hard time limit.
 
-Each task gets an even share of the time left, and a group of tasks adapted together the sum of its tasks'
-shares (`Deadline.plan`). The pace is measured in four parts (PARTS): the search over starts, an adaptation
-step, a view of a test input, and the rest (the final demo loss, ranking, scoring). A view is priced per view
-and test input whatever the group; the other three per group size (tasks adapted together), since a step of K
-tasks costs about K times one on a CPU and less on a GPU: a size not yet measured is priced from the nearest
-measured one, in proportion to its tasks, until it is measured itself. So two tasks that cost the same get the
-same settings whether they are adapted alone or in a group. Each part is priced within a task's size class
-(evaluation/ttt_policy.size_class: a small task's step and view cost a fraction of a large one's), a class not
-yet measured from the other's. Small tasks are scored first (evaluate.process_groups), each in its share: what
-they leave goes to the large ones, so a deadline cuts large tasks' steps before small tasks' views. On a GPU
+Each group of tasks gets a share of the time left by what it costs under its full settings (`Deadline.share`:
+its search, steps, views of its test inputs and the rest at the pace measured so far; an even share a task
+before any group was measured). When the time left cannot pay for every group still to score, the large
+tasks' steps are cut first: a small task (evaluation/ttt_policy.size_class) keeps its full settings while the
+time left beyond them still pays every large task's search, views and rest, since a small task's steps are
+cheap and the frontier's gain is there (docs/results.md, "The frontier by task size"); with less than that,
+every group's share is in proportion to its cost without steps. The pace is measured in four
+parts (PARTS): the search over starts, an adaptation step, a view of a test input, and the rest (the final demo
+loss, ranking, scoring). A view is priced per view and test input whatever the group; the other three per group
+size (tasks adapted together), since a step of K tasks costs about K times one on a CPU and less on a GPU: a
+size not yet measured is priced from the nearest measured one, in proportion to its tasks, until it is measured
+itself. So two tasks that cost the same get the same settings whether they are adapted alone or in a group.
+Each part is priced within a task's size class (a small task's step and view cost a fraction of a large
+one's), a class not yet measured at the other's pace: small tasks are scored first (evaluate.process_groups),
+so until the first large one is measured the large ones are priced low, which cuts them further and never a
+small task. What a group leaves unspent goes to the groups after it. On a GPU
 the clock synchronizes the device first (`Deadline.synchronized`): work is queued, and a clock read without it
 charges a step's time to whatever waits on it later.
 """
@@ -19,11 +25,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 PARTS = ("search", "step", "view", "rest")  # what a group's time is made of (see the docstring)
 VIEW_SIZE = 1  # a view's pace is kept under one size: it is priced per view and test input
+
+
+@dataclass(frozen=True)
+class Work:
+    """A group of tasks still to score, as the deadline plans it: its size class (ttt_policy.size_class),
+    tasks (adapted together), test inputs, and adaptation steps under the full settings."""
+    kind: str
+    tasks: int
+    pairs: int
+    steps: int
 
 
 class Deadline:
@@ -64,34 +81,56 @@ class Deadline:
         seconds, n = sizes[nearest]
         return seconds / n * tasks / nearest if n else 0.0
 
-    def plan(self, ttt_steps: int, views: int, tasks_left: int, pairs: int, tasks: int = 1, kind: str = "") -> dict:
-        """The next group's settings, overrides of the EvalCfg flags: views and adaptation steps at
-        most `views` and `ttt_steps`, fitted to its `tasks`' share of the time left (the left time
-        evenly over the `tasks_left` tasks still to score, this group's included) for its `pairs` test
-        inputs at the pace of size class `kind`; no search when one view does not fit beside it; after
-        the deadline no adaptation at all (no search either) and one view."""
-        left = self.left()
+    def plan(self, work: list[Work], views: int) -> dict:
+        """The settings of the group `work[0]`, overrides of the EvalCfg flags: views and adaptation steps
+        at most `views` and its steps, fitted to its share of the time left (`share`, over `work`: this
+        group and every group still to score after it) for its test inputs at the pace of its size class;
+        no search when one view does not fit beside it; after the deadline no adaptation at all (no search
+        either) and one view."""
+        group, left = work[0], self.left()
         if left <= 0:
-            self.tasks["late"] += tasks
+            self.tasks["late"] += group.tasks
             self.searching = False
             return {"ttt_steps": 0, "eval_augments": 1, "view_starts": False}
-        share = left * tasks / max(tasks_left, tasks)
+        share = self.share(work, views, left)
         self.group_end = self.clock() + share
-        plan: dict = {"ttt_steps": ttt_steps, "eval_augments": views}
+        kind, tasks = group.kind, group.tasks
+        plan: dict = {"ttt_steps": group.steps, "eval_augments": views}
         if self.pace["rest"]:  # a group was measured: fit this one to its share
             room = share - self.cost("rest", tasks, kind) - self.cost("search", tasks, kind)
-            view = self.cost("view", VIEW_SIZE, kind) * pairs
+            view = self.cost("view", VIEW_SIZE, kind) * group.pairs
             if room < view:  # not even one view beside the search: leave it out
                 room += self.cost("search", tasks, kind)
                 plan.update(view_starts=False)
             plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
             spare = room - view * plan["eval_augments"]
             step = self.cost("step", tasks, kind)
-            plan["ttt_steps"] = max(0, min(ttt_steps, int(spare / step))) if step else ttt_steps * (spare > 0)
+            plan["ttt_steps"] = max(0, min(group.steps, int(spare / step))) if step else group.steps * (spare > 0)
         self.searching = "view_starts" not in plan
-        full = plan == {"ttt_steps": ttt_steps, "eval_augments": views}
+        full = plan == {"ttt_steps": group.steps, "eval_augments": views}
         self.tasks["full" if full else "cut"] += tasks
         return plan
+
+    def share(self, work: list[Work], views: int, left: float) -> float:
+        """Seconds of the `left` for the group `work[0]` (see the module's docstring): in proportion to its
+        full cost among `work`'s; a small group's out of what the large groups' costs without steps leave
+        (all of it when that pays every small group); with less left, in proportion to costs without steps."""
+        full = [self.seconds(w, views) for w in work]
+        if sum(full) <= 0:  # nothing measured yet: an even share a task
+            return left * work[0].tasks / sum(w.tasks for w in work)
+        if work[0].kind != "small":
+            return left * full[0] / sum(full)
+        bare = [self.seconds(w, views, steps=False) for w in work]
+        room = left - sum(b for w, b in zip(work, bare, strict=True) if w.kind != "small")
+        if room > 0 or not sum(bare):
+            return max(room, 0.0) * full[0] / sum(f for w, f in zip(work, full, strict=True) if w.kind == "small")
+        return left * bare[0] / sum(bare)
+
+    def seconds(self, w: Work, views: int, steps: bool = True) -> float:
+        """What group `w` costs at the pace measured so far with `views` and its steps (none: `steps` False)."""
+        k, t = w.kind, w.tasks
+        return (self.cost("search", t, k) + self.cost("rest", t, k) + self.cost("view", VIEW_SIZE, k) * w.pairs * views
+                + self.cost("step", t, k) * w.steps * steps)
 
     def group_over(self) -> bool:
         """The group being scored has spent its share: its test-time training ends there (a first

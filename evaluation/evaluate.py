@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from itertools import groupby
@@ -28,7 +28,7 @@ from engine.distributed import Dist
 from engine.loop import Interrupted, to_device
 from engine.precision import autocast
 from evaluation.adaptation import AdaptedTasks, adapted
-from evaluation.deadline import Deadline
+from evaluation.deadline import Deadline, Work
 from evaluation.heldout import adapted_losses, target_fitted
 from evaluation.journal import Journal, record, restore
 from evaluation.scores import TaskScores
@@ -175,30 +175,39 @@ def process_groups(dataset: EpisodeDataset, by_task: dict[str, list[int]], task_
                                                                     side_of, size, together)] for r in range(processes)]
 
 
-def count_tasks(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> int:
-    """How many of `task_ids` this process would score: what a validation that scores them in a
-    later call passes to the first as `tasks_after`, so one deadline is shared by both."""
-    groups = process_groups(dataset, episodes_by_task(dataset), task_ids, cfg, dist.world_size)[dist.rank]
-    return sum(map(len, groups))
+def group_work(dataset: EpisodeDataset, by_task: dict[str, list[int]], group: list[str], cfg: Config) -> Work:
+    """What the deadline plans of one group of tasks: its size class, tasks, test inputs and steps."""
+    tasks = [dataset.episodes[by_task[t][0]].task for t in group]
+    steps = by_size(cfg.eval, tasks).get("ttt_steps", cfg.eval.ttt_steps)
+    return Work(size_class(cfg.eval, tasks[0]), len(group), sum(len(by_task[t]) for t in group), steps)
+
+
+def work_of(dataset: EpisodeDataset, task_ids: list[str], cfg: Config, dist: Dist) -> list[Work]:
+    """The groups of `task_ids` this process would score: what a validation that scores them in a
+    later call passes to the first as `work_after`, so one deadline is shared by both."""
+    by_task = episodes_by_task(dataset)
+    groups = process_groups(dataset, by_task, task_ids, cfg, dist.world_size)[dist.rank]
+    return [group_work(dataset, by_task, g, cfg) for g in groups]
 
 
 def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeDataset, task_ids: list[str], *,
                 cfg: Config, device: torch.device, dist: Dist = Dist(), stop: Callable[[], bool] | None = None,
                 desc: str | None = None, on_candidates: Callable[[int, Candidates], None] | None = None,
                 journal: Journal | None = None, deadline: Deadline | None = None,
-                submission: SubmissionFile | None = None, tasks_after: int = 0) -> TaskScores:
+                submission: SubmissionFile | None = None, work_after: Sequence[Work] = ()) -> TaskScores:
     """Adapt to and predict every test input of `task_ids` (this process's share; the scores are gathered,
     so every process returns them all). `stop` (this process was asked to stop) is read inside adaptation
     and, agreed by every process, between task groups: then `Interrupted` is raised. `desc`: a progress bar
     (main process). `on_candidates(episode index, candidates)`: for every test input
     this process scores, after its attempts. `journal`: a group whose tasks it holds is read, not scored
     again; each task scored is appended. `deadline` (--eval_minutes): each group's steps and views fitted to
-    its tasks' share of the time left, shared with `tasks_after` tasks of this process that a later call
-    scores under the same deadline (`count_tasks`). `submission`: rewritten after each group."""
+    its share of the time left, shared with `work_after`, the groups of this process that a later call
+    scores under the same deadline (`work_of`). `submission`: rewritten after each group."""
     by_task = episodes_by_task(dataset)
     # every process knows every process's groups, so all make the same number of agreement calls
     groups_of = process_groups(dataset, by_task, task_ids, cfg, dist.world_size)
     mine = groups_of[dist.rank]
+    work = [group_work(dataset, by_task, g, cfg) for g in mine] + list(work_after) if deadline is not None else []
     stop = stop or (lambda: False)
     scorer = _GroupScorer(model, prompts, dataset, by_task, cfg=cfg, device=device, stop=stop,
                           on_candidates=on_candidates)
@@ -219,7 +228,7 @@ def score_tasks(model: ArcModel, prompts: QwenFeatures | None, dataset: EpisodeD
                 for t in group:
                     restore(journal.done[t], scores)
             else:
-                done = scorer.score(group, deadline, tasks_left=sum(map(len, mine[slot:])) + tasks_after)
+                done = scorer.score(group, deadline, work[slot:])
                 if done is None:  # stopped during its adaptation: nothing of it is kept
                     continue
                 scores = scores.merged(done)
@@ -299,15 +308,15 @@ class _GroupScorer:
         # the held-out loss's canvases hold the output
         self.fitted = target_fitted(dataset) if cfg.eval.heldout_loss else None
 
-    def score(self, group: list[str], deadline: Deadline | None, tasks_left: int) -> TaskScores | None:
-        """The group's scores; None when `stop` cut its adaptation short."""
+    def score(self, group: list[str], deadline: Deadline | None, work: list[Work]) -> TaskScores | None:
+        """The group's scores; None when `stop` cut its adaptation short. `work`: this group's and those
+        after it, for the deadline's plan."""
         cfg, dataset = self.cfg, self.dataset
         start = time.perf_counter()
         tasks = [dataset.episodes[self.by_task[t][0]].task for t in group]
         episodes = [i for t in group for i in self.by_task[t]]
         cfg, kind = cfg.replace(**by_size(cfg.eval, tasks)), size_class(cfg.eval, tasks[0])
-        planned = cfg if deadline is None else cfg.replace(**deadline.plan(
-            cfg.eval.ttt_steps, cfg.eval.eval_augments, tasks_left, len(episodes), len(group), kind))
+        planned = cfg if deadline is None else cfg.replace(**deadline.plan(work, cfg.eval.eval_augments))
         timing = _GroupTiming(deadline.clock if deadline is not None else time.perf_counter)
         out = TaskScores()
         with adapted(self.model, self.prompts, tasks, dataset, cfg=planned, device=self.device, stop=self.stop,

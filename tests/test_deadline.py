@@ -5,7 +5,7 @@ import json
 import time
 
 import training
-from evaluation.deadline import Deadline
+from evaluation.deadline import Deadline, Work
 from evaluation.submission import SubmissionFile
 from tests.conftest import CPU
 
@@ -18,25 +18,30 @@ class Clock:
         return self.now
 
 
+def tasks(n: int, steps: int = 60, kind: str = "", pairs: int = 1) -> list[Work]:
+    """`n` groups of one task each, alike."""
+    return [Work(kind, 1, pairs, steps)] * n
+
+
 def test_the_plan_fits_each_task_alone_to_its_share_of_the_time_left():
     clock = Clock()
     deadline = Deadline(10.0, clock)  # 600 s
-    assert deadline.plan(60, 8, tasks_left=100, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
+    assert deadline.plan(tasks(100), 8) == {"ttt_steps": 60, "eval_augments": 8}  # nothing measured
     # the first group: a 2 s search, 60 steps of 1 s, 8 views of 0.1 s, 0.6 s of the rest
     deadline.measured(search=2.0, steps=(60.0, 60), views=(0.8, 8), rest=0.6)
     clock.now = 63.4
     # 536.6 s for 99 groups: 5.42 s a group, 2.6 of it the search and the rest, 0.8 the views: 2 steps
-    assert deadline.plan(60, 8, tasks_left=99, pairs=1) == {"ttt_steps": 2, "eval_augments": 8}
-    assert deadline.plan(60, 8, tasks_left=1, pairs=1) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
+    assert deadline.plan(tasks(99), 8) == {"ttt_steps": 2, "eval_augments": 8}
+    assert deadline.plan(tasks(1), 8) == {"ttt_steps": 60, "eval_augments": 8}  # time to spare
     # 2.82 s a group: after the search and the rest, room for 0.22 s: two views, no steps
-    assert deadline.plan(60, 8, tasks_left=190, pairs=1) == {"ttt_steps": 0, "eval_augments": 2}
+    assert deadline.plan(tasks(190), 8) == {"ttt_steps": 0, "eval_augments": 2}
     # 1.34 s a group: not even one view beside the search: it is left out, and 7 views fit
-    assert deadline.plan(60, 8, tasks_left=400, pairs=1) == {"ttt_steps": 0, "eval_augments": 7,
+    assert deadline.plan(tasks(400), 8) == {"ttt_steps": 0, "eval_augments": 7,
                                                               "view_starts": False}
     deadline.measured(search=0.0, steps=(0.0, 0), views=(0.7, 7), rest=0.6)  # a group without its search
     assert deadline.cost("search") == 2.0 and deadline.cost("rest") == 0.6 and deadline.cost("view") == 0.1
     clock.now = 601.0
-    late = deadline.plan(60, 8, tasks_left=5, pairs=1, tasks=1)
+    late = deadline.plan(tasks(5), 8)
     assert late == {"ttt_steps": 0, "eval_augments": 1, "view_starts": False}
     assert deadline.tasks == {"full": 2, "cut": 3, "late": 1}
 
@@ -52,26 +57,56 @@ def test_tasks_that_cost_the_same_get_the_same_settings_alone_and_in_a_group_of_
     deadline.measured(search=1.0, steps=(10.0, 10), views=(2.0, 2), rest=1.0, tasks=1)
     deadline.measured(search=8.0, steps=(80.0, 10), views=(16.0, 16), rest=8.0, tasks=8)
     clock.now = 600.0 - 180.0
-    alone = deadline.plan(60, 8, tasks_left=9, pairs=1, tasks=1)
+    alone = deadline.plan([Work("", 1, 1, 60), Work("", 8, 8, 60)], 8)
     clock.now += 20.0
-    group = deadline.plan(60, 8, tasks_left=8, pairs=8, tasks=8)
+    group = deadline.plan([Work("", 8, 8, 60)], 8)
     assert alone == group == {"ttt_steps": 10, "eval_augments": 8}
 
 
-def test_each_size_class_is_planned_at_its_own_pace():
-    """A small task's step and view cost a tenth of a large one's (evaluation/ttt_policy.size_class):
-    each class is planned at its own pace, a class not yet measured at the other's. With 20 s a task,
-    a small one takes its 120 steps and 8 views (1 + 12 + 0.8 + 1 s), a large one 8 views and 8 steps
-    (2 + 8 + 8 + 2 s), where one pace over both (0.4 s a step) would plan it 20 and overrun."""
-    clock = Clock()
+def paced_by_size_class(clock: Clock) -> Deadline:
+    """A deadline that measured a small task's step and view at a tenth of a large one's: a small task
+    costs 14.8 s in full (1 s search + 120 steps of 0.1 + 8 views of 0.1 + 1 s rest) and 2.8 s without
+    its steps; a large one 72 s (2 + 60 x 1 + 8 x 1 + 2) and 12 s without."""
     deadline = Deadline(10.0, clock)
     deadline.measured(search=1.0, steps=(12.0, 120), views=(0.8, 8), rest=1.0, kind="small")
     assert deadline.cost("step", 1, "large") == 0.1 and deadline.cost("view", 1, "large") == 0.1  # borrowed
     deadline.measured(search=2.0, steps=(60.0, 60), views=(8.0, 8), rest=2.0, kind="large")
     assert deadline.cost("step", 1, "small") == 0.1 and deadline.cost("step", 1, "large") == 1.0
+    return deadline
+
+
+def test_each_size_class_is_planned_at_its_own_pace():
+    """With 40 s for a small and a large task, the small one takes its full 14.8 s and the large one
+    the 25.2 s left: 8 views and 13 steps (2 + 13 + 8 + 2 s); one pace over both (0.4 s a step) would
+    plan it 33 and overrun."""
+    clock = Clock()
+    deadline = paced_by_size_class(clock)
     clock.now = 600.0 - 40.0
-    assert deadline.plan(120, 8, tasks_left=2, pairs=1, kind="small") == {"ttt_steps": 120, "eval_augments": 8}
-    assert deadline.plan(60, 8, tasks_left=2, pairs=1, kind="large") == {"ttt_steps": 8, "eval_augments": 8}
+    assert deadline.plan(tasks(1, 120, "small") + tasks(1, 60, "large"), 8) == {"ttt_steps": 120, "eval_augments": 8}
+    clock.now += 14.8
+    assert deadline.plan(tasks(1, 60, "large"), 8) == {"ttt_steps": 13, "eval_augments": 8}
+
+
+def test_a_deadline_cuts_large_tasks_steps_before_small_tasks():
+    """Four small tasks, then four large ones: 59.2 s in full for the small ones, 48 s for the large ones
+    without their steps. With 110 s (an even share, 13.75 s a task, would cut a small task to 109 steps)
+    the small ones keep their full settings and the large ones lose their steps (12.7 s each: 8 views);
+    with 80 s the small ones share the 32 s the large ones leave (8 s each: 8 views and 52 steps); with 40
+    s, less than the large ones' views, every task gets a share of its cost without steps (1.9 s for a
+    small one: its views without the search)."""
+    clock = Clock()
+    work = tasks(4, 120, "small") + tasks(4, 60, "large")
+    for left, small, large in ((110.0, {"ttt_steps": 120, "eval_augments": 8}, {"ttt_steps": 0, "eval_augments": 8}),
+                               (80.0, {"ttt_steps": 52, "eval_augments": 8}, {"ttt_steps": 0, "eval_augments": 8}),
+                               (40.0, {"ttt_steps": 0, "eval_augments": 8, "view_starts": False}, None)):
+        clock.now = 0.0
+        deadline = paced_by_size_class(clock)
+        clock.now = 600.0 - left
+        for i in range(4):  # each small task spends its share
+            assert deadline.plan(work[i:], 8) == small, (left, i)
+            clock.now = deadline.group_end
+        if large is not None:
+            assert deadline.plan(work[4:], 8) == large, left
 
 
 def test_a_group_size_not_yet_measured_is_priced_from_the_nearest_in_proportion():
@@ -130,7 +165,7 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
     plan = Deadline.plan
 
     def spy(self, *args):
-        plans.append(args[2])  # tasks_left
+        plans.append(sum(w.tasks for w in args[0]))  # the tasks still to score
         return plan(self, *args)
 
     monkeypatch.setattr(Deadline, "plan", spy)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from engine.distributed import Dist
 from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
-from evaluation.deadline import Deadline
-from evaluation.evaluate import EvalResult, count_tasks, describe, first_tasks, score_tasks
+from evaluation.deadline import Deadline, Work
+from evaluation.evaluate import EvalResult, describe, first_tasks, score_tasks, work_of
 from evaluation.heldout import heldout_losses, pair_records
 from evaluation.journal import Journal, open_journal
 from evaluation.report import header as report_header
@@ -159,14 +160,13 @@ def run_validation(state: TrainState, data: TrainingData, cfg: Config, device: t
                                              in_training, planned, journal)
     announce(dist, f"{plan.what} at step {step}: {len(plan.first)} of {len(every)} evaluation tasks, {describe(cfg)}")
 
-    def score(tasks: list[int], desc: str, tasks_after: int = 0) -> TaskScores:
+    def score(tasks: list[int], desc: str, work_after: Sequence[Work] = ()) -> TaskScores:
         return score_tasks(model, prompts, data.eval_set, tasks, cfg=cfg, device=device, dist=dist, stop=stop,
                            desc=desc, journal=journal, deadline=deadline, submission=submission,
-                           tasks_after=tasks_after)
+                           work_after=work_after)
 
-    # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's tasks
-    scores = score(plan.first, plan.what, count_tasks(data.eval_set, plan.rest, cfg, dist)
-                   if deadline is not None else 0)
+    # one --eval_minutes over the whole final validation: the first tasks' plan counts the rest's groups
+    scores = score(plan.first, plan.what, work_of(data.eval_set, plan.rest, cfg, dist) if deadline is not None else [])
     metrics = scores.metrics("val", cfg)
     if plan.log_val and logger is not None:
         logger.write(step, metrics)
