@@ -6,8 +6,10 @@ its search, steps, views of its test inputs and the rest at the pace measured so
 before any group was measured). When the time left cannot pay for every group still to score, the large
 tasks' steps are cut first: a small task (evaluation/ttt_policy.size_class) keeps its full settings while the
 time left beyond them still pays every large task's search, views and rest, since a small task's steps are
-cheap and the frontier's gain is there (docs/results.md, "The frontier by task size"); with less than that,
-every group's share is in proportion to its cost without steps. The pace is measured in four
+cheap and the frontier's gain is there (docs/results.md, "The frontier by task size"), whether the large
+tasks come after it or before (a final validation's first tasks are planned with the rest's); with less, the
+small tasks share what the large ones' costs without steps leave, and with less than those, every group's
+share follows its cost without steps. The pace is measured in four
 parts (PARTS): the search over starts, an adaptation step, a view of a test input, and the rest (the final demo
 loss, ranking, scoring). A view is priced per view and test input whatever the group; the other three per group
 size (tasks adapted together), since a step of K tasks costs about K times one on a CPU and less on a GPU: a
@@ -112,19 +114,24 @@ class Deadline:
         return plan
 
     def share(self, work: list[Work], views: int, left: float) -> float:
-        """Seconds of the `left` for the group `work[0]` (see the module's docstring): in proportion to its
-        full cost among `work`'s; a small group's out of what the large groups' costs without steps leave
-        (all of it when that pays every small group); with less left, in proportion to costs without steps."""
+        """Seconds of the `left` for the group `work[0]` (see the module's docstring), with `work`'s costs
+        in full and without steps: a small group's out of what the large groups' costs without steps
+        leave, in proportion to its cost in full; a large group's out of what the small groups' costs in
+        full leave, in proportion to its cost in full, and only its cost without steps when that is too
+        little; with less left than the large groups' costs without steps, in proportion to those."""
         full = [self.seconds(w, views) for w in work]
-        if sum(full) <= 0:  # nothing measured yet: an even share a task
+        if not sum(full):  # nothing measured yet: an even share a task
             return left * work[0].tasks / sum(w.tasks for w in work)
-        if work[0].kind != "small":
-            return left * full[0] / sum(full)
         bare = [self.seconds(w, views, steps=False) for w in work]
-        room = left - sum(b for w, b in zip(work, bare, strict=True) if w.kind != "small")
-        if room > 0 or not sum(bare):
-            return max(room, 0.0) * full[0] / sum(f for w, f in zip(work, full, strict=True) if w.kind == "small")
-        return left * bare[0] / sum(bare)
+        small = [w.kind == "small" for w in work]
+        small_full = sum(f for f, s in zip(full, small, strict=True) if s)
+        large_bare = sum(b for b, s in zip(bare, small, strict=True) if not s)
+        if left <= large_bare:  # not even the large tasks' views: every group by its cost without steps
+            return left * bare[0] / sum(bare)
+        if small[0]:
+            return (left - large_bare) * full[0] / small_full
+        room = left - small_full  # what the small tasks' full settings leave
+        return room * full[0] / (sum(full) - small_full) if room >= large_bare else bare[0]
 
     def seconds(self, w: Work, views: int, steps: bool = True) -> float:
         """What group `w` costs at the pace measured so far with `views` and its steps (none: `steps` False)."""

@@ -109,6 +109,16 @@ def test_a_deadline_cuts_large_tasks_steps_before_small_tasks():
             assert deadline.plan(work[4:], 8) == large, left
 
 
+def test_a_large_task_planned_before_small_ones_leaves_them_their_full_settings():
+    """A final validation's first tasks are planned with the rest's after them, small ones among them:
+    with 51.6 s for a large task and then two small ones (29.6 s in full), the large one gets the 22 s
+    they leave (8 views and 10 steps), where a share by cost alone would give it 36.6 s (24 steps)."""
+    clock = Clock()
+    deadline = paced_by_size_class(clock)
+    clock.now = 600.0 - 51.6
+    assert deadline.plan(tasks(1, 60, "large") + tasks(2, 120, "small"), 8) == {"ttt_steps": 10, "eval_augments": 8}
+
+
 def test_a_group_size_not_yet_measured_is_priced_from_the_nearest_in_proportion():
     clock = Clock()
     deadline = Deadline(10.0, clock)
