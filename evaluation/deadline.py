@@ -8,8 +8,8 @@ tasks' steps are cut first: a small task (evaluation/ttt_policy.size_class) keep
 time left beyond them still pays every large task's search, views and rest, since a small task's steps are
 cheap and the frontier's gain is there (docs/results.md, "The frontier by task size"), whether the large
 tasks come after it or before (a final validation's first tasks are planned with the rest's); with less, the
-small tasks share what the large ones' costs without steps leave, and with less than those, every group's
-share follows its cost without steps. The pace is measured in four
+small tasks' steps are cut next, and with less than every group's cost without steps, every group's share
+follows that cost (the views are cut last). The pace is measured in four
 parts (PARTS): the search over starts, an adaptation step, a view of a test input, and the rest (the final demo
 loss, ranking, scoring). A view is priced per view and test input whatever the group; the other three per group
 size (tasks adapted together), since a step of K tasks costs about K times one on a CPU and less on a GPU: a
@@ -17,8 +17,8 @@ size not yet measured is priced from the nearest measured one, in proportion to 
 itself. So two tasks that cost the same get the same settings whether they are adapted alone or in a group.
 Each part is priced within a task's size class (a small task's step and view cost a fraction of a large
 one's), a class not yet measured at the other's pace: small tasks are scored first (evaluate.process_groups),
-so until the first large one is measured the large ones are priced low, which cuts them further and never a
-small task. What a group leaves unspent goes to the groups after it. On a GPU
+so until the first large one is measured the large ones are priced at the small ones' pace, below their
+own. What a group leaves unspent goes to the groups after it. On a GPU
 the clock synchronizes the device first (`Deadline.synchronized`): work is queued, and a clock read without it
 charges a step's time to whatever waits on it later.
 """
@@ -104,34 +104,37 @@ class Deadline:
             if room < view:  # not even one view beside the search: leave it out
                 room += self.cost("search", tasks, kind)
                 plan.update(view_starts=False)
-            plan["eval_augments"] = max(1, min(views, int(room / view))) if view else views
+            # + 1e-9: a share that fits n views or steps exactly plans n, not n - 1 by a float's rounding
+            plan["eval_augments"] = max(1, min(views, int(room / view + 1e-9))) if view else views
             spare = room - view * plan["eval_augments"]
             step = self.cost("step", tasks, kind)
-            plan["ttt_steps"] = max(0, min(group.steps, int(spare / step))) if step else group.steps * (spare > 0)
+            fits = int(spare / step + 1e-9) if step else group.steps * (spare > 0)
+            plan["ttt_steps"] = max(0, min(group.steps, fits))
         self.searching = "view_starts" not in plan
         full = plan == {"ttt_steps": group.steps, "eval_augments": views}
         self.tasks["full" if full else "cut"] += tasks
         return plan
 
     def share(self, work: list[Work], views: int, left: float) -> float:
-        """Seconds of the `left` for the group `work[0]` (see the module's docstring), with `work`'s costs
-        in full and without steps: a small group's out of what the large groups' costs without steps
-        leave, in proportion to its cost in full; a large group's out of what the small groups' costs in
-        full leave, in proportion to its cost in full, and only its cost without steps when that is too
-        little; with less left than the large groups' costs without steps, in proportion to those."""
+        """Seconds of the `left` for the group `work[0]` (see the module's docstring). The time left pays,
+        in this order, every group's cost without steps (its search, views and rest), the small groups'
+        steps, then the large groups' steps; a group's part of what pays its class's steps is in
+        proportion to its steps' cost, and of less than every group's cost without steps, to that cost."""
         full = [self.seconds(w, views) for w in work]
         if not sum(full):  # nothing measured yet: an even share a task
             return left * work[0].tasks / sum(w.tasks for w in work)
+        if left >= sum(full):  # time for every group in full: the spare shared by cost
+            return left * full[0] / sum(full)
         bare = [self.seconds(w, views, steps=False) for w in work]
-        small = [w.kind == "small" for w in work]
-        small_full = sum(f for f, s in zip(full, small, strict=True) if s)
-        large_bare = sum(b for b, s in zip(bare, small, strict=True) if not s)
-        if left <= large_bare:  # not even the large tasks' views: every group by its cost without steps
+        if left <= sum(bare):
             return left * bare[0] / sum(bare)
-        if small[0]:
-            return (left - large_bare) * full[0] / small_full
-        room = left - small_full  # what the small tasks' full settings leave
-        return room * full[0] / (sum(full) - small_full) if room >= large_bare else bare[0]
+        steps = [f - b for f, b in zip(full, bare, strict=True)]
+        small = [w.kind == "small" for w in work]
+        # the steps paid before this group's class's: none for a small group, the small groups' for a large one
+        before = 0.0 if small[0] else sum(c for c, s in zip(steps, small, strict=True) if s)
+        mine = sum(c for c, s in zip(steps, small, strict=True) if s == small[0])
+        paid = min(max(left - sum(bare) - before, 0.0), mine)  # what the class's steps get
+        return bare[0] + (paid * steps[0] / mine if mine else 0.0)
 
     def seconds(self, w: Work, views: int, steps: bool = True) -> float:
         """What group `w` costs at the pace measured so far with `views` and its steps (none: `steps` False)."""

@@ -91,13 +91,15 @@ def test_a_deadline_cuts_large_tasks_steps_before_small_tasks():
     """Four small tasks, then four large ones: 59.2 s in full for the small ones, 48 s for the large ones
     without their steps. With 110 s (an even share, 13.75 s a task, would cut a small task to 109 steps)
     the small ones keep their full settings and the large ones lose their steps (12.7 s each: 8 views);
-    with 80 s the small ones share the 32 s the large ones leave (8 s each: 8 views and 52 steps); with 40
-    s, less than the large ones' views, every task gets a share of its cost without steps (1.9 s for a
-    small one: its views without the search)."""
+    with 80 s the small ones share the 32 s the large ones leave (8 s each: 8 views and 52 steps); with 50
+    s and 40 s, less than every task's cost without steps (59.2 s), every task gets a share of that cost
+    (at 50 s 2.4 s for a small one, its search and 3 views, and 10.1 s for a large one, 6 views; at 40 s
+    1.9 s, its views without the search): more time never buys a small task less."""
     clock = Clock()
     work = tasks(4, 120, "small") + tasks(4, 60, "large")
     for left, small, large in ((110.0, {"ttt_steps": 120, "eval_augments": 8}, {"ttt_steps": 0, "eval_augments": 8}),
                                (80.0, {"ttt_steps": 52, "eval_augments": 8}, {"ttt_steps": 0, "eval_augments": 8}),
+                               (50.0, {"ttt_steps": 0, "eval_augments": 3}, {"ttt_steps": 0, "eval_augments": 6}),
                                (40.0, {"ttt_steps": 0, "eval_augments": 8, "view_starts": False}, None)):
         clock.now = 0.0
         deadline = paced_by_size_class(clock)
