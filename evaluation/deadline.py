@@ -1,26 +1,15 @@
-"""`--eval_minutes`: a validation that ends by a wall-clock deadline, spending what is left on the
-tasks not yet done (docs/runs.md, "Validation, ...": "A deadline"): an ARC Prize notebook has a hard time limit.
+"""`--eval_minutes`: a validation that ends by a wall-clock deadline (an ARC Prize notebook has a hard
+time limit), spending what is left on the tasks not yet done (docs/runs.md, "A deadline").
 
-Each group of tasks gets a share of the time left by what it costs under its full settings (`Deadline.share`:
-its search, steps, views of its test inputs and the rest at the pace measured so far; an even share a task
-before any group was measured). When the time left cannot pay for every group still to score, the large
-tasks' steps are cut first: a small task (evaluation/ttt_policy.size_class) keeps its full settings while the
-time left beyond them still pays every large task's search, views and rest, since a small task's steps are
-cheap and the frontier's gain is there (docs/results.md, "The frontier by task size"), whether the large
-tasks come after it or before (a final validation's first tasks are planned with the rest's); with less, the
-small tasks' steps are cut next, and with less than every group's cost without steps, every group's share
-follows that cost (the views are cut last). The pace is measured in four
-parts (PARTS): the search over starts, an adaptation step, a view of a test input, and the rest (the final demo
-loss, ranking, scoring). A view is priced per view and test input whatever the group; the other three per group
-size (tasks adapted together), since a step of K tasks costs about K times one on a CPU and less on a GPU: a
-size not yet measured is priced from the nearest measured one, in proportion to its tasks, until it is measured
-itself. So two tasks that cost the same get the same settings whether they are adapted alone or in a group.
-Each part is priced within a task's size class (a small task's step and view cost a fraction of a large
-one's), a class not yet measured at the other's pace: small tasks are scored first (evaluate.process_groups),
-so until the first large one is measured the large ones are priced at the small ones' pace, below their
-own. What a group leaves unspent goes to the groups after it. On a GPU
-the clock synchronizes the device first (`Deadline.synchronized`): work is queued, and a clock read without it
-charges a step's time to whatever waits on it later.
+A group's share of the time left follows its cost in full at the pace measured so far (`Deadline.share`);
+when the time cannot pay every group in full, it pays every group's search, views and rest first, then the
+small tasks' steps (ttt_policy.size_class: cheap, and where the frontier's gain is), then the large tasks'.
+The pace is kept in four parts (PARTS), each within a size class (a class not yet measured at the other's)
+and, but for a view (per view and test input), per group size (tasks adapted together: a step of K tasks
+costs about K times one on a CPU, less on a GPU; a size not yet measured is priced from the nearest, in
+proportion), so tasks that cost the same get the same settings alone or in a group. What a group leaves
+unspent goes to the groups after it. On a GPU the clock synchronizes the device first (`synchronized`):
+work is queued, and a clock read without it charges a step's time to whatever waits on it later.
 """
 
 from __future__ import annotations
