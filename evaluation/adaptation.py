@@ -25,7 +25,7 @@ from evaluation.task_batch import TaskWeights, batches_shared_weights, fit_toget
 from evaluation.ttt_dropout import DropoutMasks, dropped_changes
 from evaluation.ttt_policy import TTTPolicy
 from loss_function import adaptation_loss
-from model import AdapterSlice, ArcModel, Prediction, TaskAdapters
+from model import AdapterSlice, ArcModel, TaskAdapters
 from prompt import QwenFeatures
 
 # A view start's gate bias: that view all but alone. A trained gate's own logits span ~15 (+10 on
@@ -65,21 +65,15 @@ def aug_ids(batch: dict) -> list[int]:
     return [a.aug_id for a in batch["augmentation"]]
 
 
-def _predict(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
-             of: torch.Tensor, amp: MixedPrecision) -> tuple[dict, Prediction]:
-    """The model on demo episodes (a collated batch on the model's device) with the mean refinement,
-    each sample reading its adapter row (`of` [B] int64; none when `adapters` is None), under
-    --amp's autocast. -> (the batch with its prompt features, the prediction)."""
-    batch = model.encode_prompts(batch, prompts, 0, training=False)
-    with amp.autocast():
-        return batch, model(batch, "mean", None if adapters is None else adapters(of, aug_ids(batch)))
-
-
 def _row_losses(model: ArcModel, prompts: QwenFeatures | None, adapters: TaskAdapters | None, batch: dict,
                 of: torch.Tensor, slots: int, cfg: Config, amp: MixedPrecision) -> torch.Tensor:
-    """Mean adaptation loss over each row's samples -> [slots] float32 (0 for a row without samples).
-    batch, of: as `_predict` (`of` also names the row a sample's loss counts to when `adapters` is None)."""
-    batch, pred = _predict(model, prompts, adapters, batch, of, amp)
+    """Mean adaptation loss over each row's samples -> [slots] float32 (0 for a row without samples):
+    the model on demo episodes (a collated batch on the model's device) with the mean refinement under
+    --amp's autocast, each sample reading its adapter row (`of` [B] int64), or when `adapters` is None
+    counting its loss to row `of`."""
+    batch = model.encode_prompts(batch, prompts, 0, training=False)
+    with amp.autocast():
+        pred = model(batch, "mean", None if adapters is None else adapters(of, aug_ids(batch)))
     logits, refined = pred.of("mean")
     per_sample = adaptation_loss(logits, refined, pred.prompt, batch["target"], batch["input"], cfg=cfg.loss)
     total = torch.zeros(slots, device=per_sample.device).index_add(0, of, per_sample)
