@@ -110,24 +110,25 @@ class Deadline:
         steps, then the large groups' steps; a group's part of what pays its class's steps is in
         proportion to its steps' cost, and of less than every group's cost without steps, to that cost.
         A small group's share also holds the large groups' steps, as room to overrun its estimate."""
-        full = [self.seconds(w, views) for w in work]
-        if not sum(full):  # nothing measured yet: an even share a task
+        # priced once for each kind of group (a few), not for each of the hundreds still to score
+        priced = {w: (self.seconds(w, views), self.seconds(w, views, steps=False)) for w in set(work)}
+        full, bare = (sum(priced[w][i] for w in work) for i in (0, 1))
+        group_full, group_bare = priced[work[0]]
+        if not full:  # nothing measured yet: an even share a task
             return left * work[0].tasks / sum(w.tasks for w in work)
-        if left >= sum(full):  # time for every group in full: the spare shared by cost
-            return left * full[0] / sum(full)
-        bare = [self.seconds(w, views, steps=False) for w in work]
-        if left <= sum(bare):
-            return left * bare[0] / sum(bare)
-        steps = [f - b for f, b in zip(full, bare, strict=True)]
-        small = [w.kind == "small" for w in work]
-        # the steps paid before this group's class's: none for a small group, the small groups' for a large one
-        before = 0.0 if small[0] else sum(c for c, s in zip(steps, small, strict=True) if s)
-        mine = sum(c for c, s in zip(steps, small, strict=True) if s == small[0])
-        paid = min(max(left - sum(bare) - before, 0.0), mine)  # what the class's steps get
-        own = bare[0] + (paid * steps[0] / mine if mine else 0.0)
+        if left >= full:  # time for every group in full: the spare shared by cost
+            return left * group_full / full
+        if left <= bare:
+            return left * group_bare / bare
+        small = work[0].kind == "small"
+        small_steps = sum(priced[w][0] - priced[w][1] for w in work if w.kind == "small")
+        before = 0.0 if small else small_steps  # the steps paid before this group's class's
+        mine = small_steps if small else full - bare - small_steps
+        paid = min(max(left - bare - before, 0.0), mine)  # what the class's steps get
+        own = group_bare + (paid * (group_full - group_bare) / mine if mine else 0.0)
         # a small group may run on into the large tasks' steps: its pace is a mean over tasks of several sides
         # (without it, measured at 1ea72aa, the small tasks' steps were cut to 101 of 120 where 112 fitted)
-        return own + max(left - sum(bare) - mine, 0.0) if small[0] else own
+        return own + max(left - bare - mine, 0.0) if small else own
 
     def seconds(self, w: Work, views: int, steps: bool = True) -> float:
         """What group `w` costs at the pace measured so far with `views` and its steps (none: `steps` False)."""
