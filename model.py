@@ -23,7 +23,7 @@ from agents.views import views_fitting
 from data.arc import ArcPair
 from data.episodes import CTRL_DIM
 from data.features import NUMERIC_DIM
-from engine.config import TTT_PARAMS, Config
+from engine.config import Config
 from engine.distributed import Dist
 from engine.errors import ConfigError
 from policy_refined import PolicyRefiner, RLInfo
@@ -165,16 +165,11 @@ class ArcModel(nn.Module):
                 "agent": list(self.agent.parameters()), "qwen": qwen, "task_embedding": embedding,
                 "rl_head": list(self.policy.head.parameters())}
 
-    def ttt_parameters(self, which: str) -> list[nn.Parameter]:
-        """What test-time training adapts. all: prompt heads, refinement and agent; late: the second
-        half of the agent's blocks and its output layer (agent.late_parameters). Never the Qwen
-        trunk or the RL head."""
+    def ttt_parameters(self) -> list[nn.Parameter]:
+        """What test-time training adapts: the prompt heads, refinement and agent; never the Qwen trunk
+        or the RL head."""
         groups = self.parameter_groups()
-        if which == "late":
-            return self.agent.late_parameters()
-        if which == "all":
-            return groups["prompt_heads"] + groups["refiner"] + groups["agent"]
-        raise ValueError(f"ttt_params={which!r}: choose one of {', '.join(TTT_PARAMS)}")
+        return groups["prompt_heads"] + groups["refiner"] + groups["agent"]
 
     # -- checkpoints ---------------------------------------------------------------------------------
 

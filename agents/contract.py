@@ -38,9 +38,6 @@ class Agent(Protocol):
         [B, S, S] bool as the batch carries it (data/enclosed.py; None: the agent computes it, which
         waits for a GPU) -> logits [B, S, S, 12] (10 colours, PAD, end-of-grid)."""
 
-    def late_parameters(self) -> list[nn.Parameter]:
-        """The second half of the blocks and the output layer (`--ttt_params late`)."""
-
     def residual_blocks(self) -> list[nn.Module]:
         """The `num_blocks` residual blocks in order, each mapping its first input x to x plus a change
         of x's shape (`--ttt_dropout` drops elements of that change)."""

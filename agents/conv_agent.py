@@ -31,10 +31,6 @@ class FiLMBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, prompt: torch.Tensor) -> torch.Tensor:
         gamma, beta = self.film(prompt)[:, :, None, None].chunk(2, dim=1)
-        if torch.is_grad_enabled() and not x.requires_grad and self.norm.weight.requires_grad:
-            # the first trained block under --ttt_params late: torch 2.13's CPU GroupNorm backward
-            # segfaults on a channels-last input (x is a permuted [B, S, S, C]) that needs no grad
-            x = x.contiguous()
         h = self.conv2(nn.functional.gelu(self.conv1(self.norm(x))))
         return x + h * (1 + gamma) + beta
 
@@ -68,8 +64,3 @@ class FiLMConvAgent(nn.Module):
 
     def residual_blocks(self) -> list[nn.Module]:
         return list(self.blocks)
-
-    def late_parameters(self) -> list[nn.Parameter]:
-        """The second half of the blocks and the output layer: training only these, the backward
-        pass stops halfway (about 1.5x cheaper a step)."""
-        return [*self.blocks[self.num_blocks // 2:].parameters(), *self.head.parameters()]

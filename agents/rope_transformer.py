@@ -118,8 +118,3 @@ class RopeTransformerAgent(nn.Module):
 
     def residual_blocks(self) -> list[nn.Module]:
         return list(self.blocks)
-
-    def late_parameters(self) -> list[nn.Parameter]:
-        """The second half of the blocks and the output layer (with one cycle, the backward pass
-        stops halfway)."""
-        return [*self.blocks[self.num_blocks // 2:].parameters(), *self.head.parameters()]

@@ -73,7 +73,7 @@ def measure(cfg: Config, device: torch.device, ks: Iterable[int], tasks: int, fi
     task_ids, what = chosen_tasks(data.eval_set, cfg, tasks, first)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     e = cfg.eval
-    echo(f"## tasks adapted together: {what}; {machine}; --ttt_steps {e.ttt_steps} --ttt_params {e.ttt_params} "
+    echo(f"## tasks adapted together: {what}; {machine}; --ttt_steps {e.ttt_steps} --ttt_views {e.ttt_views} "
          f"--eval_augments {e.eval_augments}")
     echo("| K | s/task | vs the first K | TTT steps/task | pass@2 | attempts as the first K's |")
     echo("|---|---|---|---|---|---|")

@@ -94,7 +94,7 @@ def fmt(x: float) -> str:
 
 def section_eval(args, runs: list[tuple[str, str, Config, Path]]) -> None:
     print(f"\n## validation variants on the first {args.eval_sample} evaluation tasks "
-          f"(TTT: {args.ttt_steps} steps of --ttt_params {Config().eval.ttt_params})")
+          f"(TTT: {args.ttt_steps} steps of all weights)")
     print(f"{'run':<28}{'TTT':>5}{'views':>7}{'exact':>8}{'pass@2':>8}{'oracle':>8}{'task score':>12}{'s/task':>8}")
     for name, agent, cfg, run_dir in runs:
         for ttt in (0, args.ttt_steps):

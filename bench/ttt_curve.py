@@ -4,7 +4,7 @@
                                   [--device cuda] [--json rows.json]
 
 For each of the first `--tasks` evaluation tasks of the run (its own data flags, from the
-checkpoint), the default search keeps a start, then test-time training (any `--ttt_params`) runs
+checkpoint), the default search keeps a start, then test-time training runs
 `max(--marks)` steps with no early stop. At every mark the adapting model predicts, under the
 identity view alone (argmax, no voting), every leave-one-out demo episode (what TTT trains on) and
 every test input (what it is scored on; the test outputs are read here only, to score). The table averages over pairs:
@@ -108,7 +108,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=30, help="the first N evaluation tasks")
     ap.add_argument("--marks", default="0,10,20,40,60,100,150", help="steps at which to measure")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a fixed.py setting (ttt_lr, ttt_params, amp, ...) over the run's own")
+                    help="a fixed.py setting (ttt_lr, ttt_views, amp, ...) over the run's own")
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--json", help="also write the table here: one row per mark")
     args = ap.parse_args()

@@ -25,7 +25,6 @@ from data.synthetic import FAMILIES
 from engine.errors import ConfigError
 from engine.precision import AMP_MODES
 
-TTT_PARAMS = ("all", "late")  # what test-time training may adapt (ArcModel.ttt_parameters)
 LR_SCHEDULES = ("constant", "cosine")  # learning rates over a run or a task's test-time training (engine/schedule.py)
 # torch.compile's modes for --compile (max-autotune-no-cudagraphs: inductor's kernel search, no graphs)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
@@ -318,7 +317,6 @@ class EvalCfg:
                                    "(VARC trains with 0.1; never in the predictions)", within=SHARE)
     ttt_view_rows: bool = flag(False, "shared-weight test-time training: each view an auxiliary task with its own "
                                "adapter row (latent at --ttt_lr), read by that view's predictions (VARC)")
-    ttt_params: str = flag("all", "what test-time training adapts: named groups of the shared weights", TTT_PARAMS)
     ttt_views: int = flag(8, "views adaptation trains on: the identity, then fixed dihedral x colour permutations",
                           within=AT_LEAST_ONE)
     ttt_batch_size: int = flag(8, "demo episodes per task per adaptation step", within=AT_LEAST_ONE)

@@ -188,7 +188,7 @@ def _test_time_groups(model: ArcModel, adapters: TaskAdapters | None, cfg: Confi
     e = cfg.eval
     # (tasks adapted together pass no adapter: fit_together stacks their view latents beside the weights)
     view_latents = [adapters.latent] if e.ttt_view_rows and adapters is not None else []
-    return [{"params": [*model.ttt_parameters(e.ttt_params), *view_latents], "lr": e.ttt_lr}], cfg.optim.clip
+    return [{"params": [*model.ttt_parameters(), *view_latents], "lr": e.ttt_lr}], cfg.optim.clip
 
 
 def _per_view(model: ArcModel, kept: TaskAdapters | None, tasks: int, cfg: Config) -> TaskAdapters:
@@ -223,7 +223,7 @@ def adapted(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask],
         return
     # one mixed-precision routine for the whole adaptation, its fp16 scaler started as training's
     amp = MixedPrecision(cfg.optim.amp, device, init_scale=cfg.optim.fp16_init_scale)
-    with _shared_weights_kept(model, model.ttt_parameters(e.ttt_params) if e.ttt_steps else []):
+    with _shared_weights_kept(model, model.ttt_parameters() if e.ttt_steps else []):
         model.requires_grad_(False)
         kept, loss = _searched(model, prompts, tasks, demos, usable, cfg=cfg, device=device, amp=amp)
         if e.ttt_steps:

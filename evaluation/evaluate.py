@@ -139,7 +139,7 @@ def describe(cfg: Config) -> str:
     if e.view_starts:
         parts.append("search over starts (input views)")
     if e.ttt_steps:
-        extras = [f"--ttt_params {e.ttt_params}", f"{e.ttt_views} views",
+        extras = [f"{e.ttt_views} views",
                   *[f"{e.ttt_warmup:g} warm-up"] * bool(e.ttt_warmup),
                   *[f"{e.ttt_schedule} lr"] * (e.ttt_schedule != "constant"),
                   *[f"dropout {e.ttt_dropout:g}"] * bool(e.ttt_dropout), *["a row per view"] * e.ttt_view_rows]

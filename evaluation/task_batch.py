@@ -1,6 +1,6 @@
 """Test-time training of the shared weights for several tasks in one step (docs/adaptation.md, "On a GPU").
 
-Each task's copy of the weights `--ttt_params` names is stacked along a leading task axis ([K, ...] for K
+Each task's copy of the weights test-time training adapts is stacked along a leading task axis ([K, ...] for K
 tasks); one vmapped forward and backward serves all K, and one Adam steps the stacks. Adam works per element
 and each task's loss reads only its own copy, so every task moves exactly as it would alone
 (evaluation/adaptation._fit; tests/test_task_batch.py; under `--amp bf16` to its rounding: a vmapped sum

@@ -119,10 +119,10 @@ def test_a_view_start_gives_its_view_the_whole_gate_against_a_trained_gate(small
 
 @pytest.mark.parametrize("amp", ["off", "bf16"])
 def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(small_cfg, amp):
-    """--ttt_params all after the view-start search: the weights trained under the kept start differ
+    """Test-time training after the view-start search: the weights trained under the kept start differ
     from those trained from the plain mean (no search: the start is used), and both are restored bit
     for bit, also under bf16 autocast (float32 weights, bf16 arithmetic)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_params="all", ttt_lr=1e-2, amp=amp)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_lr=1e-2, amp=amp)
     model = state.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     # a task whose search kept a view start (which one does depends on the untrained weights)
@@ -141,7 +141,7 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
     """--amp fp16: adaptation's GradScaler starts at --fp16_init_scale, as training's does. At 2^100
     every scaled loss overflows fp16, so the scaler skips each of the 4 steps (halving its scale):
     none is counted as taken and nothing moves; at 2^8 all 4 apply."""
-    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_params="all", ttt_lr=1e-2,
+    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_lr=1e-2,
                                         view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
@@ -161,7 +161,7 @@ def test_a_task_whose_demos_come_out_exact_takes_every_step(small_cfg):
     demos exact before the first step, take every step alone and together, as a task of another rule
     beside them does."""
     from tests.test_evaluation import CopyAgent
-    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, ttt_params="all", view_starts=False)
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, view_starts=False)
     state.model.agent = CopyAgent()
     rng = np.random.default_rng(0)
     copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
@@ -177,7 +177,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
     changes the demo loss test-time training reaches and the weights it ends with; and the demo loss
     it reports is loss_function.adaptation_loss of the adapted model on every demo."""
     import loss_function
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     seen = []
     real = loss_function.adaptation_loss
@@ -186,7 +186,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
     for hard_weight in (2.0, 8.0):
         with adapted(state.model, state.prompts, [task], eval_set, cfg=cfg.replace(hard_weight=hard_weight),
                      device=CPU) as result:
-            moved = [p.detach().clone() for p in state.model.ttt_parameters("all")]
+            moved = [p.detach().clone() for p in state.model.ttt_parameters()]
             ends.append((result.demo_loss[task.task_id], moved))
     assert {c.hard_weight for c in seen} == {2.0, 8.0}
     assert ends[0][0] != ends[1][0]
@@ -196,7 +196,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
 def test_weight_ttt_shows_the_adapting_weights_to_an_observer_before_and_after_every_step(small_cfg):
     """`observe(steps, adapted)` sees 0 (the weights as trained) and then each step's weights: each
     call's weights differ from the last; after the context the weights are the trained ones again."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, seen = weight.detach().clone(), []
@@ -328,7 +328,7 @@ def test_warmup_rises_linearly_then_the_schedule_runs_over_the_steps_after_it():
 
 def test_warmup_changes_what_test_time_training_ends_with(small_cfg):
     """--ttt_warmup reaches the loop: the same steps end with other weights, restored after."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, ends = weight.detach().clone(), []
@@ -344,7 +344,7 @@ def test_view_rows_give_each_view_its_own_latent_trained_with_the_weights(small_
     with the weights; a sample reads its augmentation's row (a view without one: the identity's);
     the shared weights end as they started."""
     from data.augment import view_ids
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_params="all", ttt_lr=1e-2, ttt_views=4,
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_lr=1e-2, ttt_views=4,
                                         ttt_batch_size=8,
                                         ttt_view_rows=True)
     task = next(t for t in tasks if len(t.train) > 1)
@@ -361,30 +361,11 @@ def test_view_rows_give_each_view_its_own_latent_trained_with_the_weights(small_
     assert all(torch.equal(v, state.model.state_dict()[k]) for k, v in before.items())
 
 
-@pytest.mark.parametrize("agent", ["conv", "rope"])
-@pytest.mark.parametrize("amp", ["off", "bf16"])
-def test_late_ttt_trains_the_second_half_of_the_agent_only(small_cfg, agent, amp):
-    """--ttt_params late: within the adaptation exactly the late blocks and the output layer move
-    (the backward pass starts halfway, through a first trained block whose input needs no grad);
-    the prompt heads, refinement, cells and early blocks keep their values; all restored after."""
-    cfg, state, eval_set, tasks = setup(small_cfg, agent=agent, amp=amp, ttt_steps=3, ttt_params="late",
-                                        ttt_lr=1e-2, view_starts=False)
-    model, task = state.model, next(t for t in tasks if len(t.train) > 1)
-    late = {id(p) for p in model.agent.late_parameters()}
-    names = {n for n, p in model.named_parameters() if id(p) in late}
-    assert names and any(n.startswith("agent.head.") for n in names)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    with adapted(model, state.prompts, [task], eval_set, cfg=cfg, device=CPU) as result:
-        moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
-    assert result.steps == {task.task_id: 3} and moved and moved <= names
-    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
-
-
 def test_ttt_dropout_drops_block_changes_in_training_steps_only_seeded_by_the_task(small_cfg):
     """--ttt_dropout: the same steps end with other weights than without it, twice the same (its masks
     seeded by the task, not by what ran before: the global stream is drawn from in between), the
     global stream left as it was, and no hook left on the model (its output as before)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_params="all", ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2, view_starts=False)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     ends = []

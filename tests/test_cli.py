@@ -183,13 +183,12 @@ def test_each_choice_list_is_one_tuple_the_flag_and_the_code_share():
     """A choice added where the code acts on it is a choice of the flag, and no copy can drift."""
     from data.episodes import CANVAS_MODES
     from engine import precision
-    from engine.config import LR_SCHEDULES, TTT_PARAMS
+    from engine.config import LR_SCHEDULES
     from training.cli import build_parser
 
     choices = {f.name: f.metadata.get("choices") for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
     assert choices["amp"] is precision.AMP_MODES
     assert choices["canvas"] is CANVAS_MODES
-    assert choices["ttt_params"] is TTT_PARAMS  # the weight groups model.ttt_parameters names
     assert choices["lr_schedule"] is LR_SCHEDULES
     agent_flag = next(a for a in build_parser("fixed.py", "")._actions if a.dest == "agent")
     assert tuple(agent_flag.choices) == tuple(AGENTS)  # the registry's names, read when the parser is built

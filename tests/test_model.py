@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from engine.config import TTT_PARAMS
 from loss_function import training_loss
 from prompt import with_qwen_features
 
@@ -67,9 +66,8 @@ def test_parameter_groups_partition_the_trainable_weights(small_cfg, state_and_b
     assert set(ids) == {id(p) for p in state.model.parameters() if p.requires_grad}
     assert groups["qwen"] and all("lora_" in n for n, p in state.model.named_parameters()
                                   if any(p is q for q in groups["qwen"]))
-    for which in TTT_PARAMS:
-        chosen = {id(p) for p in state.model.ttt_parameters(which)}
-        assert chosen and not chosen & {id(p) for p in groups["qwen"] + groups["rl_head"]}, which
+    chosen = {id(p) for p in state.model.ttt_parameters()}
+    assert chosen and not chosen & {id(p) for p in groups["qwen"] + groups["rl_head"]}
 
 
 def test_trainable_state_leaves_out_the_frozen_trunk_and_loads_back(small_cfg, state_and_batches):

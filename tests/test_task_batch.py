@@ -98,7 +98,7 @@ def together_as_alone(small_cfg, tolerance: dict, **flags) -> dict:
 
 @pytest.mark.parametrize("flags", [
     dict(),  # the default: view-start search, then all weights with the clip
-    dict(ttt_params="late", view_starts=False, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
+    dict(view_starts=False, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
     # VARC's recipe: a latent row per view trained with the weights, dropout of each block's change
     dict(ttt_view_rows=True, ttt_dropout=0.3, ttt_schedule="cosine", ttt_warmup=0.2),
     dict(ttt_view_rows=True, ttt_dropout=0.3, agent="rope", agent_channels=16, agent_cycles=2),  # blocks twice a pass
