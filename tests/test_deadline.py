@@ -2,7 +2,6 @@
 (evaluation/submission.py)."""
 
 import json
-import time
 
 import training
 from evaluation.deadline import Deadline, Work
@@ -152,20 +151,21 @@ def test_the_submission_holds_every_test_input_from_the_start(small_cfg, tmp_pat
     assert sum(map(len, now.values())) == len(episodes) and not list(tmp_path.glob("*.tmp"))
 
 
-def test_an_evaluation_under_a_deadline_ends_in_time_with_a_complete_submission(small_cfg, tmp_path):
+def test_an_evaluation_under_a_deadline_ends_in_time_with_a_complete_submission(small_cfg, tmp_path, monkeypatch):
     """A budget far below what the settings need (1000 steps a task): the run ends within it plus a
     task, says how the tasks were scored, and its submission holds every test input."""
+    made = []
+    synchronized = Deadline.synchronized
+    monkeypatch.setattr(Deadline, "synchronized", lambda *a, **k: made.append(synchronized(*a, **k)) or made[-1])
     cfg = small_cfg(eval_only=True, eval_tasks=0, ttt_steps=1000, eval_minutes=0.05,
                     run_dir=str(tmp_path / "eval"), submission=str(tmp_path / "submission.json"))
-    started = time.perf_counter()
     summary = training.train(cfg, CPU)
-    took = time.perf_counter() - started
     tasks = summary["eval/tasks"]
     assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks
     assert summary["eval/deadline_full"] < tasks and summary["eval/ttt_steps_per_task"] < 1000
-    # the 3 s budget, plus start-up, the held-out loss and the last group's prediction on a loaded
-    # machine; unbudgeted, the first task alone takes about 50 s (1000 steps)
-    assert took < 3.0 + 15.0
+    # past the 3 s budget by the group scored at its end and the report, not by the start-up (counted
+    # outside the deadline); unbudgeted, the first task alone takes about 50 s (1000 steps)
+    assert len(made) == 1 and -made[0].left() < 10.0
     submission = json.loads((tmp_path / "submission.json").read_text())
     assert sum(map(len, submission.values())) == sum(len(t.test) for t in
                                                       training.build_data(cfg, CPU).splits.evaluation)
