@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint browser gpu-wheels gpu-site gpu-check gpu-lease bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt-together bench-frontier bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
+.PHONY: setup run test lint browser gpu-wheels gpu-site gpu-check gpu-lease bundle bench-data bench-data-cost bench-recipe bench-cache bench-learn bench-adapt-together bench-frontier bench-rankings bench-ttt-curve bench-heldout-curve bench-heldout-compute bench-prompt-reading bench-step bench-qwen bench-text-tokens bench-reduce clean
 
 setup: $(STAMP)
 
@@ -136,6 +136,11 @@ FRONTIER_OUT = $(if $(filter command line,$(origin OUT)),$(OUT),runs/frontier)
 bench-frontier: $(STAMP)
 	$(PY) -m bench.frontier --tasks $(TASKS) --minutes $(MINUTES) --out $(FRONTIER_OUT) \
 		--svg $(FRONTIER_OUT)/frontier.svg $(if $(SETTINGS),--settings $(SETTINGS)) $(if $(SIZE),--size $(SIZE))
+
+# how the two attempts are chosen: each ranking over the first 8, 16, 32 voted views of one scoring,
+# paired with the votes (bench/rankings.py): make bench-rankings [ARGS="--size small --tasks 78 --views 32"]
+bench-rankings: $(STAMP)
+	$(PY) -m bench.rankings $(ARGS)
 
 # a finished run's folder: make bench-ttt-curve RUN=runs/<name>
 bench-ttt-curve: $(STAMP)
