@@ -50,7 +50,7 @@ def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
     but for a flag of BEFORE (read at the value such a row ran with); another value of any flag,
     another start or other tasks is not."""
     kept = {"start": "untrained", "tasks": 30,  # kept with the early stop off, its views flag at its default
-            "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_check_every": 0, "ttt_stop_views": 8}}
+            "flags": {"ttt_steps": 120, "ttt_lr": 1e-3, "ttt_check_every": 0, "ttt_stop_views": 8, "ttt_params": "all"}}
     asked = {"start": "untrained", "tasks": 30,  # a key names NOW's flags: here the size rule off
              "flags": {**NOW, "ttt_steps": 120, "ttt_lr": 1e-3, "ttt_dropout": 0.0, "ttt_small_steps": 0}}
     assert same_row(kept, asked)
@@ -59,6 +59,7 @@ def test_a_kept_row_is_found_by_the_flags_it_sets_away_from_their_defaults():
     assert not same_row(kept, {**asked, "flags": {**asked["flags"], "ttt_small_steps": 120}})  # ran without the rule
     stopped = {**kept, "flags": {"ttt_steps": 120, "ttt_lr": 1e-3}}  # kept under the early stop's default
     assert not same_row({**kept, "flags": {**kept["flags"], "ttt_stop_views": 1}}, asked)  # retired, off its default
+    assert not same_row({**kept, "flags": {**kept["flags"], "ttt_params": "late"}}, asked)  # retired, not what runs
     assert not same_row(stopped, asked)
 
 
