@@ -99,14 +99,15 @@ SETTINGS: dict[str, dict] = {
 # the default with one flag changed, the size rule kept
 DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"ttt_views": 16},
                     "default-votes-32": {"eval_augments": 32}, "default-width-32": {"agent_channels": 32},
-                    "default-width-32-s240": {"agent_channels": 32, "ttt_small_steps": 240}}
+                    "default-width-32-s240": {"agent_channels": 32, "ttt_small_steps": 240},
+                    "default-width-128": {"agent_channels": 128}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
                  for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
 for _name in SETTINGS.keys() - {DEFAULT, *DEFAULT_VARIANTS}:  # the rest adapt every task alike: no size rule
     SETTINGS[_name].setdefault("ttt_small_steps", 0)
-MODEL_SETTINGS = {"width-32", "width-128", "default-width-32", "default-width-32-s240"}
+MODEL_SETTINGS = {"width-32", "width-128", "default-width-32", "default-width-32-s240", "default-width-128"}
 # flags whose coming or going changed what a row measures, at the value a row kept before ran with:
 # --ttt_small_steps came with the size rule (0: none); --ttt_check_every and --ttt_stop_views left with
 # the early stop (5 and 8: their defaults; every row since takes every step, as check 0 did); --ttt_params
