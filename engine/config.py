@@ -294,7 +294,8 @@ class EvalCfg:
                                  "this share of the training time so far (the first one always runs)", result_free=True,
                             within=POSITIVE)
     eval_tasks: int = flag(-1, "tasks the final validation and --eval_only score: the first N (0: all; -1: all if "
-                           "--eval_only or expected within the training's time, else --val_tasks)", result_free=True,
+                           "--eval_only, under --eval_minutes or expected within the training's time, else "
+                           "--val_tasks)", result_free=True,
                            within=Range(-1))
     eval_batch_size: int = flag(32, "episodes per validation batch", within=AT_LEAST_ONE)
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md) at each validation: before adaptation on "

@@ -32,7 +32,7 @@ from training.flops import TrainingFlops
 from training.run_folder import finish_run, holding, open_run, plan_run_dir
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
-from training.validation import ValidationSchedule, evaluate_only, validate
+from training.validation import ValidationSchedule, evaluate_only, final_tasks, validate
 
 
 def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
@@ -71,7 +71,7 @@ class EpochLoop:
         if cfg.data.train_on_eval_demos:
             what += f", TRANSDUCTIVE: the demos of {len(self.data.splits.evaluation)} evaluation tasks join training"
         self.logger = open_run(self.run_dir, cfg, self.state, self.data, dist, what, self.validation.describe(
-            cfg.eval.val_tasks, cfg.eval.eval_tasks, len(self.data.splits.evaluation), cfg.run.epochs))
+            cfg.eval.val_tasks, final_tasks(cfg.eval), len(self.data.splits.evaluation), cfg.run.epochs))
         if self.logger is not None:
             self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
         self.started = time.time()

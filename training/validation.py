@@ -95,6 +95,12 @@ class ValidationSchedule:
                 "validations": self.done, "validations_skipped": self.skipped}
 
 
+def final_tasks(e: EvalCfg) -> int:
+    """--eval_tasks as the final validation reads it: under --eval_minutes, -1 is all (0), the deadline
+    and not the training's time bounding the validation."""
+    return 0 if e.eval_tasks == -1 and e.eval_minutes > 0 else e.eval_tasks
+
+
 def fits_in_training(seconds_so_far: float, tasks_so_far: int, tasks_left: int, train_seconds: float) -> bool:
     """The final validation's `-1` rule: scoring `tasks_left` more tasks at the pace of the first
     `tasks_so_far` keeps the whole validation no longer than the training."""
@@ -107,7 +113,7 @@ class ValidationPass:
     --eval_only also journal, keep --eval_minutes and a submission, and publish eval/*."""
     what: str  # "validation", "final validation" or "evaluation": its start-up line and report title
     first: list[int]  # the evaluation tasks scored first
-    rest: list[int]  # then these (the final validation's; under --eval_tasks -1 only if they fit the training)
+    rest: list[int]  # then these (the final validation's; under --eval_tasks -1 only if they fit the training: final_tasks)
     final: bool  # journal, deadline, submission, eval/*
     log_val: bool  # the first tasks' metrics are the whole --val_tasks subset: logged as val/*
     weights: str  # what the report says was scored
@@ -154,7 +160,7 @@ def run_validation(state: TrainState, data: TrainingData, cfg: Config, device: t
     deadline, submission = final_budget(cfg, data, device, dist, len(plan.first) + len(plan.rest), journal) \
         if plan.final else (None, None)
     # the tasks sure to be scored: under --eval_tasks -1 the rest of a final validation waits on its pace
-    planned = len(plan.first) + (0 if cfg.eval.eval_tasks == -1 else len(plan.rest))
+    planned = len(plan.first) + (0 if final_tasks(cfg.eval) == -1 else len(plan.rest))
     in_training = state.counters.train_seconds if plan.train_seconds is not None else None
     heldout, heldout_pairs = measure_heldout(model, prompts, data, cfg, device, dist, logger, step, stop,
                                              in_training, planned, journal)
@@ -240,8 +246,8 @@ def measure_heldout(model: ArcModel, prompts: QwenFeatures | None, data: Trainin
 def _rest_of_final(rest: list[int], n_first: int, n_every: int, e: EvalCfg, seconds_so_far: float,
                    train_seconds: float, dist: Dist) -> list[int]:
     """The tasks the final validation scores after its first `n_first`: all of `rest`, but under
-    `--eval_tasks -1` none when they would make validation take longer than the training did."""
-    if rest and e.eval_tasks == -1 and not fits_in_training(seconds_so_far, n_first, len(rest), train_seconds):
+    `--eval_tasks -1` (`final_tasks`) none when they would make validation take longer than the training did."""
+    if rest and final_tasks(e) == -1 and not fits_in_training(seconds_so_far, n_first, len(rest), train_seconds):
         announce(dist, f"final validation: these {n_first} tasks only; all {n_every} would take about "
                        f"{duration(seconds_so_far / n_first * n_every)}, longer than the "
                        f"{duration(train_seconds)} of training (--eval_tasks 0 scores them all)")
