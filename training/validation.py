@@ -113,7 +113,7 @@ class ValidationPass:
     --eval_only also journal, keep --eval_minutes and a submission, and publish eval/*."""
     what: str  # "validation", "final validation" or "evaluation": its start-up line and report title
     first: list[int]  # the evaluation tasks scored first
-    rest: list[int]  # then these (the final validation's; under --eval_tasks -1 only if they fit the training: final_tasks)
+    rest: list[int]  # then these (the final validation's; under --eval_tasks -1 only if they fit: final_tasks)
     final: bool  # journal, deadline, submission, eval/*
     log_val: bool  # the first tasks' metrics are the whole --val_tasks subset: logged as val/*
     weights: str  # what the report says was scored
