@@ -21,6 +21,7 @@ import numpy as np
 import training
 from bench.frontier import CPU, SIZES, of_size
 from bench.learnability import EVAL_DEFAULTS, parse_settings
+from data.view_batch import ViewSet
 from engine.config import Config
 from evaluation.evaluate import score_tasks
 from evaluation.intervals import interval, mcnemar, paired
@@ -35,11 +36,16 @@ def pair_record(cands: Candidates, target) -> dict:
     keys = list(cands.grids)
     logprob, cells = cands.logprobs([cands.grids[k] for k in keys])
     stack = cands.stack
-    grids, shapes, mean = decode_views(stack.logp)
-    grids, shapes = task_frame(grids, shapes, stack.views)
-    views = [keys.index(cands.key(g[:h, :w].cpu().numpy())) for g, (h, w) in zip(grids, shapes.tolist(), strict=True)]
-    return {"view": np.array(views), "mean": mean.double().cpu().numpy(), "logprob": logprob,
-            "cells": np.maximum(cells, 1), "correct": [k == cands.key(target) for k in keys]}
+    views, mean = np.zeros(len(stack.side), dtype=np.int64), np.zeros(len(stack.side))
+    for side in stack.side.unique().tolist():  # each view decoded at its batch's side, as it was voted
+        at = (stack.side == side).nonzero()[:, 0]
+        grids, shapes, means = decode_views(stack.logp[at, :side, :side])
+        grids, shapes = task_frame(grids, shapes, ViewSet.cat([stack.views.part(v, v + 1) for v in at.tolist()]))
+        views[at.numpy()] = [keys.index(cands.key(g[:h, :w].cpu().numpy()))
+                             for g, (h, w) in zip(grids, shapes.tolist(), strict=True)]
+        mean[at.numpy()] = means.double().cpu().numpy()
+    return {"view": views, "mean": mean, "logprob": logprob, "cells": np.maximum(cells, 1),
+            "correct": [k == cands.key(target) for k in keys]}
 
 
 def _votes(r: dict, n: int) -> list[int]:
@@ -110,15 +116,18 @@ def main(argv: list[str] | None = None) -> None:
     cfg = Config.from_flags(run_dir=args.cache, eval_only=True, **{**EVAL_DEFAULTS, "heldout_loss": False,
                             "eval_augments": args.views, **parse_settings(args.set), "eval_tasks": args.tasks})
     data, state = training.load_run(cfg, None, CPU, cache_dir=args.cache)
-    records: list[tuple[str, dict]] = []
+    kept: dict[int, tuple[str, dict]] = {}
 
     def keep(i: int, cands: Candidates) -> None:
         ep = data.eval_set.episodes[i]
         if ep.query.answered:
-            records.append((ep.task.task_id, pair_record(cands, ep.query.output)))
+            kept[i] = (ep.task.task_id, pair_record(cands, ep.query.output))
 
-    score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, args.tasks, args.size), cfg=cfg,
-                device=CPU, desc="rankings", on_candidates=keep)
+    scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, args.tasks, args.size),
+                         cfg=cfg, device=CPU, desc="rankings", on_candidates=keep)
+    records = list(kept.values())
+    if list(pass2(records, _votes, args.views).values()) != [scores.records[i][1]["pass2"] for i in kept]:
+        raise SystemExit("bench.rankings: the votes over every view differ from the suite's attempts")
     print("\n".join(table(records, args.views)))
 
 

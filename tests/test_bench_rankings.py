@@ -12,17 +12,21 @@ from evaluation.view_votes import ViewLogp, decode_views, task_frame
 
 
 def test_the_record_of_views_is_the_candidates_votes_and_the_votes_ranking_is_the_suites():
-    """16 views of a random 5 x 5 canvas, some of them the same prediction: each view's candidate in
-    the record counts to the candidates' votes, and the votes' ranking over all views is
-    Candidates.ranked."""
+    """16 views of a test input in two batches of canvas sides 5 and 8 (the first padded to 8 in the
+    views' stack), some views the same prediction: each view's candidate in the record counts to the
+    candidates' votes, and the votes' ranking over all views is Candidates.ranked."""
     torch.manual_seed(0)
-    views = ViewSet.of([Augmentation.from_id(a, 2) for a in view_ids(16)], [5] * 16)
-    logits = torch.randn(16, 5, 5, 12)
-    logits[::2, :, :, 3] += 4.0  # half the views agree on colour 3 (in their own frame)
-    logp = torch.log_softmax(logits, -1)
-    grids, shapes, mean = decode_views(logp)
-    grids, shapes = task_frame(grids, shapes, views)
-    cands = Candidates.from_views(ViewLogp(logp, views, torch.full((16,), 5)), grids, shapes, mean)
+    augs = [Augmentation.from_id(a, 2) for a in view_ids(16)]
+    parts = []
+    for lo, side in ((0, 5), (8, 8)):
+        views = ViewSet.of(augs[lo:lo + 8], [side] * 8)
+        logits = torch.randn(8, side, side, 12)
+        logits[::2, :, :, 3] += 4.0  # half the views agree on colour 3 (in their own frame)
+        logp = torch.log_softmax(logits, -1)
+        grids, shapes, mean = decode_views(logp)
+        parts.append((ViewLogp(logp, views, torch.full((8,), side)), *task_frame(grids, shapes, views), mean))
+    stack = ViewLogp.cat([p[0] for p in parts])
+    cands = Candidates.from_views(stack, *(torch.cat([p[k] for p in parts]) for k in (1, 2, 3)))
     target = next(iter(cands.grids.values()))
     record = pair_record(cands, target)
     keys = list(cands.grids)
