@@ -57,7 +57,7 @@ from bench.learnability import EVAL_DEFAULTS, parse_settings
 from bench.recipe import train_until, with_interval
 from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint
-from engine.config import Config
+from engine.config import MODEL_FLAGS, Config
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
@@ -109,7 +109,7 @@ SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
                  for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
 for _name in SETTINGS.keys() - {DEFAULT, *DEFAULT_VARIANTS}:  # the rest adapt every task alike: no size rule
     SETTINGS[_name].setdefault("ttt_small_steps", 0)
-MODEL_SETTINGS = {"width-32", "width-128", "default-width-32", "default-width-32-s240", "default-width-128"}
+MODEL_SETTINGS = {name for name, flags in SETTINGS.items() if flags.keys() & MODEL_FLAGS}  # another model
 # flags whose coming or going changed what a row measures, at the value a row kept before ran with:
 # --ttt_small_steps came with the size rule (0: none); --ttt_check_every and --ttt_stop_views left with
 # the early stop (5 and 8: their defaults; every row since takes every step, as check 0 did); --ttt_params
