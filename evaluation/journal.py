@@ -43,13 +43,14 @@ def identity(model: torch.nn.Module, cfg: Config, world_size: int) -> dict:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    """The parts of two identities that differ, named for a user: "weights", "--ttt_steps 60 -> 30", ..."""
+    """The parts of two identities that differ, named for a user: "weights", "--ttt_steps 60 -> 30", ...; a
+    flag of `old` the suite has retired since is one too (what it did is not what runs now)."""
     out = ["weights"] if old.get("weights") != new["weights"] else []
     if old.get("processes") != new["processes"]:
         out.append(f"processes {old.get('processes')} -> {new['processes']}")
     flags = old.get("flags", {})
     out += [f"--{k} {flags.get(k)} -> {v}" for k, v in new["flags"].items() if flags.get(k) != v]
-    return out
+    return out + [f"--{k} {v} -> (retired)" for k, v in flags.items() if k not in new["flags"]]
 
 
 def journal_paths(folder: Path, name: str, world_size: int) -> list[Path]:

@@ -183,6 +183,8 @@ def test_every_flag_but_the_result_free_ones_is_in_a_journals_identity(small_cfg
         named = [f"--{k} {cfg.flags()[k]} -> {v}" for k, v in flags.items() if k not in RESULT_FREE]
         assert sorted(differences(base, changed)) == sorted(named), name
         assert (changed == base) == (name in RESULT_FREE), name
+    retired = {**base, "flags": {**base["flags"], "ttt_params": "late"}}  # written before --ttt_params left
+    assert differences(retired, base) == ["--ttt_params late -> (retired)"]
 
 
 @pytest.mark.slow
