@@ -14,6 +14,7 @@ built (nothing trained), adapted as the default validation adapts them (`--set` 
 from __future__ import annotations
 
 import argparse
+from collections import defaultdict
 from collections.abc import Callable
 
 import numpy as np
@@ -21,12 +22,10 @@ import numpy as np
 import training
 from bench.frontier import CPU, SIZES, of_size
 from bench.learnability import EVAL_DEFAULTS, parse_settings
-from data.view_batch import ViewSet
 from engine.config import Config
 from evaluation.evaluate import score_tasks
 from evaluation.intervals import interval, mcnemar, paired
 from evaluation.scoring import Candidates
-from evaluation.view_votes import decode_views, task_frame
 
 
 def pair_record(cands: Candidates, target) -> dict:
@@ -35,17 +34,13 @@ def pair_record(cands: Candidates, target) -> dict:
     view ([C, V], -inf where it does not fit) and the canvas cells it reads, and which is the output."""
     keys = list(cands.grids)
     logprob, cells = cands.logprobs([cands.grids[k] for k in keys])
-    stack = cands.stack
-    views, mean = np.zeros(len(stack.side), dtype=np.int64), np.zeros(len(stack.side))
-    for side in stack.side.unique().tolist():  # each view decoded at its batch's side, as it was voted
-        at = (stack.side == side).nonzero()[:, 0]
-        grids, shapes, means = decode_views(stack.logp[at, :side, :side])
-        grids, shapes = task_frame(grids, shapes, ViewSet.cat([stack.views.part(v, v + 1) for v in at.tolist()]))
-        views[at.numpy()] = [keys.index(cands.key(g[:h, :w].cpu().numpy()))
-                             for g, (h, w) in zip(grids, shapes.tolist(), strict=True)]
-        mean[at.numpy()] = means.double().cpu().numpy()
-    return {"view": views, "mean": mean, "logprob": logprob, "cells": np.maximum(cells, 1),
-            "correct": [k == cands.key(target) for k in keys]}
+    seen: dict[bytes, int] = defaultdict(int)
+    mean = []
+    for k in cands.view_keys:  # a candidate's views' mean log-probabilities are kept in view order
+        mean.append(cands.logprob[k][seen[k]])
+        seen[k] += 1
+    return {"view": np.array([keys.index(k) for k in cands.view_keys]), "mean": np.array(mean),
+            "logprob": logprob, "cells": np.maximum(cells, 1), "correct": [k == cands.key(target) for k in keys]}
 
 
 def _votes(r: dict, n: int) -> list[int]:

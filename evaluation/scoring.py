@@ -40,6 +40,7 @@ class Candidates:
     votes: dict[bytes, int] = field(default_factory=lambda: defaultdict(int))
     logprob: dict[bytes, list[float]] = field(default_factory=lambda: defaultdict(list))
     grids: dict[bytes, Grid] = field(default_factory=dict)
+    view_keys: list[bytes] = field(default_factory=list)  # each view's candidate, in view order
     _stack: ViewLogp | None = field(default=None, repr=False)
     _views: list[tuple[Augmentation, np.ndarray]] = field(default_factory=list, repr=False)
 
@@ -63,6 +64,8 @@ class Candidates:
             grid = grid[:h, :w].copy()
             k = cls.key(grid)
             out.grids[k], out.votes[k], out.logprob[k] = grid, len(views), means[views].tolist()
+        keys = list(out.grids)
+        out.view_keys = [keys[c] for c in which.tolist()]
         return out
 
     def add(self, grid: Grid, logprob: float, aug: Augmentation | None = None, logp: np.ndarray | None = None) -> None:
@@ -72,6 +75,7 @@ class Candidates:
         self.grids[k] = grid
         self.votes[k] += 1
         self.logprob[k].append(logprob)
+        self.view_keys.append(k)
         if aug is not None:
             self._views.append((aug, logp))
             self._stack = None
