@@ -103,7 +103,10 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
                     "default-width-128": {"agent_channels": 128}, "default-lr-2e-3": {"ttt_lr": 2e-3},
                     "default-lr-5e-4": {"ttt_lr": 5e-4},
                     "default-batch-4-s240": {"ttt_batch_size": 4, "ttt_small_steps": 240},
-                    "default-batch-4-s200": {"ttt_batch_size": 4, "ttt_small_steps": 200}}
+                    "default-batch-4-s200": {"ttt_batch_size": 4, "ttt_small_steps": 200},
+                    "default-cosine": {"ttt_schedule": "cosine"}, "default-cosine-lr-2e-3": {"ttt_schedule": "cosine",
+                                                                                          "ttt_lr": 2e-3},
+                    "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
