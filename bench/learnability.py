@@ -1,6 +1,6 @@
 """Does the suite learn? Exact match on held-out tasks after a CPU time budget, as a table.
 
-    python -m bench.learnability [--sections single,mixed,arc,rl] [--minutes 2] [--agents conv,transformer]
+    python -m bench.learnability [--sections single,mixed,arc,rl] [--minutes 2] [--agents conv,rope]
 
 Sections (each run is the real training loop of fixed.py, evaluated by its validation):
   single  one synthetic rule family per run (held-out instances of that family), for each agent
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import training
+from agents import AGENTS
 from data.synthetic import FAMILIES
 from engine.checkpoint import find_checkpoint
 from engine.config import SECTION_OF, Config
@@ -169,7 +170,7 @@ def main() -> None:
     ap.add_argument("--sections", default="single,mixed,arc,rl,eval")
     ap.add_argument("--ttt_steps", type=int, default=20)
     ap.add_argument("--eval_sample", type=int, default=60, help="evaluation tasks of the eval section")
-    ap.add_argument("--agents", default="conv,transformer")
+    ap.add_argument("--agents", default=",".join(AGENTS), help="agents compared (default: every one)")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--tasks", type=int, default=2000, help="synthetic training tasks (n/4 held out)")
     ap.add_argument("--minutes", type=float, default=1.5, help="budget of each single-family run")

@@ -1,7 +1,7 @@
 """Where a training step's time goes: per phase, per agent, at two canvas sides; fp32 against bf16,
 loader workers, and eager against `--compile` (with `--canvas bucket`), in one run.
 
-    python -m bench.step_profile [--steps 15] [--agents conv,transformer] [--sides 11,30]
+    python -m bench.step_profile [--steps 15] [--agents conv,rope] [--sides 11,30]
 
 Each case trains the default configuration on synthetic tasks whose grids (and so canvases) have
 one size: side 11 (10x10 grids plus the end-of-grid row) and side 30 (29x29). The whole step is
@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 import training
+from agents import AGENTS
 from engine.config import Config
 from engine.distributed import Dist
 from engine.loop import epoch_windows
@@ -183,7 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--agents", default="conv,transformer")
+    ap.add_argument("--agents", default=",".join(AGENTS), help="agents compared (default: every one)")
     ap.add_argument("--sides", default="11,30")
     ap.add_argument("--variants", default="fp32,bf16,workers,compile",
                     help="fp32 (the default), bf16 (--amp bf16), workers (--num_workers 1: the loader prefetches "
