@@ -106,7 +106,8 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
                     "default-batch-4-s200": {"ttt_batch_size": 4, "ttt_small_steps": 200},
                     "default-cosine": {"ttt_schedule": "cosine"}, "default-cosine-lr-2e-3": {"ttt_schedule": "cosine",
                                                                                           "ttt_lr": 2e-3},
-                    "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True}}
+                    "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True},
+                    "default-no-search": {"view_starts": False}, "default-no-input-views": {"input_views": False}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
