@@ -69,8 +69,8 @@ UNTRAINED = "untrained"
 DEFAULT = "default"
 # name (no commas: --settings lists them) -> the adaptation flags it changes from the default validation
 SETTINGS: dict[str, dict] = {
-    DEFAULT: {},  # view starts, then 60 steps of all weights at 1e-3 on 8 views (a small task 120), 8 voted views
-    "search": {"ttt_steps": 0},  # the view starts alone, no test-time training
+    DEFAULT: {},  # 60 steps of all weights at 1e-3 on 8 views (a small task 120), 8 voted views
+    "search": {"ttt_steps": 0, "view_starts": True},  # the view starts alone, no test-time training
     "steps-30": {"ttt_steps": 30},
     "lr-3e-3": {"ttt_lr": 3e-3},
     "votes-32": {"eval_augments": 32},
@@ -107,7 +107,7 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
                     "default-cosine": {"ttt_schedule": "cosine"}, "default-cosine-lr-2e-3": {"ttt_schedule": "cosine",
                                                                                           "ttt_lr": 2e-3},
                     "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True},
-                    "default-no-search": {"view_starts": False}, "default-no-input-views": {"input_views": False}}
+                    "default-search": {"view_starts": True}, "default-no-input-views": {"input_views": False}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}

@@ -306,8 +306,9 @@ class EvalCfg:
     eval_augments: int = flag(8, "views voted over for the two attempts (dihedral x colour)", within=AT_LEAST_ONE)
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
-    view_starts: bool = flag(True, "search over starts: the mean refinement and each gate-forced input view that "
-                                   "sizes every demo right, the one of lowest demo loss kept")
+    view_starts: bool = flag(False, "search over starts: the mean refinement and each gate-forced input view that "
+                                    "sizes every demo right, the one of lowest demo loss kept (off: from random or "
+                                    "ARC-trained weights test-time training does better from the mean)")
     ttt_steps: int = flag(60, "test-time training steps per task (0: search only)", within=NON_NEGATIVE)
     ttt_small_steps: int = flag(120, "a small task's test-time training steps (every demo grid and test input at "
                                 "most 10 a side; 0: as any task)", within=NON_NEGATIVE)

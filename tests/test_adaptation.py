@@ -83,7 +83,8 @@ def test_each_row_of_a_batched_adapter_gets_only_its_own_tasks_gradient(small_cf
 
 def search(state, tasks, eval_set, cfg):
     """What the search alone keeps for `tasks` (no test-time training)."""
-    with adapted(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(ttt_steps=0), device=CPU) as result:
+    with adapted(state.model, state.prompts, tasks, eval_set, cfg=cfg.replace(ttt_steps=0, view_starts=True),
+                 device=CPU) as result:
         return result
 
 
@@ -122,7 +123,7 @@ def test_weight_ttt_trains_under_the_searched_start_and_restores_the_weights(sma
     """Test-time training after the view-start search: the weights trained under the kept start differ
     from those trained from the plain mean (no search: the start is used), and both are restored bit
     for bit, also under bf16 autocast (float32 weights, bf16 arithmetic)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_lr=1e-2, amp=amp)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=2, ttt_lr=1e-2, amp=amp, view_starts=True)
     model = state.model
     before = {k: v.clone() for k, v in model.state_dict().items()}
     # a task whose search kept a view start (which one does depends on the untrained weights)
@@ -141,8 +142,7 @@ def test_fp16_adaptation_starts_its_scaler_at_the_runs_scale_and_counts_only_app
     """--amp fp16: adaptation's GradScaler starts at --fp16_init_scale, as training's does. At 2^100
     every scaled loss overflows fp16, so the scaler skips each of the 4 steps (halving its scale):
     none is counted as taken and nothing moves; at 2^8 all 4 apply."""
-    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_lr=1e-2,
-                                        view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, amp="fp16", ttt_steps=4, ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     before = {k: v.clone() for k, v in state.model.state_dict().items()}
     losses = {}
@@ -161,7 +161,7 @@ def test_a_task_whose_demos_come_out_exact_takes_every_step(small_cfg):
     demos exact before the first step, take every step alone and together, as a task of another rule
     beside them does."""
     from tests.test_evaluation import CopyAgent
-    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6, view_starts=False)
+    cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=6)
     state.model.agent = CopyAgent()
     rng = np.random.default_rng(0)
     copy = [ArcTask(f"copy{i}", tuple(ArcPair(g, g.copy()) for g in rng.integers(0, 5, (3, 4, 4))), ())
@@ -177,7 +177,7 @@ def test_test_time_training_descends_the_loss_of_loss_function(small_cfg, monkey
     changes the demo loss test-time training reaches and the weights it ends with; and the demo loss
     it reports is loss_function.adaptation_loss of the adapted model on every demo."""
     import loss_function
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     seen = []
     real = loss_function.adaptation_loss
@@ -328,7 +328,7 @@ def test_warmup_rises_linearly_then_the_schedule_runs_over_the_steps_after_it():
 
 def test_warmup_changes_what_test_time_training_ends_with(small_cfg):
     """--ttt_warmup reaches the loop: the same steps end with other weights, restored after."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=4, ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     trained, ends = weight.detach().clone(), []
@@ -365,7 +365,7 @@ def test_ttt_dropout_drops_block_changes_in_training_steps_only_seeded_by_the_ta
     """--ttt_dropout: the same steps end with other weights than without it, twice the same (its masks
     seeded by the task, not by what ran before: the global stream is drawn from in between), the
     global stream left as it was, and no hook left on the model (its output as before)."""
-    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2, view_starts=False)
+    cfg, state, eval_set, tasks = setup(small_cfg, ttt_steps=3, ttt_lr=1e-2)
     task = next(t for t in tasks if len(t.train) > 1)
     weight = state.model.agent.head.out.weight
     ends = []

@@ -212,7 +212,7 @@ def test_a_compile_during_the_predictions_is_not_priced_as_views(small_cfg, tmp_
     import evaluation.evaluate as evaluate_module
     from evaluation.evaluate import first_tasks, score_tasks
 
-    cfg = small_cfg(run_dir=str(tmp_path / "run"), ttt_steps=0, view_starts=False)
+    cfg = small_cfg(run_dir=str(tmp_path / "run"), ttt_steps=0)
     state, eval_set = training.build_train_state(cfg, CPU), training.build_data(cfg, CPU).eval_set
     compiled = iter([0.0, 50.0] + [50.0] * 100)  # the first group's predictions "compile" for 50 s
     monkeypatch.setattr(evaluate_module, "compile_seconds", lambda: next(compiled))

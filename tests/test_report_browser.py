@@ -84,7 +84,7 @@ def report_page(tmp_path_factory, arc_folder):
     from engine.config import Config
     tmp = tmp_path_factory.mktemp("report")
     cfg = Config.from_flags(data=str(arc_folder), batch_size=4, eval_batch_size=8, agent_channels=16, prompt_dim=32,
-                            run_dir=str(tmp / "run"), ttt_steps=0, view_starts=False, eval_augments=2)
+                            run_dir=str(tmp / "run"), ttt_steps=0, eval_augments=2)
     training.seed_everything(0)
     state = training.build_train_state(cfg, CPU)
     state.model.agent = CopyAgent()

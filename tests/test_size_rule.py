@@ -44,7 +44,7 @@ def test_small_tasks_take_every_one_of_their_steps_in_groups_of_their_own(small_
     group would let them share one), the large ones large by their test inputs alone: the groups keep
     the classes apart, each small task takes --ttt_small_steps steps, each large one --ttt_steps."""
     cfg, state, eval_set, _ = setup(small_cfg, ttt_steps=2, ttt_small_steps=3, adapt_tasks=3, eval_augments=1,
-                                    view_starts=False, heldout_loss=False)
+                                    heldout_loss=False)
     small = made_tasks(RULES, side=SMALL_SIDE)
     large = [with_test_input(ArcTask(f"big-{t.task_id}", t.train, t.test), SMALL_SIDE + 2) for t in small]
     dataset = EpisodeDataset(evaluation_episodes(tuple(small + large)), eval_set.scale)

@@ -97,8 +97,8 @@ def together_as_alone(small_cfg, tolerance: dict, **flags) -> dict:
 
 
 @pytest.mark.parametrize("flags", [
-    dict(),  # the default: view-start search, then all weights with the clip
-    dict(view_starts=False, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
+    dict(),  # the default: all weights with the clip
+    dict(view_starts=True, ttt_schedule="cosine", ttt_warmup=0.2, clip=0.05),
     # VARC's recipe: a latent row per view trained with the weights, dropout of each block's change
     dict(ttt_view_rows=True, ttt_dropout=0.3, ttt_schedule="cosine", ttt_warmup=0.2),
     dict(ttt_view_rows=True, ttt_dropout=0.3, agent="rope", agent_channels=16, agent_cycles=2),  # blocks twice a pass
@@ -177,7 +177,7 @@ def test_a_task_whose_gradient_is_not_finite_keeps_its_weights_and_the_others_go
         return real(logits, refined, prompt, target, input_canvas, cfg=cfg) * nan_if_blank
     for module in (evaluation.task_batch, evaluation.adaptation):
         monkeypatch.setattr(module, "adaptation_loss", poisoned)
-    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, ttt_lr=3e-3, view_starts=False)
+    cfg, state, eval_set = setup(small_cfg, ttt_steps=4, ttt_lr=3e-3)
     tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
     blank = ArcTask("blank", tuple(ArcPair(np.zeros((4, 4), dtype=np.int64), np.full((4, 4), 3)) for _ in range(3)),
                     tasks[0].test)
@@ -209,7 +209,7 @@ def test_a_gradient_turning_non_finite_ends_the_task_there_alone_and_together(sm
             armed.clear()
     for module in (evaluation.task_batch, evaluation.adaptation):
         monkeypatch.setattr(module, "adaptation_loss", poisoned)
-    flags = dict(ttt_lr=3e-3, view_starts=False, ttt_schedule="constant", ttt_warmup=0.0)
+    flags = dict(ttt_lr=3e-3, ttt_schedule="constant", ttt_warmup=0.0)
     cfg, state, eval_set = setup(small_cfg, ttt_steps=4, **flags)
     tasks = made_tasks({"flip": RULES["flip"], "copy": RULES["copy"]})
     alone, together = adapt_alone_and_together(cfg, state, eval_set, tasks, observe=third_step_nan)
