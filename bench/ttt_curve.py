@@ -4,7 +4,8 @@
                                   [--device cuda] [--json rows.json]
 
 For each of the first `--tasks` evaluation tasks of the run (its own data flags, from the
-checkpoint), the default search keeps a start, then test-time training runs
+checkpoint), the run's start (the mean refinement, or the search's kept start where the run has
+`--view_starts`), then test-time training runs
 `max(--marks)` steps with no early stop. At every mark the adapting model predicts, under the
 identity view alone (argmax, no voting), every leave-one-out demo episode (what TTT trains on) and
 every test input (what it is scored on; the test outputs are read here only, to score). The table averages over pairs:

@@ -128,7 +128,7 @@ def test_nothing_that_predicts_or_adapts_an_evaluation_task_is_handed_a_test_out
     held-out loss holds targets of demo episodes only (the query a demo, `where` train[i])."""
     from evaluation.heldout import pair_losses, target_fitted
 
-    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=2, adapt_tasks=1)
+    cfg, state, eval_set = eval_setup(small_cfg, tmp_path, ttt_steps=2, adapt_tasks=1, view_starts=True)
     assert "target" not in eval_set[(0, 0)] and "target" in target_fitted(eval_set)[(0, 0)]
     given = []
     real = type(state.model).forward

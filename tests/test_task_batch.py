@@ -102,12 +102,13 @@ def together_as_alone(small_cfg, tolerance: dict, **flags) -> dict:
     # VARC's recipe: a latent row per view trained with the weights, dropout of each block's change
     dict(ttt_view_rows=True, ttt_dropout=0.3, ttt_schedule="cosine", ttt_warmup=0.2),
     dict(ttt_view_rows=True, ttt_dropout=0.3, agent="rope", agent_channels=16, agent_cycles=2),  # blocks twice a pass
-    dict(agent="rope", agent_channels=16),  # scaled_dot_product_attention under vmap
+    dict(agent="rope", agent_channels=16, view_starts=True),  # scaled_dot_product_attention under vmap
 ])
 def test_tasks_adapted_together_end_as_each_alone(small_cfg, flags):
     """Steps, demo losses after adaptation and every view's prediction equal adapting each task alone
-    (float tolerance: a vmapped convolution sums in another order), under the search's kept starts
-    (the default) and under a schedule, warm-up and a clip tight enough to bind every step; the
+    (float tolerance: a vmapped convolution sums in another order), from the mean (the default) and
+    under the search's kept starts with a schedule, warm-up and a clip tight enough to bind every step
+    (the rope agent's starts too: scaled_dot_product_attention under vmap); the
     model's weights end bit for bit as they started."""
     alone = together_as_alone(small_cfg, FLOAT32, **flags)
     moved = [alone[t][1] for t in alone]
