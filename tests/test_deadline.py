@@ -190,9 +190,10 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
                     run_dir=str(tmp_path / "run"))
     summary = training.train(cfg, CPU)
     tasks = int(summary["eval/tasks"])
-    assert tasks == 3 and plans == [3, 2, 1]  # one task a group: the first is planned as one of three
-    assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks
-    assert summary["eval/ttt_steps_per_task"] < 1000
+    said = {k: v for k, v in summary.items() if k.startswith("eval/")}  # what a failure reports
+    assert tasks == 3 and plans == [3, 2, 1], (plans, said)  # one task a group: the first planned as one of three
+    assert summary["eval/deadline_full"] + summary["eval/deadline_cut"] + summary["eval/deadline_late"] == tasks, said
+    assert summary["eval/ttt_steps_per_task"] < 1000, said
 
 
 def test_under_a_deadline_eval_tasks_minus_one_scores_every_task(small_cfg, tmp_path, monkeypatch):
