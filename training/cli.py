@@ -113,16 +113,36 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     parser.set_defaults(**from_recipe)
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
-    if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in {**from_recipe, **given_flags(argv)}:
+    given = {**from_recipe, **given_flags(argv)}
+    if flags["resume"]:
+        checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
+        flags.update(run_flags_of(checkpoint, given, evaluating=flags["eval_only"]))
+        flags.update(model_flags_of(checkpoint, given))
+    if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in given:
         # a compiled agent needs few canvas sides: the default canvas gives up to 29, the bucketed one a handful
         flags["canvas"] = "bucket"
         if os.environ.get("RANK", "0") == "0":
             print(f"{prog}: --compile runs on --canvas bucket (a handful of canvas sides, each compiled once; "
                   "--canvas full for one)", file=sys.stderr)
-    if flags["resume"]:
-        checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
-        flags.update(model_flags_of(checkpoint, {**from_recipe, **given_flags(argv)}))
     return Config.from_flags(**flags)
+
+
+# flags a resume never takes from the checkpoint: what names this invocation (what it continues, whether it
+# trains, where it writes) and this machine (its device, its cache folder); under --eval_only also the
+# training run's submission file, which a scoring of its weights into a folder of its own must not overwrite
+NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "device", "prompt_cache_dir"})
+NOT_EVALUATED = NOT_RESUMED | {"submission"}
+
+
+def run_flags_of(checkpoint: Path, given: dict, evaluating: bool) -> dict:
+    """The checkpoint's run's flags for every flag neither the command line nor --config gives (and not
+    NOT_RESUMED; under --eval_only, NOT_EVALUATED), so `--resume RUN` continues RUN as it was started
+    (its recipe, budget, validation) and `--eval_only` scores as RUN would have; flags it retired since
+    left out, those it predates at their defaults. Model flags: `model_flags_of`."""
+    saved = Config.from_saved(checkpoint_flags(checkpoint)).flags()
+    kept = NOT_EVALUATED if evaluating else NOT_RESUMED
+    return {name: value for name, value in saved.items()
+            if name not in given and name not in kept and name not in MODEL_FLAGS}
 
 
 def given_flags(argv: list[str] | None) -> dict:
