@@ -263,7 +263,7 @@ def test_the_arc_run_trains_on_re_arc_only_when_given_its_path(tmp_path, capsys)
 GPU_RECIPES = ("gpu-lease.toml", "gpu-1.toml", "gpu-8.toml")  # ten minutes of one GPU, a day of one, eight
 # what the GPU recipes may set apart: their sizes and minutes
 SIZES = {"agent_channels", "agent_layers", "batch_size", "grad_accum", "num_workers", "max_minutes", "log_every",
-         "eval_minutes", "eval_batch_size", "eval_augments", "ttt_steps", "view_starts", "adapt_tasks",
+         "eval_minutes", "eval_batch_size", "eval_augments", "ttt_steps", "ttt_small_steps", "adapt_tasks",
          "ttt_batch_size", "qwen_model"}
 QWEN = {"use_qwen", "qwen_train", "max_prompt_tokens"}  # a recipe with the Qwen stream off leaves these
 

@@ -134,7 +134,8 @@ def test_the_lease_recipe_is_the_joint_recipe_at_a_gpus_speed():
     assert cfg.prompt.task_embedding and cfg.data.train_on_eval_demos and "re-arc:" in cfg.data.data
     assert cfg.agent.agent == "rope" and cfg.agent.compile and cfg.data.canvas == "full" and cfg.optim.amp == "bf16"
     assert not cfg.prompt.use_qwen
-    assert cfg.eval.eval_tasks == 0 and cfg.eval.ttt_steps == 0 and cfg.eval.eval_augments >= 256
+    assert cfg.eval.eval_tasks == 0 and cfg.eval.eval_augments >= 256
+    assert (cfg.eval.ttt_steps, cfg.eval.ttt_small_steps) == (0, 0), "no task trained on, small or large"
     assert not cfg.eval.view_starts
     defaults = gpu_lease.parse(["--re_arc", str(ROOT / "configs" / "gpu-lease.toml")])  # any existing path
     assert (defaults.train_minutes, defaults.eval_minutes) == (cfg.run.max_minutes, cfg.eval.eval_minutes)
