@@ -89,6 +89,35 @@ def test_compile_takes_the_bucketed_canvas_unless_a_fit_one_is_asked_for(run_cli
     assert out.returncode == 2 and "--compile needs --canvas bucket or full" in out.stderr
 
 
+@pytest.mark.parametrize("args,says", [
+    (["--view_starts", "--no-input_views"], "--view_starts acts only with --input_views (its starts)"),
+    (["--ttt_steps", "0", "--ttt_small_steps", "0", "--ttt_lr", "3e-3"], "--ttt_lr acts only with test-time training"),
+    (["--task_embedding_lr", "1e-2"], "--task_embedding_lr acts only with --task_embedding"),
+    (["--fp16_init_scale", "1024"], "--fp16_init_scale acts only with --amp fp16"),
+    (["--no-heldout_loss", "--heldout_tasks", "5"], "--heldout_tasks acts only with --heldout_loss"),
+    (["--new_deadline"], "--new_deadline acts only with --eval_minutes")])
+def test_a_flag_typed_where_it_does_nothing_is_refused_in_one_line(args, says, run_cli):
+    out = run_cli(*args)
+    assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_the_qwen_lr_the_earlier_suites_commands_type_beside_a_frozen_qwen_is_a_note(capsys):
+    assert parse(["--qwen_lr", "5e-5"], "fixed.py", "").optim.qwen_lr == 5e-5
+    assert capsys.readouterr().err == ("note: --qwen_lr acts only with --qwen_train full or lora: it changes nothing "
+                                       "in this run\n")
+
+
+def test_a_flag_with_what_it_needs_or_from_a_recipe_is_taken(tmp_path):
+    """The same flags beside what they act with are taken; a recipe may carry one idle (a recipe family
+    shares its flags: configs/gpu-lease.toml's --ttt_lr without test-time training)."""
+    cfg = parse(["--ttt_steps", "0", "--ttt_lr", "3e-3", "--qwen_train", "lora", "--lora_rank", "4", "--amp", "fp16",
+                 "--fp16_init_scale", "1024"], "fixed.py", "")  # a small task's --ttt_small_steps still trains
+    assert (cfg.eval.ttt_lr, cfg.qwen.lora_rank, cfg.optim.fp16_init_scale) == (3e-3, 4, 1024)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("ttt_steps = 0\nttt_small_steps = 0\nttt_lr = 3e-3\n")
+    assert parse(["--config", str(recipe)], "fixed.py", "").eval.ttt_lr == 3e-3
+
+
 def test_a_compile_mode_needs_compile():
     with pytest.raises(ConfigError, match="--compile_mode reduce-overhead is a mode of --compile: add --compile"):
         Config.from_flags(compile_mode="reduce-overhead", canvas="full")

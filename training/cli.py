@@ -124,7 +124,50 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
         if os.environ.get("RANK", "0") == "0":
             print(f"{prog}: --compile runs on --canvas bucket (a handful of canvas sides, each compiled once; "
                   "--canvas full for one)", file=sys.stderr)
-    return Config.from_flags(**flags)
+    cfg = Config.from_flags(**flags)
+    refuse_idle(cfg, given_flags(argv))
+    return cfg
+
+
+def _test_time_training(c: Config) -> bool:
+    return c.eval.ttt_steps > 0 or c.eval.ttt_small_steps > 0
+
+
+# flags that act only beside another setting -> (whether they act in a config, what they need). Typed on
+# the command line without it they are refused: a flag that silently does nothing misleads whoever reads
+# the command. A recipe may carry them (a recipe family shares its flags across sizes: configs/gpu-lease.toml
+# keeps the family's --ttt_lr with no test-time training).
+ACTS_ONLY_WITH = {
+    "view_starts": (lambda c: not c.eval.view_starts or c.agent.input_views, "--input_views (its starts)"),
+    **{name: (_test_time_training, "test-time training (--ttt_steps or --ttt_small_steps above 0)")
+       for name in ("ttt_lr", "ttt_schedule", "ttt_warmup", "ttt_dropout", "ttt_view_rows", "ttt_views",
+                    "ttt_batch_size")},
+    "task_embedding_lr": (lambda c: c.prompt.task_embedding, "--task_embedding"),
+    "lora_rank": (lambda c: c.qwen.qwen_train == "lora", "--qwen_train lora"),
+    "lora_alpha": (lambda c: c.qwen.qwen_train == "lora", "--qwen_train lora"),
+    "qwen_lr": (lambda c: c.qwen.trainable, "--qwen_train full or lora"),
+    "fp16_init_scale": (lambda c: c.optim.amp == "fp16", "--amp fp16"),
+    "heldout_tasks": (lambda c: c.eval.heldout_loss, "--heldout_loss"),
+    "new_deadline": (lambda c: c.eval.eval_minutes > 0, "--eval_minutes"),
+}
+
+
+# idle flags said in a note, not refused: the earlier suite's commands type --qwen_lr beside the default frozen
+# Qwen (shared/seeds: `--agent_lr 1e-5 --qwen_lr 5e-5`), and those commands must run as typed
+NOTED = frozenset({"qwen_lr"})
+
+
+def refuse_idle(cfg: Config, typed: dict) -> None:
+    """A ConfigError naming every flag `typed` on the command line that does nothing in `cfg` (ACTS_ONLY_WITH);
+    one in NOTED is a note on stderr instead."""
+    idle = {name: f"--{name} acts only with {needs}" for name, (acts, needs) in ACTS_ONLY_WITH.items()
+            if name in typed and not acts(cfg)}
+    refused = [why for name, why in idle.items() if name not in NOTED]
+    if refused:
+        raise ConfigError(f"{'; '.join(refused)}: leave it out or add what it needs")
+    for name in idle.keys() & NOTED:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"note: {idle[name]}: it changes nothing in this run", file=sys.stderr)
 
 
 # flags a resume never takes from the checkpoint: what names this invocation (what it continues, whether it
