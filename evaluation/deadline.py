@@ -2,7 +2,7 @@
 time limit), spending what is left on the tasks not yet done (docs/runs.md, "A deadline").
 
 A group's share of the time left follows its cost in full at the pace measured so far (`Deadline.share`);
-when the time cannot pay every group in full, it pays every group's search, views and rest first, then the
+when the time cannot pay every group in full, it pays every group's search (when on), views and rest first, then the
 small tasks' steps (ttt_policy.size_class: cheap, and where the frontier's gain is), then the large tasks'.
 The pace is kept in four parts (PARTS), each within a size class (a class not yet measured at the other's)
 and, but for a view (per view and test input), per group size (tasks adapted together: a step of K tasks
@@ -35,27 +35,32 @@ class Work:
 
 
 class Deadline:
-    def __init__(self, minutes: float, clock: Callable[[], float] = time.perf_counter, spent: float = 0.0):
-        """`spent`: seconds of the budget used before a stop (the journal's), taken off it."""
+    def __init__(self, minutes: float, clock: Callable[[], float] = time.perf_counter, spent: float = 0.0,
+                 searches: bool = True):
+        """`spent`: seconds of the budget used before a stop (the journal's), taken off it; `searches`:
+        whether adaptation searches over starts (--view_starts), the one part a plan may leave out
+        whole. Without it, the time before a group's first step (its demo episodes' set-up) is the rest's."""
         self.clock = clock
+        self.searches = searches
         self.spent = spent
         self.end = clock() + 60.0 * minutes - spent
         # part -> {(size class, group size): [seconds, times measured]} (a view's under VIEW_SIZE)
         self.pace: dict[str, dict[tuple[str, int], list]] = {part: {} for part in PARTS}
         self.tasks = {"full": 0, "cut": 0, "late": 0}  # planned with the full settings, cut, after the deadline
         self.group_end = self.end  # when the group being scored has spent its share
-        self.searching = True  # the plan of the group being scored kept its search
+        self.searching = searches  # the plan of the group being scored kept its search
 
     @classmethod
-    def synchronized(cls, minutes: float, device: torch.device, spent: float = 0.0) -> Deadline:
+    def synchronized(cls, minutes: float, device: torch.device, spent: float = 0.0,
+                     searches: bool = True) -> Deadline:
         """A deadline whose clock waits for `device`'s queued work first (CUDA runs asynchronously)."""
         if device.type != "cuda":
-            return cls(minutes, spent=spent)
+            return cls(minutes, spent=spent, searches=searches)
 
         def clock() -> float:
             torch.cuda.synchronize(device)
             return time.perf_counter()
-        return cls(minutes, clock, spent)
+        return cls(minutes, clock, spent, searches)
 
     def left(self) -> float:
         return self.end - self.clock()
@@ -90,7 +95,7 @@ class Deadline:
         if self.pace["rest"]:  # a group was measured: fit this one to its share
             room = share - self.cost("rest", tasks, kind) - self.cost("search", tasks, kind)
             view = self.cost("view", VIEW_SIZE, kind) * group.pairs
-            if room < view:  # not even one view beside the search: leave it out
+            if room < view and self.searches:  # not even one view beside the search: leave it out
                 room += self.cost("search", tasks, kind)
                 plan.update(view_starts=False)
             # + 1e-9: a share that fits n views or steps exactly plans n, not n - 1 by a float's rounding
@@ -99,7 +104,7 @@ class Deadline:
             step = self.cost("step", tasks, kind)
             fits = int(spare / step + 1e-9) if step else group.steps * (spare > 0)
             plan["ttt_steps"] = max(0, min(group.steps, fits))
-        self.searching = "view_starts" not in plan
+        self.searching = self.searches and "view_starts" not in plan
         full = plan == {"ttt_steps": group.steps, "eval_augments": views}
         self.tasks["full" if full else "cut"] += tasks
         return plan
@@ -143,14 +148,14 @@ class Deadline:
 
     def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float,
                  tasks: int = 1, kind: str = "") -> None:
-        """What a group of `tasks` of size class `kind` took, in seconds: its `search` over starts
-        (counted only when its plan kept it), its adaptation `steps` (seconds, steps), its `views`
-        (seconds, views x test inputs) and the `rest`."""
+        """What a group of `tasks` of size class `kind` took, in seconds: its `search` over starts (the
+        time before its first step; the rest's when it did not search), its adaptation `steps` (seconds,
+        steps), its `views` (seconds, views x test inputs) and the `rest`."""
         if self.searching:
             self._add("search", (kind, tasks), search, 1)
         self._add("step", (kind, tasks), *steps)
         self._add("view", (kind, VIEW_SIZE), *views)
-        self._add("rest", (kind, tasks), rest, 1)
+        self._add("rest", (kind, tasks), rest + (0.0 if self.searching else search), 1)
 
     def _add(self, part: str, key: tuple[str, int], seconds: float, n: int) -> None:
         if not n:  # a group that took no step measured no step's cost

@@ -46,6 +46,17 @@ def test_the_plan_fits_each_task_alone_to_its_share_of_the_time_left():
     assert deadline.tasks == {"full": 2, "cut": 3, "late": 1}
 
 
+
+def test_without_the_search_no_plan_cuts_it_and_the_time_before_the_first_step_is_the_rests():
+    """--view_starts off: nothing to leave out, so a share short of one view plans one view, not a cut
+    search; the set-up before a group's first step is priced with the rest (it is spent either way)."""
+    clock = Clock()
+    deadline = Deadline(10.0, clock, searches=False)
+    deadline.measured(search=2.0, steps=(60.0, 60), views=(0.8, 8), rest=0.6)
+    assert deadline.cost("search") == 0.0 and deadline.cost("rest") == 2.6
+    clock.now = 63.4
+    assert deadline.plan(tasks(400), 8) == {"ttt_steps": 0, "eval_augments": 1}  # 1.34 s a group: one view
+
 def test_tasks_that_cost_the_same_get_the_same_settings_alone_and_in_a_group_of_8():
     """A CPU's pace: a step of 8 tasks together takes 8 times one task's (8 s against 1 s), so do the
     search and the rest; a view takes 1 s a test input either way. With 180 s left for a task alone

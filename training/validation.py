@@ -264,7 +264,9 @@ def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Di
     process's tasks from the journals, evaluation/submission.py), written now with a fallback for
     every test input and what the journals hold."""
     spent = journal.spent if journal is not None and not cfg.eval.new_deadline else 0.0
-    deadline = Deadline.synchronized(cfg.eval.eval_minutes, device, spent) if cfg.eval.eval_minutes > 0 else None
+    searches = cfg.eval.view_starts and cfg.agent.input_views
+    deadline = (Deadline.synchronized(cfg.eval.eval_minutes, device, spent, searches) if cfg.eval.eval_minutes > 0
+                else None)
     if deadline is not None:
         announce(dist, deadline.describe(tasks))
     # every process writes it from all the journals; without them the main process its own tasks
