@@ -38,7 +38,7 @@ TRAIN_FAMILIES = "recolour,rotate,gravity,crop,border"
 UNSEEN_FAMILIES = "flip,transpose,scale,fill"
 # a variant starts from the default validation, not from a training run's cheap one (no adaptation, one view)
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
-CHEAP_VALIDATION = {"ttt_steps": 0, "eval_augments": 1}
+CHEAP_VALIDATION = {"ttt_steps": 0, "ttt_small_steps": 0, "eval_augments": 1}
 
 
 SETTINGS: dict = {}  # --set overrides, applied to every run

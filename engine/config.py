@@ -365,7 +365,7 @@ class RunCfg:
     max_minutes: float = flag(0.0, "stop after this many minutes of training, counted over every invocation of the "
                                    "run (validations not counted), then save and run the final validation (0: no "
                                    "limit)", result_free=True, resume_free=True, within=NON_NEGATIVE)
-    device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"))
+    device: str = flag("auto", "auto picks cuda when available", ("auto", "cpu", "cuda"), resume_free=True)
     seed: int = flag(0, "seed of every random number in the run", within=SEEDS)
     run_dir: str = flag("", "run folder (default runs/<run_name>__<seed>__<time>)", result_free=True, resume_free=True)
     run_name: str = flag("arc", "name part of the default run folder", result_free=True, resume_free=True)

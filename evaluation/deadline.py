@@ -149,13 +149,15 @@ class Deadline:
     def measured(self, search: float, steps: tuple[float, int], views: tuple[float, int], rest: float,
                  tasks: int = 1, kind: str = "") -> None:
         """What a group of `tasks` of size class `kind` took, in seconds: its `search` over starts (the
-        time before its first step; the rest's when it did not search), its adaptation `steps` (seconds,
+        time before its first step; the rest's without --view_starts), its adaptation `steps` (seconds,
         steps), its `views` (seconds, views x test inputs) and the `rest`."""
         if self.searching:
             self._add("search", (kind, tasks), search, 1)
         self._add("step", (kind, tasks), *steps)
         self._add("view", (kind, VIEW_SIZE), *views)
-        self._add("rest", (kind, tasks), rest + (0.0 if self.searching else search), 1)
+        # without the search its set-up is the rest's; a plan that cut the search drops it (a group that
+        # searches holds it in its search, and counting it in the rest too would charge it twice)
+        self._add("rest", (kind, tasks), rest + (0.0 if self.searches else search), 1)
 
     def _add(self, part: str, key: tuple[str, int], seconds: float, n: int) -> None:
         if not n:  # a group that took no step measured no step's cost

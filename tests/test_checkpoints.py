@@ -1,6 +1,7 @@
 """Checkpoints: every form of --resume, damaged files named in one line, and the fall-back to the
 newest intact checkpoint (docs/invariants.md #9 and #10)."""
 
+import json
 import pathlib
 
 import pytest
@@ -152,6 +153,27 @@ def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_overr
     scored = parse(["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval")], "fixed.py", "")
     assert (scored.eval.ttt_lr, scored.eval.eval_augments, scored.eval.submission) == (3e-3, 16, "")
     assert scored.run.run_dir == str(tmp_path / "eval")
+
+
+def test_a_resume_checks_the_flags_it_ends_with_not_the_runs_saved_ones(small_cfg, tmp_path, capsys):
+    """A run saved on a GPU (`device = "cuda"`) resumes on a CPU; a deadline renewed once (--new_deadline)
+    is not renewed again; a saved value refused today is refused only if no value is given in its place;
+    the flags taken are said in one line."""
+    run = tmp_path / "run"
+    training.train(small_cfg(max_batches=1, eval_tasks=1, eval_minutes=5.0), CPU)
+    checkpoint = find_checkpoint(str(run))
+    saved = json.loads((checkpoint / "config.json").read_text())
+    saved.update(device="cuda", new_deadline=True, log_every=0)  # log_every 0: out of its range today
+    (checkpoint / "config.json").write_text(json.dumps(saved))
+    write_checksums(checkpoint)
+    capsys.readouterr()
+    with pytest.raises(ConfigError, match="--log_every 0"):
+        parse(["--resume", str(run)], "fixed.py", "")
+    cfg = parse(["--resume", str(run), "--log_every", "5"], "fixed.py", "")
+    assert (cfg.run.device, cfg.eval.new_deadline, cfg.eval.eval_minutes, cfg.run.log_every) == ("auto", False, 5.0, 5)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume takes the run's own flags where none is given: " in err
+    assert "eval_minutes=5.0" in err and "device" not in err
 
 
 def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing(two_checkpoints, tmp_path):

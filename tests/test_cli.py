@@ -92,13 +92,19 @@ def test_compile_takes_the_bucketed_canvas_unless_a_fit_one_is_asked_for(run_cli
 @pytest.mark.parametrize("args,says", [
     (["--view_starts", "--no-input_views"], "--view_starts acts only with --input_views (its starts)"),
     (["--ttt_steps", "0", "--ttt_small_steps", "0", "--ttt_lr", "3e-3"], "--ttt_lr acts only with test-time training"),
-    (["--task_embedding_lr", "1e-2"], "--task_embedding_lr acts only with --task_embedding"),
+    (["--task_embedding_lr", "3e-2"], "--task_embedding_lr acts only with --task_embedding"),
     (["--fp16_init_scale", "1024"], "--fp16_init_scale acts only with --amp fp16"),
     (["--no-heldout_loss", "--heldout_tasks", "5"], "--heldout_tasks acts only with --heldout_loss"),
     (["--new_deadline"], "--new_deadline acts only with --eval_minutes")])
 def test_a_flag_typed_where_it_does_nothing_is_refused_in_one_line(args, says, run_cli):
     out = run_cli(*args)
     assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_a_flag_typed_at_its_default_is_taken_wherever_it_stands():
+    typed = ["--no-new_deadline", "--ttt_steps", "0", "--ttt_small_steps", "0", "--ttt_dropout", "0"]
+    cfg = parse(typed, "fixed.py", "")
+    assert not cfg.eval.new_deadline and cfg.eval.ttt_dropout == 0
 
 
 def test_the_qwen_lr_the_earlier_suites_commands_type_beside_a_frozen_qwen_is_a_note(capsys):

@@ -114,9 +114,11 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
     given = {**from_recipe, **given_flags(argv)}
+    carried = {}
     if flags["resume"]:
         checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
-        flags.update(run_flags_of(checkpoint, given, evaluating=flags["eval_only"]))
+        carried = run_flags_of(checkpoint, given, evaluating=flags["eval_only"])
+        flags.update(carried)
         flags.update(model_flags_of(checkpoint, given))
     if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in given:
         # a compiled agent needs few canvas sides: the default canvas gives up to 29, the bucketed one a handful
@@ -126,6 +128,7 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
                   "--canvas full for one)", file=sys.stderr)
     cfg = Config.from_flags(**flags)
     refuse_idle(cfg, given_flags(argv))
+    say_carried(carried, prog)
     return cfg
 
 
@@ -158,10 +161,11 @@ NOTED = frozenset({"qwen_lr"})
 
 
 def refuse_idle(cfg: Config, typed: dict) -> None:
-    """A ConfigError naming every flag `typed` on the command line that does nothing in `cfg` (ACTS_ONLY_WITH);
-    one in NOTED is a note on stderr instead."""
+    """A ConfigError naming every flag `typed` on the command line off its default that does nothing in `cfg`
+    (ACTS_ONLY_WITH; a default typed out changes nothing either way); one in NOTED is a note on stderr instead."""
+    flags, defaults = cfg.flags(), Config().flags()
     idle = {name: f"--{name} acts only with {needs}" for name, (acts, needs) in ACTS_ONLY_WITH.items()
-            if name in typed and not acts(cfg)}
+            if name in typed and flags[name] != defaults[name] and not acts(cfg)}
     refused = [why for name, why in idle.items() if name not in NOTED]
     if refused:
         raise ConfigError(f"{'; '.join(refused)}: leave it out or add what it needs")
@@ -171,21 +175,31 @@ def refuse_idle(cfg: Config, typed: dict) -> None:
 
 
 # flags a resume never takes from the checkpoint: what names this invocation (what it continues, whether it
-# trains, where it writes) and this machine (its device, its cache folder); under --eval_only also the
-# training run's submission file, which a scoring of its weights into a folder of its own must not overwrite
-NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "device", "prompt_cache_dir"})
+# trains, where it writes, a deadline renewed once) and this machine (its device, its cache folder); under
+# --eval_only also the training run's submission file, which a scoring into a folder of its own must not overwrite
+NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "new_deadline", "device", "prompt_cache_dir"})
 NOT_EVALUATED = NOT_RESUMED | {"submission"}
 
 
 def run_flags_of(checkpoint: Path, given: dict, evaluating: bool) -> dict:
-    """The checkpoint's run's flags for every flag neither the command line nor --config gives (and not
-    NOT_RESUMED; under --eval_only, NOT_EVALUATED), so `--resume RUN` continues RUN as it was started
-    (its recipe, budget, validation) and `--eval_only` scores as RUN would have; flags it retired since
-    left out, those it predates at their defaults. Model flags: `model_flags_of`."""
-    saved = Config.from_saved(checkpoint_flags(checkpoint)).flags()
+    """The flags of the run that wrote the checkpoint, for every flag neither the command line nor --config
+    gives (and not NOT_RESUMED; under --eval_only, NOT_EVALUATED), so `--resume RUN` continues RUN as it
+    ran (its recipe, budget, validation) and `--eval_only` scores as RUN would have; flags retired since
+    left out, those it predates absent (their defaults). Model flags: `model_flags_of`. Only the merged
+    flags are checked (a saved value refused now is refused unless one is given in its place)."""
     kept = NOT_EVALUATED if evaluating else NOT_RESUMED
-    return {name: value for name, value in saved.items()
-            if name not in given and name not in kept and name not in MODEL_FLAGS}
+    carried = {name: value for name, value in checkpoint_flags(checkpoint).items()
+               if name in SECTION_OF and name not in given and name not in kept and name not in MODEL_FLAGS}
+    return carried
+
+
+def say_carried(carried: dict, prog: str) -> None:
+    """One line on stderr (the main process): the flags a resume took from the run that are off today's
+    defaults, so a recipe's budget or validation taken along is read, not guessed."""
+    defaults = Config().flags()
+    changed = [f"{name}={value}" for name, value in sorted(carried.items()) if value != defaults[name]]
+    if changed and os.environ.get("RANK", "0") == "0":
+        print(f"{prog}: --resume takes the run's own flags where none is given: {' '.join(changed)}", file=sys.stderr)
 
 
 def given_flags(argv: list[str] | None) -> dict:
