@@ -18,9 +18,9 @@ resumed from one minute to the next (with the default constant learning rate a r
 15 is a 15-minute run) and each checkpoint is scored and kept as `<run>/marks/<minutes>min/`, a
 checkpoint folder any later validation can name (`fixed.py --eval_only --resume <run>/marks/30min
 --eval_tasks 0 --ttt_steps 60 --ttt_small_steps 120 --eval_augments 8` scores it on all 400 tasks
-with the default adaptation: a resume takes the run's cheap validation otherwise). With `--views`, each checkpoint is scored once
-for each number of views voted. A run already in `--out` that trained as long is scored, not
-trained again. Each row prints as it finishes.
+with the default adaptation: a resume takes the run's cheap validation otherwise). With `--views`,
+each checkpoint is scored once for each number of views voted. A run already in `--out` that
+trained as long is scored, not trained again. Each row prints as it finishes.
 
 The untrained start is a standing row (`untrained`: the same flags, the weights as built, nothing
 trained; `--no_untrained` leaves it out): each row's gain over it is printed paired over the same
