@@ -137,7 +137,8 @@ def test_a_checkpoint_builds_its_own_model_and_refuses_a_flag_that_contradicts_i
     assert err.count("\n") == 1 and "--agent_channels 32 (the checkpoint's: 16)" in err and "prompt_dim" not in err
 
 
-def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_override_them(small_cfg, tmp_path):
+def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_override_them(small_cfg, tmp_path,
+                                                                                          capsys):
     """`--resume RUN` alone takes every flag RUN was started with (its recipe, budget and validation), not
     the defaults; a flag given wins; what names the invocation or the machine (NOT_RESUMED) is never taken,
     and under --eval_only neither is RUN's submission file, which a scoring elsewhere must not overwrite."""
@@ -150,15 +151,20 @@ def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_overr
     assert {k: resumed[k] for k in carried} == carried and resumed["data"] == small_cfg().data.data
     assert (resumed["prompt_cache_dir"], resumed["device"]) == (Config().qwen.prompt_cache_dir, "auto")
     assert parse(["--resume", str(run), "--agent_lr", "1e-4"], "fixed.py", "").optim.agent_lr == 1e-4
-    scored = parse(["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval")], "fixed.py", "")
+    scoring = ["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval")]
+    scored = parse(scoring, "fixed.py", "")
     assert (scored.eval.ttt_lr, scored.eval.eval_augments, scored.eval.submission) == (3e-3, 16, "")
     assert scored.run.run_dir == str(tmp_path / "eval")
+    capsys.readouterr()
+    assert training.main(scoring) == 0  # the run says which of its flags it took
+    err = capsys.readouterr().err
+    assert "--resume: the run's own flags off the defaults: " in err and "ttt_lr=0.003" in err
+    assert "device" not in err.split("off the defaults: ")[1].splitlines()[0]
 
 
 def test_a_resume_checks_the_flags_it_ends_with_not_the_runs_saved_ones(small_cfg, tmp_path, capsys):
     """A run saved on a GPU (`device = "cuda"`) resumes on a CPU; a deadline renewed once (--new_deadline)
-    is not renewed again; a saved value refused today is refused only if no value is given in its place;
-    the flags taken are said in one line."""
+    is not renewed again; a saved value refused today is refused only if no value is given in its place."""
     run = tmp_path / "run"
     training.train(small_cfg(max_batches=1, eval_tasks=1, eval_minutes=5.0), CPU)
     checkpoint = find_checkpoint(str(run))
@@ -171,9 +177,6 @@ def test_a_resume_checks_the_flags_it_ends_with_not_the_runs_saved_ones(small_cf
         parse(["--resume", str(run)], "fixed.py", "")
     cfg = parse(["--resume", str(run), "--log_every", "5"], "fixed.py", "")
     assert (cfg.run.device, cfg.eval.new_deadline, cfg.eval.eval_minutes, cfg.run.log_every) == ("auto", False, 5.0, 5)
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--resume takes the run's own flags where none is given: " in err
-    assert "eval_minutes=5.0" in err and "device" not in err
 
 
 def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing(two_checkpoints, tmp_path):

@@ -114,11 +114,9 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
     given = {**from_recipe, **given_flags(argv)}
-    carried = {}
     if flags["resume"]:
         checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
-        carried = run_flags_of(checkpoint, given, evaluating=flags["eval_only"])
-        flags.update(carried)
+        flags.update(run_flags_of(checkpoint, given, evaluating=flags["eval_only"]))
         flags.update(model_flags_of(checkpoint, given))
     if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in given:
         # a compiled agent needs few canvas sides: the default canvas gives up to 29, the bucketed one a handful
@@ -128,7 +126,6 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
                   "--canvas full for one)", file=sys.stderr)
     cfg = Config.from_flags(**flags)
     refuse_idle(cfg, given_flags(argv))
-    say_carried(carried, prog)
     return cfg
 
 
@@ -191,15 +188,6 @@ def run_flags_of(checkpoint: Path, given: dict, evaluating: bool) -> dict:
     carried = {name: value for name, value in checkpoint_flags(checkpoint).items()
                if name in SECTION_OF and name not in given and name not in kept and name not in MODEL_FLAGS}
     return carried
-
-
-def say_carried(carried: dict, prog: str) -> None:
-    """One line on stderr (the main process): the flags a resume took from the run that are off today's
-    defaults, so a recipe's budget or validation taken along is read, not guessed."""
-    defaults = Config().flags()
-    changed = [f"{name}={value}" for name, value in sorted(carried.items()) if value != defaults[name]]
-    if changed and os.environ.get("RANK", "0") == "0":
-        print(f"{prog}: --resume takes the run's own flags where none is given: {' '.join(changed)}", file=sys.stderr)
 
 
 def given_flags(argv: list[str] | None) -> dict:

@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.state_dict import (
 from engine.checkpoint import (
     MODEL_FILE,
     SHARDED_DIR,
+    checkpoint_flags,
     commit_checkpoint,
     is_sharded_checkpoint,
     is_weights_only,
@@ -171,10 +172,21 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
     return saved
 
 
+def say_run_flags(folder: Path, config: dict, dist: Dist) -> None:
+    """One line (the main process, once the run folder is claimed): the flags this run shares with the
+    checkpoint's run that are off today's defaults, so a recipe's budget or validation that a resume took
+    along (training/cli.run_flags_of) is read, not guessed."""
+    saved, defaults = checkpoint_flags(folder), Config().flags()
+    kept = [f"{k}={v}" for k, v in sorted(config.items()) if k in saved and saved[k] == v != defaults[k]]
+    if kept and dist.is_main:
+        print(f"--resume: the run's own flags off the defaults: {' '.join(kept)}", file=sys.stderr)
+
+
 def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist, *, evaluating: bool = False) -> None:
     """Everything of a checkpoint back in place: weights, optimizers, scaler, RNG and counters.
     `evaluating`: nothing will train on, so the optimizer section (how the weights were trained; its
     --amp is the precision evaluation runs in, chosen on purpose) may differ without a warning."""
+    say_run_flags(folder, config, dist)
     if is_weights_only(folder):  # a bundle's: the weights to evaluate, nothing to train on from
         if not evaluating or is_sharded(state.model):
             raise ConfigError(f"--resume {folder}: a weights-only checkpoint (a bundle's) is for --eval_only "
