@@ -9,9 +9,11 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu: torch's CPU build where pip would fetch its CUDA one
+# (x86 Linux without a GPU: gigabytes less)
 $(STAMP): requirements.txt requirements-dev.txt constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt -c constraints.txt $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	touch $(STAMP)
 
 run: $(STAMP)
