@@ -413,6 +413,10 @@ RESULT_FREE = frozenset(f.name for c in SECTIONS.values() for f in dataclasses.f
 RESUME_FREE = frozenset(f.name for name, c in SECTIONS.items() for f in dataclasses.fields(c)
                         if f.metadata["resume_free"] or name == "eval")
 SECTION_OF = _section_of()
+# flags a resume never takes from the checkpoint (training/cli.run_flags_of): what names this invocation (what
+# it continues, whether it trains, where it writes, a deadline renewed once) and this machine (its device, its
+# cache folder)
+NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "new_deadline", "device", "prompt_cache_dir"})
 
 
 @dataclass(frozen=True, kw_only=True)

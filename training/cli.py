@@ -20,7 +20,7 @@ from pathlib import Path
 from agents import AGENTS
 from data.arc import DataError
 from engine.checkpoint import checkpoint_flags, find_checkpoint
-from engine.config import MODEL_FLAGS, SECTION_OF, SECTIONS, Config
+from engine.config import MODEL_FLAGS, NOT_RESUMED, SECTION_OF, SECTIONS, Config
 from engine.distributed import init_distributed, launcher_wants_fsdp, shutdown
 from engine.errors import ConfigError
 from engine.loop import TrainingStopped, summary_line
@@ -171,10 +171,8 @@ def refuse_idle(cfg: Config, typed: dict) -> None:
             print(f"note: {idle[name]}: it changes nothing in this run", file=sys.stderr)
 
 
-# flags a resume never takes from the checkpoint: what names this invocation (what it continues, whether it
-# trains, where it writes, a deadline renewed once) and this machine (its device, its cache folder); under
-# --eval_only also the training run's submission file, which a scoring into a folder of its own must not overwrite
-NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "new_deadline", "device", "prompt_cache_dir"})
+# under --eval_only a resume does not take the training run's submission file either: a scoring into a folder
+# of its own must not overwrite it
 NOT_EVALUATED = NOT_RESUMED | {"submission"}
 
 
@@ -185,9 +183,8 @@ def run_flags_of(checkpoint: Path, given: dict, evaluating: bool) -> dict:
     left out, those it predates absent (their defaults). Model flags: `model_flags_of`. Only the merged
     flags are checked (a saved value refused now is refused unless one is given in its place)."""
     kept = NOT_EVALUATED if evaluating else NOT_RESUMED
-    carried = {name: value for name, value in checkpoint_flags(checkpoint).items()
-               if name in SECTION_OF and name not in given and name not in kept and name not in MODEL_FLAGS}
-    return carried
+    return {name: value for name, value in checkpoint_flags(checkpoint).items()
+            if name in SECTION_OF and name not in given and name not in kept and name not in MODEL_FLAGS}
 
 
 def given_flags(argv: list[str] | None) -> dict:

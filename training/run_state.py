@@ -36,7 +36,7 @@ from engine.checkpoint import (
     staging_folder,
     start_checkpoint,
 )
-from engine.config import RESUME_FREE, SECTION_OF, Config
+from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
@@ -177,7 +177,8 @@ def say_run_flags(folder: Path, config: dict, dist: Dist) -> None:
     checkpoint's run that are off today's defaults, so a recipe's budget or validation that a resume took
     along (training/cli.run_flags_of) is read, not guessed."""
     saved, defaults = checkpoint_flags(folder), Config().flags()
-    kept = [f"{k}={v}" for k, v in sorted(config.items()) if k in saved and saved[k] == v != defaults[k]]
+    kept = [f"{k}={v}" for k, v in sorted(config.items())
+            if k in saved and k not in NOT_RESUMED and saved[k] == v != defaults[k]]
     if kept and dist.is_main:
         print(f"--resume: the run's own flags off the defaults: {' '.join(kept)}", file=sys.stderr)
 
