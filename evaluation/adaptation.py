@@ -151,9 +151,15 @@ def _starts(model: ArcModel, adapters: TaskAdapters, usable: list[int], per_task
                 adapters.gate_bias[task * per_task + 1 + v, v] = VIEW_START_LOGIT
 
 
+def searches(cfg: Config) -> bool:
+    """Whether adaptation searches over starts: `--view_starts` and input views to start from (an agent
+    builds its views exactly when --input_views)."""
+    return cfg.eval.view_starts and cfg.agent.input_views
+
+
 def _searches(model: ArcModel, cfg: Config) -> bool:
-    """Whether adaptation searches over starts: `--view_starts` and an agent with input views."""
-    return cfg.eval.view_starts and model.num_views > 0
+    """`searches`, and the model built has the views."""
+    return searches(cfg) and model.num_views > 0
 
 
 def _search(model: ArcModel, prompts: QwenFeatures | None, tasks: list[ArcTask], demos: DemoEpisodes,

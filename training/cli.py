@@ -24,6 +24,7 @@ from engine.config import MODEL_FLAGS, NOT_RESUMED, SECTION_OF, SECTIONS, Config
 from engine.distributed import init_distributed, launcher_wants_fsdp, shutdown
 from engine.errors import ConfigError
 from engine.loop import TrainingStopped, summary_line
+from evaluation.adaptation import searches
 from training.epochs import train
 
 
@@ -113,7 +114,8 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     parser.set_defaults(**from_recipe)
     flags = vars(parser.parse_args(argv))
     flags.pop("config")
-    given = {**from_recipe, **given_flags(argv)}
+    typed = given_flags(argv)
+    given = {**from_recipe, **typed}
     if flags["resume"]:
         checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
         flags.update(run_flags_of(checkpoint, given, evaluating=flags["eval_only"]))
@@ -125,7 +127,7 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
             print(f"{prog}: --compile runs on --canvas bucket (a handful of canvas sides, each compiled once; "
                   "--canvas full for one)", file=sys.stderr)
     cfg = Config.from_flags(**flags)
-    refuse_idle(cfg, given_flags(argv))
+    refuse_idle(cfg, typed)
     return cfg
 
 
@@ -138,7 +140,7 @@ def _test_time_training(c: Config) -> bool:
 # the command. A recipe may carry them (a recipe family shares its flags across sizes: configs/gpu-lease.toml
 # keeps the family's --ttt_lr with no test-time training).
 ACTS_ONLY_WITH = {
-    "view_starts": (lambda c: not c.eval.view_starts or c.agent.input_views, "--input_views (its starts)"),
+    "view_starts": (lambda c: not c.eval.view_starts or searches(c), "--input_views (its starts)"),
     **{name: (_test_time_training, "test-time training (--ttt_steps or --ttt_small_steps above 0)")
        for name in ("ttt_lr", "ttt_schedule", "ttt_warmup", "ttt_dropout", "ttt_view_rows", "ttt_views",
                     "ttt_batch_size")},

@@ -25,6 +25,7 @@ from engine.distributed import Dist
 from engine.files import write_atomic
 from engine.loop import Interrupted, StopRequest, TrainingStopped, duration, preserved_rng
 from engine.run_logger import RunLogger
+from evaluation.adaptation import searches
 from evaluation.deadline import Deadline, Work
 from evaluation.evaluate import EvalResult, describe, first_tasks, score_tasks, work_of
 from evaluation.heldout import heldout_losses, pair_records
@@ -264,9 +265,8 @@ def final_budget(cfg: Config, data: TrainingData, device: torch.device, dist: Di
     process's tasks from the journals, evaluation/submission.py), written now with a fallback for
     every test input and what the journals hold."""
     spent = journal.spent if journal is not None and not cfg.eval.new_deadline else 0.0
-    searches = cfg.eval.view_starts and cfg.agent.input_views
-    deadline = (Deadline.synchronized(cfg.eval.eval_minutes, device, spent, searches) if cfg.eval.eval_minutes > 0
-                else None)
+    deadline = (Deadline.synchronized(cfg.eval.eval_minutes, device, spent, searches(cfg))
+                if cfg.eval.eval_minutes > 0 else None)
     if deadline is not None:
         announce(dist, deadline.describe(tasks))
     # every process writes it from all the journals; without them the main process its own tasks
