@@ -48,20 +48,20 @@ class Augmentation:
 
     @classmethod
     @lru_cache(maxsize=AUGMENTATIONS_KEPT)
-    def from_id(cls, aug_id: int, n_demos: int, permute_background: bool = False) -> Augmentation:
+    def from_id(cls, aug_id: int, n_demos: int) -> Augmentation:
         """0 is the identity, 1-7 the other dihedral transforms alone, and any id >= 8 a uniformly
-        drawn dihedral x colour permutation x demo order, reproducible from the id. The last
-        AUGMENTATIONS_KEPT are kept (frozen, so shared): drawing one costs more than applying it."""
+        drawn dihedral x colour permutation x demo order, reproducible from the id. Colour 0, the
+        background of most ARC tasks, stays 0 (permuted with the others it tied: docs/results.md,
+        "Colour 0 permuted with the others"), so a view's features are its dihedral's, recoloured.
+        The last AUGMENTATIONS_KEPT are kept (frozen, so shared): drawing one costs more than
+        applying it."""
         if aug_id < 0:
             raise ValueError(f"augmentation id must be >= 0, got {aug_id}")
         if aug_id < 8:
             return cls(dihedral=aug_id, aug_id=aug_id)
         rng = np.random.default_rng(aug_id)
         k = int(rng.integers(8))
-        if permute_background:
-            colours = tuple(int(c) for c in rng.permutation(NUM_COLOURS))
-        else:  # colour 0 is the background in most ARC tasks
-            colours = (0, *(int(c) + 1 for c in rng.permutation(NUM_COLOURS - 1)))
+        colours = (0, *(int(c) + 1 for c in rng.permutation(NUM_COLOURS - 1)))
         return cls(k, colours, tuple(int(i) for i in rng.permutation(n_demos)), aug_id)
 
     @property

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data.arc import MAX_SIDE, NUM_COLOURS, ArcPair, ArcTask
+from data.arc import MAX_SIDE, ArcPair, ArcTask
 from data.augment import Augmentation, view_ids
 from data.canvas import PAD, encode, expected_extent, fit_side
 from data.curriculum import EASY_PERCENTILE
@@ -97,7 +97,7 @@ FEATURE_CACHE = 1 << 16
 class EpisodeDataset(Dataset):
     """Indexed by (episode index, augmentation id); id 0 is the identity (see Augmentation.from_id)."""
 
-    def __init__(self, episodes: list[Episode], scale: DifficultyScale, *, permute_background: bool = False,
+    def __init__(self, episodes: list[Episode], scale: DifficultyScale, *,
                  scores: np.ndarray | None = None, canvas: str = "fit", fit_target: bool = True,
                  task_rows: dict[str, int] | None = None):
         """`scores`: the episodes' difficulty scores when already computed (they are not cheap).
@@ -109,15 +109,15 @@ class EpisodeDataset(Dataset):
         if canvas not in CANVAS_MODES:
             raise ValueError(f"canvas={canvas!r}: choose one of {', '.join(CANVAS_MODES)}")
         self.episodes, self.scale, self.canvas = episodes, scale, canvas
-        self.permute_background, self.fit_target = permute_background, fit_target
+        self.fit_target = fit_target
         self.task_rows = task_rows or {}
         self.scores = scores if scores is not None else np.array([episode_difficulty(e) for e in episodes])
         self.extents = np.array([episode_extent(e, fit_target) for e in episodes], dtype=np.int64)
         # the canvas side of each episode's samples, under any view (what batches are bucketed by)
         self.sides = np.array([self._cut(fit_side((x,))) for x in self.extents], dtype=np.int64)
-        # features by (episode, dihedral, background colour), a sample's features and texts by (episode,
-        # view id), view sets by (demos, side, views): see view_features, described, view_set
-        self._described: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # features by (episode, dihedral), a sample's features and texts by (episode, view id), view sets
+        # by (demos, side, views): see view_features, described, view_set
+        self._described: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._samples: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, tuple[str, ...]]] = {}
         self._view_sets: dict[tuple[int, int, int], ViewSet] = {}
 
@@ -131,7 +131,7 @@ class EpisodeDataset(Dataset):
     def __getitem__(self, item: tuple[int, int]) -> dict:
         index, aug_id = item
         ep = self.episodes[index]
-        aug = Augmentation.from_id(aug_id, len(ep.context), self.permute_background)
+        aug = Augmentation.from_id(aug_id, len(ep.context))
         query_in = aug.grid(ep.query.input)
         side = int(self.sides[index])
         percentile = self.scale.percentile(self.scores[index])
@@ -173,35 +173,27 @@ class EpisodeDataset(Dataset):
         """The numeric [V, 15] and relation [V, 129] float32 features of episode `index` under each of
         `views`, of its augmented context and query input (data/features.py).
 
-        Computed once per dihedral transform and background colour (the colour the view turns into 0)
-        and kept (up to FEATURE_CACHE, the oldest dropped first): the features of the same grids under a
-        renaming of the other colours are these, the colour-indexed relation features permuted
+        Computed once per dihedral transform and kept (up to FEATURE_CACHE, the oldest dropped first):
+        the features of the same grids under a renaming of the colours that keeps 0 (every view's:
+        data.augment.Augmentation.from_id) are these, the colour-indexed relation features permuted
         (`colour_index`), the rest unchanged; the demos are read in the task's order (a mean over
         demos does not depend on their order). Shared by every draw: read, never written."""
-        background = views.inverse[:, 0]  # the task's colour each view turns into 0
-        keys = sorted(set(zip(views.dihedral.tolist(), background.tolist(), strict=True)))
-        base = [self._base_features(index, k, b) for k, b in keys]
-        which = torch.tensor([keys.index(key) for key in zip(views.dihedral.tolist(), background.tolist(),
-                                                                 strict=True)], dtype=torch.int64)
+        if bool((views.inverse[:, 0] != 0).any()):
+            raise ValueError("view_features: every view must keep colour 0 (the features are computed per dihedral)")
+        dihedrals = sorted(set(views.dihedral.tolist()))
+        base = [self._base_features(index, k) for k in dihedrals]
+        which = torch.tensor([dihedrals.index(k) for k in views.dihedral.tolist()], dtype=torch.int64)
         numeric = torch.stack([n for n, _ in base])[which]
         relation = torch.stack([r for _, r in base])[which]
-        # the base view renamed b <-> 0 (`_base_features`); the view's renaming is Q after it, Q keeping 0:
-        # Q's inverse is the base's (its own inverse) after the view's inverse
-        swap = torch.arange(NUM_COLOURS).expand(len(views), -1).clone()
-        swap[torch.arange(len(views)), background] = 0
-        swap[:, 0] = background
-        q_inverse = swap.gather(1, views.inverse)
-        return numeric, relation.gather(1, colour_index(q_inverse, COOC_AT, HIST_AT, RELATION_DIM))
+        return numeric, relation.gather(1, colour_index(views.inverse, COOC_AT, HIST_AT, RELATION_DIM))
 
-    def _base_features(self, index: int, k: int, background: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Episode `index`'s features under dihedral `k` with colours `background` and 0 swapped."""
-        key = (index, k, background)
+    def _base_features(self, index: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Episode `index`'s features under dihedral `k`, its colours as they are."""
+        key = (index, k)
         if key not in self._described:
             if len(self._described) >= FEATURE_CACHE:
                 del self._described[next(iter(self._described))]
-            colours = list(range(NUM_COLOURS))
-            colours[0], colours[background] = background, 0
-            aug = Augmentation(dihedral=k, colours=tuple(colours))
+            aug = Augmentation(dihedral=k)
             ep = self.episodes[index]
             context = aug.grids_only(ep.context)
             self._described[key] = (torch.from_numpy(numeric_features(context, aug.grid(ep.query.input))),
@@ -221,7 +213,7 @@ class EpisodeDataset(Dataset):
         key = (len(ep.context), int(self.sides[index]), views)
         if key not in self._view_sets:
             ids = view_ids(views)
-            augs = [Augmentation.from_id(a, len(ep.context), self.permute_background) for a in ids]
+            augs = [Augmentation.from_id(a, len(ep.context)) for a in ids]
             self._view_sets[key] = ViewSet.of(augs, [int(self.sides[index])] * len(ids))
         return self._view_sets[key]
 

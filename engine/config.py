@@ -125,7 +125,6 @@ class DataCfg:
     augment_pool: int = flag(16, "augmentations per task drawn from this many fixed ids, so a frozen Qwen encodes each "
                              "(demo, augmentation) once (0: a fresh one every time)", result_free=True,
                              within=NON_NEGATIVE)
-    permute_background: bool = flag(False, "let augmentation permute colour 0 too", result_free=True)
     canvas: str = flag("fit", "agent canvas: fit (the side a batch needs; evaluation predicts it from the demos), "
                        "bucket (the smallest of 8, 12, 16, 20, 25, 30 holding it: few compiles) or full (30x30)",
                        CANVAS_MODES)

@@ -37,8 +37,8 @@ PairLoss = tuple[str, float, float]  # (task id, nats a cell, bits a grid) of on
 def target_fitted(dataset: EpisodeDataset) -> EpisodeDataset:
     """The same episodes and views on the canvas side training would use (fitted to each target as
     well), so every output lies on the canvas its loss is read from."""
-    return EpisodeDataset(dataset.episodes, dataset.scale, permute_background=dataset.permute_background,
-                          scores=dataset.scores, canvas=dataset.canvas, fit_target=True, task_rows=dataset.task_rows)
+    return EpisodeDataset(dataset.episodes, dataset.scale, scores=dataset.scores, canvas=dataset.canvas,
+                          fit_target=True, task_rows=dataset.task_rows)
 
 
 def grid_cells(shape: tuple[int, int]) -> int:

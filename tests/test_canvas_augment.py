@@ -67,8 +67,9 @@ def test_ids_name_augmentations():
     assert Augmentation.from_id(0, 3).is_identity
     assert [Augmentation.from_id(k, 3).dihedral for k in range(8)] == list(range(8))
     assert Augmentation.from_id(123, 3) == Augmentation.from_id(123, 3)
-    draws = {Augmentation.from_id(i, 3, permute_background=True).colours[0] for i in range(8, 200)}
-    assert len(draws) > 1, "--permute_background must move colour 0 too"
+    draws = [Augmentation.from_id(i, 3).colours for i in range(8, 200)]
+    assert {c[0] for c in draws} == {0}, "colour 0, the background, stays 0"
+    assert len({c[1:] for c in draws}) > 100 and all(sorted(c) == list(range(10)) for c in draws)
 
 
 def test_cut_canvas_round_trips_and_loses_no_target_cell(dataset):

@@ -176,6 +176,6 @@ def test_a_sample_drawn_again_reads_the_features_computed_for_it(monkeypatch):
     assert fresh["demo_texts"] == first["demo_texts"]
     monkeypatch.setattr(data.episodes, "FEATURE_CACHE", 2)
     data_set[(4, 0)]
-    assert list(data_set._described) == [(3, dihedral, 0), (4, 0, 0)]
+    assert list(data_set._described) == [(3, dihedral), (4, 0)]
     data_set[(5, 0)]
-    assert list(data_set._described) == [(4, 0, 0), (5, 0, 0)]
+    assert list(data_set._described) == [(4, 0), (5, 0)]

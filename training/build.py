@@ -69,8 +69,7 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     families = list(dict.fromkeys(t.family_id for t in tasks))
     row_of = {f: i for i, f in enumerate(families)}
     task_rows = {t.task_id: row_of[t.family_id] for t in tasks} if cfg.prompt.task_embedding else None
-    train_set = EpisodeDataset(train_eps, scale, permute_background=d.permute_background, scores=scores,
-                               canvas=d.canvas, task_rows=task_rows)
+    train_set = EpisodeDataset(train_eps, scale, scores=scores, canvas=d.canvas, task_rows=task_rows)
     sampler = CurriculumBatches(is_easy=np.array([scale.is_easy(s) for s in scores]), batch_size=d.batch_size,
                                 seed=cfg.run.seed, augment=d.augment, warmup_fraction=d.easy_warmup,
                                 later_fraction=d.easy_later, augment_pool=d.augment_pool,
