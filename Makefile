@@ -109,12 +109,12 @@ bench-data-cost: $(STAMP)
 
 # recipes side by side at equal CPU time (15 training minutes a row; rows: defaults, re-arc):
 # make bench-recipe ROWS=defaults,re-arc RE_ARC=path/to/re_arc.zip [CURVE=7.5,15,30,60: one run, a
-# checkpoint kept at each mark] [VIEWS=8,64,256] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
+# checkpoint kept at each mark] [SEEDS=3: each row once a seed, mean and spread] [OUT=folder: keep the runs; a run
 # found there already trained is scored again]; the untrained start is always a row
 ROWS ?= defaults,re-arc
 bench-recipe: $(STAMP)
 	$(PY) -m bench.recipe --rows "$(ROWS)" $(if $(RE_ARC),--re_arc $(RE_ARC)) $(if $(CURVE),--curve $(CURVE)) \
-		$(if $(VIEWS),--views $(VIEWS)) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(OUT),--out $(OUT))
+		$(if $(SEEDS),--seeds $(SEEDS)) $(if $(OUT),--out $(OUT))
 
 bench-cache: $(STAMP)
 	$(PY) -m bench.prompt_cache

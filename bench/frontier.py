@@ -72,13 +72,7 @@ SETTINGS: dict[str, dict] = {
     DEFAULT: {},  # 60 steps of all weights at 1e-3 on 8 views (a small task 120), 8 voted views
     "search": {"ttt_steps": 0, "view_starts": True},  # the view starts alone, no test-time training
     "steps-30": {"ttt_steps": 30},
-    "lr-3e-3": {"ttt_lr": 3e-3},
-    "votes-32": {"eval_augments": 32},
-    "steps-120-cosine": {"ttt_steps": 120, "ttt_schedule": "cosine", "ttt_views": 32},
     "steps-120-warmup-cosine": {"ttt_steps": 120, "ttt_schedule": "cosine", "ttt_warmup": 0.1, "ttt_views": 32},
-    "steps-240-warmup-cosine-views-64": {"ttt_steps": 240, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
-                                         "ttt_views": 64, "eval_augments": 32},
-    "issue-240": {"ttt_steps": 240, "ttt_views": 32, "eval_augments": 32, "ttt_lr": 3e-3},
     "view-rows": {"ttt_view_rows": True},
     "view-rows-120-warmup-cosine": {"ttt_view_rows": True, "ttt_steps": 120, "ttt_schedule": "cosine",
                                     "ttt_warmup": 0.1, "ttt_views": 32, "eval_augments": 32},
@@ -92,9 +86,6 @@ SETTINGS: dict[str, dict] = {
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
     "varc-600": {"ttt_view_rows": True, "ttt_steps": 600, "ttt_schedule": "cosine", "ttt_warmup": 0.1,
                  "ttt_dropout": 0.1, "ttt_views": 64, "eval_augments": 32, "adapt_tasks": 1},
-    # another model: from the untrained start only (the trained start's checkpoint is the default agent)
-    "width-32": {"agent_channels": 32},
-    "width-128": {"agent_channels": 128},
 }
 # the default with one flag changed, the size rule kept
 DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"ttt_views": 16},

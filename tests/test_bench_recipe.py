@@ -1,7 +1,7 @@
 """bench/recipe.py, the side-by-side table's bench, on the small ARC folder: a row trains, is scored
-at each number of views asked for beside the untrained start, with its paired gain over it, and a
-rerun on the same folder scores the run it finds without training it again; with --seeds each row
-runs once a seed and a last table gives the mean and spread."""
+beside the untrained start, with its paired gain over it, and a rerun on the same folder scores the
+run it finds without training it again (under its own --set); with --seeds each row runs once a seed
+and a last table gives the mean and spread."""
 
 import pytest
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of i
 SMALL = ("agent_channels=16", "prompt_dim=32", "batch_size=4", "ttt_steps=2", "ttt_small_steps=0")
 
 
-COLUMNS = 15  # the first table's: row, seed, train min, steps, s/step, views, ARC loss, exact, pass@2, oracle, s/task,
+COLUMNS = 14  # the first table's: row, seed, train min, steps, s/step, ARC loss, exact, pass@2, oracle, s/task,
 #              held-out pairs' loss and pass@2, unseen pass@2 and s/task
 
 
@@ -37,28 +37,27 @@ def bench(arc_folder, out, *args) -> str:
 
 
 @pytest.mark.slow
-def test_a_row_is_scored_at_each_view_count_beside_the_untrained_start_and_a_rerun_trains_nothing(arc_folder, tmp_path):
-    out = bench(arc_folder, tmp_path, "--minutes", "0.02", "--views", "1,3")
-    first, gains = tables(out)
-    assert all(len(row) == COLUMNS for row in first) and [row[5] for row in first] == ["1", "3"]  # views
-    steps = first[0][3]
-    assert int(steps.replace(",", "")) > 0 and first[1][3] == steps, "one run, scored twice"
-    assert all(row[12] != "-" and "(" in row[8] for row in first), "held-out pairs scored, pass@2 with its interval"
-    assert all(row[6] != "-" and row[11] != "-" for row in first), "the held-out losses"
-    assert [row[3] for row in gains] == ["1", "3"] and all("(" in c for row in gains for c in row[4:]), \
-        "a paired gain with its interval for each view count"
-    untrained = tables(out, "untrained")[0]
-    assert [row[3] for row in untrained] == ["0", "0"] and untrained[0][6] != first[0][6], "weights as built"
-    again = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--views", "2"))[0]
-    assert len(again) == 1 and again[0][3] == steps and again[0][5] == "2", "the run found is scored, not trained"
+def test_a_row_is_scored_beside_the_untrained_start_and_a_rerun_trains_nothing(arc_folder, tmp_path):
+    out = bench(arc_folder, tmp_path, "--minutes", "0.02")
+    (first,), gains = tables(out)
+    assert len(first) == COLUMNS
+    steps = first[3]
+    assert int(steps.replace(",", "")) > 0
+    assert first[11] != "-" and "(" in first[7], "held-out pairs scored, pass@2 with its interval"
+    assert first[5] != "-" and first[10] != "-", "the held-out losses"
+    assert len(gains) == 1 and all("(" in c for c in gains[0][3:]), "a paired gain with its interval"
+    (untrained,) = tables(out, "untrained")[0]
+    assert untrained[3] == "0" and untrained[5] != first[5], "weights as built"
+    (again,) = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--set", "eval_augments=2"))[0]
+    assert again[3] == steps and again[9] != "-", "the run found is scored, not trained"
 
 
 @pytest.mark.slow
 def test_seeds_run_each_row_once_a_seed_and_give_mean_and_spread(arc_folder, tmp_path):
-    runs, gains, spread = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--seeds", "2", "--views", "1"))
+    runs, gains, spread = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--seeds", "2"))
     assert [row[1] for row in runs] == ["0", "1"] and [row[1] for row in gains] == ["0", "1"]
-    assert runs[0][6] != runs[1][6], "two seeds, two runs"
-    assert len(spread) == 1 and spread[0][3] == "2" and "(" in spread[0][4]
+    assert runs[0][5] != runs[1][5], "two seeds, two runs"
+    assert len(spread) == 1 and spread[0][2] == "2" and "(" in spread[0][3]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("defaults")) == ["defaults", "defaults-seed1"]
 
 

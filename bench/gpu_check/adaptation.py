@@ -13,9 +13,6 @@ H100): `make gpu-check ARGS="--sections adaptation"`.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
 
 from bench.adapt_together import measure
@@ -59,10 +56,3 @@ def run(check: Check, section: Section, tasks: int, steps: int | None = None) ->
     if check.device.type == "cuda":
         torch.cuda.empty_cache()
 
-
-def largest_k(report: Path) -> int:
-    """The largest K that fitted in a check's report (OUT/gpu_check.json); 1 when its adaptation
-    section measured none."""
-    sections = {s["name"]: s for s in json.loads(report.read_text())["sections"]}
-    rows = sections.get("adaptation", {}).get("rows", [])
-    return max((row["K"] for row in rows if "error" not in row), default=1)
