@@ -149,13 +149,16 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
         return p
     root = p if (p / LATEST).is_file() or p.name == "checkpoints" else p / "checkpoints"
     candidates = sorted(root.glob("step_*"), reverse=True)
+    problems = []
     if (root / LATEST).is_file():  # the newest complete one first, then the others newest first
-        latest = root / (root / LATEST).read_text().strip()
-        candidates = [latest] + [c for c in candidates if c != latest]
+        name = (root / LATEST).read_text().strip()
+        if name.startswith("step_") and Path(name).name == name:
+            candidates = [root / name] + [c for c in candidates if c.name != name]
+        else:  # a checkpoint of this folder only: a file a run folder was handed with may not point elsewhere
+            problems.append(f"{LATEST} names {name[:80]!r}, not a checkpoint of {root}")
     if not candidates:
         raise ConfigError(f"--resume {path}: no checkpoint there (a run folder, its checkpoints/ or "
                           f"checkpoints/latest, or a checkpoint folder)")
-    problems = []
     for folder in candidates:
         problem = damage(folder)
         planted = None if problem else code_in_state(folder)

@@ -414,8 +414,9 @@ RESUME_FREE = frozenset(f.name for name, c in SECTIONS.items() for f in dataclas
 SECTION_OF = _section_of()
 # flags a resume never takes from the checkpoint (training/cli.run_flags_of): what names this invocation (what
 # it continues, whether it trains, where it writes, a deadline renewed once) and this machine (its device, its
-# cache folder)
-NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "new_deadline", "device", "prompt_cache_dir"})
+# cache folder); a submission file outside the run folder is one a handed-on checkpoint may not choose to overwrite
+NOT_RESUMED = frozenset({"resume", "eval_only", "run_dir", "new_deadline", "device", "prompt_cache_dir",
+                         "submission"})
 
 
 @dataclass(frozen=True, kw_only=True)

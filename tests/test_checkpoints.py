@@ -84,6 +84,32 @@ def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
         training.train(cfg.replace(eval_only=True, resume=str(run), run_dir=str(run)), CPU)
 
 
+def test_a_resume_into_another_runs_folder_is_refused_and_its_own_or_an_empty_one_taken(two_checkpoints, tmp_path):
+    """Two runs' checkpoints in one folder would interleave (and the pruning keep the other's)."""
+    from training.run_folder import plan_run_dir
+
+    cfg, run = two_checkpoints
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    checkpoint = find_checkpoint(str(run))
+    with pytest.raises(ConfigError, match=f"--run_dir {other} holds another run than --resume {run}"):
+        plan_run_dir(cfg.replace(resume=str(run), run_dir=str(other)).run, checkpoint)
+    for folder in (run, tmp_path / "empty"):
+        assert plan_run_dir(cfg.replace(resume=str(run), run_dir=str(folder)).run, checkpoint) == folder
+
+
+def test_latest_names_a_checkpoint_of_its_own_folder_only(two_checkpoints, tmp_path, capsys):
+    """A handed-on run folder whose checkpoints/latest points elsewhere resumes from its own newest."""
+    _, run = two_checkpoints
+    elsewhere = tmp_path / "elsewhere" / "checkpoints"
+    elsewhere.mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text(f"../../elsewhere/checkpoints/{'step_00000009'}\n")
+    capsys.readouterr()
+    assert find_checkpoint(str(run)) == run / "checkpoints" / "step_00000002"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a checkpoint of" in err
+
+
 def test_keep_checkpoints_prunes_all_but_the_newest(small_cfg, tmp_path):
     training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, save_every=1, keep_checkpoints=2,
                           eval_tasks=1, ttt_steps=1), CPU)
@@ -141,15 +167,16 @@ def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_overr
                                                                                           capsys):
     """`--resume RUN` alone takes every flag RUN was started with (its recipe, budget and validation), not
     the defaults; a flag given wins; what names the invocation or the machine (NOT_RESUMED) is never taken,
-    and under --eval_only neither is RUN's submission file, which a scoring elsewhere must not overwrite."""
+    nor RUN's submission file: a handed-on checkpoint may not choose a file outside its folder to overwrite."""
     run = tmp_path / "run"
     started = dict(agent_lr=3e-4, lr_schedule="cosine", max_minutes=30.0, epochs=4, ttt_lr=3e-3, eval_augments=16,
                    submission=str(tmp_path / "sub.json"), prompt_cache_dir=str(tmp_path / "cache"), device="cpu")
     training.train(small_cfg(max_batches=1, eval_tasks=1, **started), CPU)
     resumed = parse(["--resume", str(run)], "fixed.py", "").flags()
-    carried = {k: v for k, v in started.items() if k not in {"prompt_cache_dir", "device"}}
+    carried = {k: v for k, v in started.items() if k not in {"prompt_cache_dir", "device", "submission"}}
     assert {k: resumed[k] for k in carried} == carried and resumed["data"] == small_cfg().data.data
-    assert (resumed["prompt_cache_dir"], resumed["device"]) == (Config().qwen.prompt_cache_dir, "auto")
+    assert (resumed["prompt_cache_dir"], resumed["device"], resumed["submission"]) == \
+        (Config().qwen.prompt_cache_dir, "auto", "")
     assert parse(["--resume", str(run), "--agent_lr", "1e-4"], "fixed.py", "").optim.agent_lr == 1e-4
     scoring = ["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval")]
     scored = parse(scoring, "fixed.py", "")
@@ -160,6 +187,7 @@ def test_a_resume_continues_the_run_with_its_own_flags_and_the_flags_given_overr
     err = capsys.readouterr().err
     assert "--resume: the run's own flags off the defaults: " in err and "ttt_lr=0.003" in err
     assert "device" not in err.split("off the defaults: ")[1].splitlines()[0]
+    assert f"the run wrote its submission to {tmp_path / 'sub.json'}; not this time" in err
 
 
 def test_a_resume_checks_the_flags_it_ends_with_not_the_runs_saved_ones(small_cfg, tmp_path, capsys):

@@ -118,7 +118,7 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     given = {**from_recipe, **typed}
     if flags["resume"]:
         checkpoint = find_checkpoint(flags["resume"], quiet=True)  # the run says which one it resumes
-        flags.update(run_flags_of(checkpoint, given, evaluating=flags["eval_only"]))
+        flags.update(run_flags_of(checkpoint, given))
         flags.update(model_flags_of(checkpoint, given))
     if flags["compile"] and flags["canvas"] == "fit" and "canvas" not in given:
         # a compiled agent needs few canvas sides: the default canvas gives up to 29, the bucketed one a handful
@@ -173,20 +173,14 @@ def refuse_idle(cfg: Config, typed: dict) -> None:
             print(f"note: {idle[name]}: it changes nothing in this run", file=sys.stderr)
 
 
-# under --eval_only a resume does not take the training run's submission file either: a scoring into a folder
-# of its own must not overwrite it
-NOT_EVALUATED = NOT_RESUMED | {"submission"}
-
-
-def run_flags_of(checkpoint: Path, given: dict, evaluating: bool) -> dict:
+def run_flags_of(checkpoint: Path, given: dict) -> dict:
     """The flags of the run that wrote the checkpoint, for every flag neither the command line nor --config
-    gives (and not NOT_RESUMED; under --eval_only, NOT_EVALUATED), so `--resume RUN` continues RUN as it
-    ran (its recipe, budget, validation) and `--eval_only` scores as RUN would have; flags retired since
+    gives (and not NOT_RESUMED), so `--resume RUN` continues RUN as it ran (its recipe, budget,
+    validation) and `--eval_only` scores as RUN would have; flags retired since
     left out, those it predates absent (their defaults). Model flags: `model_flags_of`. Only the merged
     flags are checked (a saved value refused now is refused unless one is given in its place)."""
-    kept = NOT_EVALUATED if evaluating else NOT_RESUMED
     return {name: value for name, value in checkpoint_flags(checkpoint).items()
-            if name in SECTION_OF and name not in given and name not in kept and name not in MODEL_FLAGS}
+            if name in SECTION_OF and name not in given and name not in NOT_RESUMED and name not in MODEL_FLAGS}
 
 
 def given_flags(argv: list[str] | None) -> dict:

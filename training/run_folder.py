@@ -42,7 +42,12 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
         path = Path(run.run_dir)
         trained = (path / "checkpoints").exists()
         evaluation = run.eval_only and not trained and any((path / "journal").glob("evaluate.rank*.jsonl"))
-        if not continuing and (trained or (path / SUMMARY_FILE).exists()) and not evaluation:
+        held = trained or (path / SUMMARY_FILE).exists()
+        if continuing and held and path.resolve() != resumed_from.parent.parent.resolve():
+            # two runs' checkpoints, events and summary in one folder: neither could be resumed as it ran
+            raise ConfigError(f"--run_dir {path} holds another run than --resume {run.resume}: continue that run "
+                              f"in its own folder (leave out --run_dir) or choose an empty --run_dir")
+        if not continuing and held and not evaluation:
             advice = "choose another --run_dir" if run.eval_only else \
                 f"pass --resume {path} to continue it, or choose another --run_dir"
             raise ConfigError(f"--run_dir {path} already holds a run: {advice}")

@@ -181,6 +181,9 @@ def say_run_flags(folder: Path, config: dict, dist: Dist) -> None:
             if k in saved and k not in NOT_RESUMED and saved[k] == v != defaults[k]]
     if kept and dist.is_main:
         print(f"--resume: the run's own flags off the defaults: {' '.join(kept)}", file=sys.stderr)
+    if saved.get("submission") and not config["submission"] and dist.is_main:
+        print(f"--resume: the run wrote its submission to {saved['submission']}; not this time (a file outside the "
+              f"run folder, which a checkpoint may not choose): give --submission to write one", file=sys.stderr)
 
 
 def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist, *, evaluating: bool = False) -> None:
