@@ -224,7 +224,15 @@ def checkpoint_flags(folder: Path) -> dict:
     """The flags of the run that wrote a checkpoint `find_checkpoint` has checked (config.json; a
     checkpoint written before it had one: state.pt's)."""
     path = folder / CONFIG_FILE
-    return json.loads(path.read_text()) if path.exists() else load_state(folder)["config"]
+    if not path.exists():
+        return load_state(folder)["config"]
+    try:  # its checksum matched, but a folder handed on may have been written to match
+        flags = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        flags = None
+    if not isinstance(flags, dict):
+        raise ConfigError(f"{path}: not a JSON table of flag names and values")
+    return flags
 
 
 def load_checkpoint(folder: Path) -> tuple[dict[str, torch.Tensor], dict]:

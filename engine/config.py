@@ -90,13 +90,20 @@ def flag(default, help: str, choices: tuple | None = None, *, within: Range | No
                                                         "resume_free": resume_free})
 
 
+def range_problem(within: Range | None, value: float) -> str | None:
+    """What a numeric flag's value lacks to lie in its declared range (`within`), or None."""
+    if within is None or within.holds(value):
+        return None
+    return f"must be {'' if math.isfinite(value) else 'a finite number '}{within}"
+
+
 def _check(cfg) -> None:
     """Each flag of a sub-config within its declared range and among its choices: one line naming it."""
     for f in dataclasses.fields(cfg):
-        value, within, choices = getattr(cfg, f.name), f.metadata["within"], f.metadata["choices"]
-        if within is not None and not within.holds(value):
-            finite = "" if math.isfinite(value) else "a finite number "
-            raise ConfigError(f"--{f.name} {value}: must be {finite}{within}")
+        value, choices = getattr(cfg, f.name), f.metadata["choices"]
+        problem = range_problem(f.metadata["within"], value)
+        if problem:
+            raise ConfigError(f"--{f.name} {value}: {problem}")
         if choices and value not in choices:
             raise ConfigError(f"--{f.name} {value}: choose one of {', '.join(map(str, choices))}")
 

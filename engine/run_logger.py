@@ -46,13 +46,24 @@ class IntervalMeans:
 
 
 class RunLogger:
+    """The run folder's TensorBoard events. The events file is made at the first thing written, so a run
+    refused after its start-up (a validation journal written by other weights or flags) leaves no events
+    of what it would have run."""
+
     def __init__(self, run_dir: Path, config: dict, description: str, *, purge_step: int | None = None):
         """`purge_step`: events at this step and later, left by an earlier life of the run, are dropped."""
-        self.run_dir = run_dir
-        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=purge_step)
-        self.writer.add_text("config", "```\n" + json.dumps(config, indent=2) + "\n```", 0)
-        self.writer.add_text("models", description, 0)
+        self.run_dir, self.purge_step = run_dir, purge_step
+        self.texts = {"config": "```\n" + json.dumps(config, indent=2) + "\n```", "models": description}
+        self._writer: SummaryWriter | None = None
         self.last: dict[str, float] = {}
+
+    @property
+    def writer(self) -> SummaryWriter:
+        if self._writer is None:
+            self._writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=self.purge_step)
+            for tag, text in self.texts.items():
+                self._writer.add_text(tag, text, 0)
+        return self._writer
 
     def write(self, step: int, values: dict[str, float]) -> dict[str, float]:
         """Write `values` as they are at `step`."""
@@ -63,7 +74,8 @@ class RunLogger:
         return values
 
     def close(self) -> None:
-        self.writer.close()
+        if self._writer is not None:
+            self._writer.close()
 
 
 def read_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

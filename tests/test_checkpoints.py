@@ -110,6 +110,34 @@ def test_latest_names_a_checkpoint_of_its_own_folder_only(two_checkpoints, tmp_p
     assert err.count("\n") == 1 and "not a checkpoint of" in err
 
 
+def test_a_refused_evaluation_continuation_writes_nothing_into_its_folder(two_checkpoints, tmp_path, capsys):
+    """An --eval_only folder scored with other flags refuses the continuation, and leaves no events of it."""
+    _, run = two_checkpoints
+    scoring = ["--eval_only", "--resume", str(run), "--run_dir", str(tmp_path / "eval"), "--eval_tasks", "1"]
+    assert training.main([*scoring, "--eval_augments", "2"]) == 0
+    before = sorted((tmp_path / "eval").rglob("*"))
+    capsys.readouterr()
+    assert training.main([*scoring, "--eval_augments", "3"]) == 2
+    assert "--eval_augments 2 -> 3" in capsys.readouterr().err.splitlines()[-1]
+    assert sorted((tmp_path / "eval").rglob("*")) == before
+
+
+def test_a_submission_or_run_folder_that_cannot_be_written_is_refused_before_anything_runs(small_cfg, tmp_path,
+                                                                                          capsys):
+    (tmp_path / "a_file").write_text("")
+    cases = [(["--submission", str(tmp_path)], "a folder; name the file"),
+             (["--submission", str(tmp_path / "a_file" / "sub.json")], "is a file, not a folder"),
+             (["--run_dir", str(tmp_path / "a_file")], "cannot be a run folder"),
+             (["--run_dir", str(tmp_path / "a_file" / "run")], "cannot be a run folder")]
+    for flags, says in cases:
+        capsys.readouterr()
+        assert training.main(["--run_dir", str(tmp_path / "run"), "--max_batches", "1", *flags]) == 2, flags
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+        assert not (tmp_path / "run").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
+
+
 def test_keep_checkpoints_prunes_all_but_the_newest(small_cfg, tmp_path):
     training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=5, save_every=1, keep_checkpoints=2,
                           eval_tasks=1, ttt_steps=1), CPU)
@@ -201,10 +229,30 @@ def test_a_resume_checks_the_flags_it_ends_with_not_the_runs_saved_ones(small_cf
     (checkpoint / "config.json").write_text(json.dumps(saved))
     write_checksums(checkpoint)
     capsys.readouterr()
-    with pytest.raises(ConfigError, match="--log_every 0"):
+    with pytest.raises(ConfigError, match="config.json: log_every = 0: must be >= 1"):
         parse(["--resume", str(run)], "fixed.py", "")
     cfg = parse(["--resume", str(run), "--log_every", "5"], "fixed.py", "")
     assert (cfg.run.device, cfg.eval.new_deadline, cfg.eval.eval_minutes, cfg.run.log_every) == ("auto", False, 5.0, 5)
+
+
+@pytest.mark.parametrize("flag,value,why", [("ttt_lr", "abc", "expected float"), ("ttt_lr", None, "expected float"),
+                                            ("agent_channels", "wide", "expected int"), ("ttt_lr", -3, "must be > 0")])
+def test_a_checkpoints_flag_of_the_wrong_type_or_range_is_one_line_naming_its_file(small_cfg, tmp_path, capsys,
+                                                                                    flag, value, why):
+    """A config.json written to match its checksums (a folder handed on) is read as a recipe is."""
+    training.train(small_cfg(max_batches=1, eval_tasks=1), CPU)
+    checkpoint = find_checkpoint(str(tmp_path / "run"))
+    saved = json.loads((checkpoint / "config.json").read_text())
+    (checkpoint / "config.json").write_text(json.dumps({**saved, flag: value}))
+    write_checksums(checkpoint)
+    capsys.readouterr()
+    assert training.main(["--resume", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"config.json: {flag} = {value!r}: {why}" in err
+    (checkpoint / "config.json").write_text("[1, 2]")
+    write_checksums(checkpoint)
+    assert training.main(["--resume", str(tmp_path / "run")]) == 2
+    assert "config.json: not a JSON table of flag names" in capsys.readouterr().err
 
 
 def test_a_weights_only_checkpoint_evaluates_as_the_whole_one_and_trains_nothing(two_checkpoints, tmp_path):

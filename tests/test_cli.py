@@ -194,12 +194,15 @@ def test_every_recipe_in_configs_loads_and_the_command_line_overrides_it(recipe)
     ("batch_size = [\n", ".toml", "not valid TOML"),
     ("batch_size: 4\nepochs: [1\n", ".yaml", "not valid YAML"),
     ("- 4\n", ".yaml", "a recipe is a table of flag names and values"),
+    ("epochs = -4\n", ".toml", "epochs = -4: must be >= 1"),
+    ("ttt_warmup = 1.5\n", ".toml", "ttt_warmup = 1.5: must be in [0, 1)"),
+    (b"\xff\xfe", ".toml", "not UTF-8 text"),
 ])
 def test_a_bad_recipe_is_one_line_naming_the_file(text, suffix, says, tmp_path, capsys):
     import training
 
     recipe = tmp_path / f"recipe{suffix}"
-    recipe.write_text(text)
+    recipe.write_bytes(text) if isinstance(text, bytes) else recipe.write_text(text)
     assert training.main(["--config", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"fixed.py: error: --config {recipe}: " in err and says in err, err

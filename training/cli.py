@@ -20,7 +20,7 @@ from pathlib import Path
 from agents import AGENTS
 from data.arc import DataError
 from engine.checkpoint import checkpoint_flags, find_checkpoint
-from engine.config import MODEL_FLAGS, NOT_RESUMED, SECTION_OF, SECTIONS, Config
+from engine.config import MODEL_FLAGS, NOT_RESUMED, SECTION_OF, SECTIONS, Config, range_problem
 from engine.distributed import init_distributed, launcher_wants_fsdp, shutdown
 from engine.errors import ConfigError
 from engine.loop import TrainingStopped, summary_line
@@ -58,9 +58,11 @@ def build_parser(prog: str, description: str) -> OneLineParser:
 
 def _load_recipe_text(file: Path) -> object:
     try:
-        text = file.read_text()
+        text = file.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"--config {file}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {file}: not UTF-8 text") from None
     if file.suffix == ".toml":
         try:
             return tomllib.loads(text)
@@ -87,18 +89,29 @@ def read_config_file(path: str) -> dict:
     unknown = sorted(set(values) - set(SECTION_OF))
     if unknown:
         raise ConfigError(f"--config {path}: unknown setting(s) {', '.join(unknown)} (keys are fixed.py's flag names)")
-    fields = {f.name: (f, typing.get_type_hints(cls)[f.name]) for cls in SECTIONS.values()
-              for f in dataclasses.fields(cls)}
+    return checked(values, f"--config {path}")
+
+
+_FIELDS = {f.name: (f, typing.get_type_hints(cls)[f.name])
+           for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+
+
+def checked(values: dict, origin: str) -> dict:
+    """Flag values a file gives (a recipe, a checkpoint's config.json), each of its flag's type, range
+    and choices, else one ConfigError naming `origin` (the file), the flag and the value (where the
+    command line's are typed by argparse). -> the values, ints given for floats as floats."""
     for name, value in values.items():
-        f, kind = fields[name]
+        f, kind = _FIELDS[name]
         fits = isinstance(value, kind) and not (kind is int and isinstance(value, bool)) or \
             (kind is float and isinstance(value, int) and not isinstance(value, bool))
-        if not fits:
-            raise ConfigError(f"--config {path}: {name} = {value!r}: expected {kind.__name__}")
         choices = _choices(name, f)
-        if choices and value not in choices:
-            raise ConfigError(f"--config {path}: {name} = {value!r}: choose one of {', '.join(map(str, choices))}")
-    return {name: float(v) if fields[name][1] is float else v for name, v in values.items()}
+        problem = (f"expected {kind.__name__}" if not fits else
+                   range_problem(f.metadata["within"], value) if kind in (int, float) else None)
+        if problem is None and choices and value not in choices:
+            problem = f"choose one of {', '.join(map(str, choices))}"
+        if problem:
+            raise ConfigError(f"{origin}: {name} = {value!r}: {problem}")
+    return {name: float(v) if _FIELDS[name][1] is float else v for name, v in values.items()}
 
 
 def parse(argv: list[str] | None, prog: str, description: str) -> Config:
@@ -177,10 +190,12 @@ def run_flags_of(checkpoint: Path, given: dict) -> dict:
     """The flags of the run that wrote the checkpoint, for every flag neither the command line nor --config
     gives (and not NOT_RESUMED), so `--resume RUN` continues RUN as it ran (its recipe, budget,
     validation) and `--eval_only` scores as RUN would have; flags retired since
-    left out, those it predates absent (their defaults). Model flags: `model_flags_of`. Only the merged
-    flags are checked (a saved value refused now is refused unless one is given in its place)."""
-    return {name: value for name, value in checkpoint_flags(checkpoint).items()
-            if name in SECTION_OF and name not in given and name not in NOT_RESUMED and name not in MODEL_FLAGS}
+    left out, those it predates absent (their defaults). Model flags: `model_flags_of`. Each value taken is
+    checked as a recipe's are (`checked`: one line naming config.json), so a saved value refused now is
+    refused unless one is given in its place."""
+    taken = {name: value for name, value in checkpoint_flags(checkpoint).items()
+             if name in SECTION_OF and name not in given and name not in NOT_RESUMED and name not in MODEL_FLAGS}
+    return checked(taken, f"--resume {checkpoint}/config.json")
 
 
 def given_flags(argv: list[str] | None) -> dict:
@@ -198,7 +213,8 @@ def model_flags_of(checkpoint: Path, given: dict) -> dict:
     """The flags that build the model (MODEL_FLAGS) as the checkpoint's run had them, so the model
     it is resumed into is its own; a model flag given (on the command line or in --config) with
     another value is a ConfigError naming both."""
-    saved = checkpoint_flags(checkpoint)
+    saved = checked({name: v for name, v in checkpoint_flags(checkpoint).items() if name in MODEL_FLAGS},
+                    f"--resume {checkpoint}/config.json")
     defaults = Config().flags()  # a flag the suite gained after the checkpoint was written: its default then
     theirs = {name: saved.get(name, defaults[name]) for name in MODEL_FLAGS}
     # a Qwen given as a local folder may be the checkpoint's hub model saved there (a bundle's qwen/)

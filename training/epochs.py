@@ -27,6 +27,7 @@ from engine.distributed import Dist
 from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows, seed_everything
 from engine.run_logger import IntervalMeans
 from engine.schedule import TrainingSchedule
+from evaluation.submission import check_submission_path
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.flops import TrainingFlops
 from training.run_folder import finish_run, holding, open_run, plan_run_dir
@@ -40,6 +41,8 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
     run_dir = plan_run_dir(cfg.run, resumed_from)
+    if cfg.eval.submission:
+        check_submission_path(Path(cfg.eval.submission))
     with StopRequest(announce=dist.is_main) as stop, holding(run_dir, dist):
         if cfg.run.eval_only:
             return evaluate_only(cfg, device, dist, stop, resumed_from, run_dir)

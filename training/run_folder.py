@@ -68,8 +68,11 @@ def holding(run_dir: Path, dist: Dist) -> Iterator[None]:
     handle, refused, created = None, None, False
     if dist.is_main:
         created = not run_dir.exists()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        handle, refused = _lock(run_dir / LOCK_FILE)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            handle, refused = _lock(run_dir / LOCK_FILE)
+        except OSError as err:  # a file there or above it, a folder not writable: refused on every process alike
+            refused = f"--run_dir {run_dir}: cannot be a run folder ({err.strerror})"
     refused = dist.gather(refused)[0]
     if refused:
         raise ConfigError(refused)
