@@ -49,7 +49,7 @@ def test_help_documents_every_flag(help_text):
 
 
 @pytest.mark.parametrize("args", [["--no_such_flag"], ["--amp", "fp8"], ["--epochs", "two"],
-                                  ["--device", "tpu"]])
+                                  ["--device", "tpu"], ["--epoch", "2"], ["--conf", "configs/smoke.toml"]])
 def test_bad_flag_is_one_line_exit_2(args, run_cli):
     out = run_cli(*args)
     assert out.returncode == 2

@@ -40,7 +40,9 @@ def _choices(name: str, f: dataclasses.Field) -> tuple | None:
 
 def build_parser(prog: str, description: str) -> OneLineParser:
     """Flat flags, shown in --help grouped by section."""
-    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    # no abbreviations: `--epoch 2` read as --epochs would hide a typo, and a flag added later could change its meaning
+    parser = OneLineParser(prog=prog, description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                           allow_abbrev=False)
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(section, (cls.__doc__ or "").strip().splitlines()[0])
         hints = typing.get_type_hints(cls)
@@ -120,7 +122,7 @@ def parse(argv: list[str] | None, prog: str, description: str) -> Config:
     parser.add_argument("--config", metavar="FILE", help="a recipe (configs/*.toml): flag names and values, "
                                                          "overridden by the flags given here")
     # only --config is looked for here; the full parser below refuses any unknown flag
-    finder = argparse.ArgumentParser(add_help=False)
+    finder = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     finder.add_argument("--config")
     recipe = finder.parse_known_args(argv)[0].config
     from_recipe = read_config_file(recipe) if recipe else {}
