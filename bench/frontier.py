@@ -98,7 +98,9 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
                     "default-cosine": {"ttt_schedule": "cosine"}, "default-cosine-lr-2e-3": {"ttt_schedule": "cosine",
                                                                                           "ttt_lr": 2e-3},
                     "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True},
-                    "default-search": {"view_starts": True}, "default-no-input-views": {"input_views": False}}
+                    "default-search": {"view_starts": True}, "default-no-input-views": {"input_views": False},
+                    # the adaptation loss's coefficients (the training loss's: loss_function.adaptation_loss)
+                    "default-smoothing-0": {"label_smoothing": 0.0}, "default-hard-4": {"hard_weight": 4.0}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}

@@ -33,6 +33,7 @@ MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"  # the run's flags, also in state.pt: read without loading the optimizers
 SHARDED_DIR = "sharded"
 STATE_FILE = "state.pt"
+STEPS_FILE = "steps.json"  # a weights-only checkpoint's optimizer steps: which weights a bundle scores
 CHECKSUMS_FILE = "checksums.json"
 LATEST = "latest"
 
@@ -211,13 +212,30 @@ def is_weights_only(folder: Path) -> bool:
 
 def write_weights_only(checkpoint: Path, out: Path) -> Path:
     """What prediction reads of an unsharded checked `checkpoint`, into the new folder `out`: its
-    weights and its flags, with their checksums (no optimizer
-    state, RNG states or prompt cache: half the size). -> out."""
+    weights, its flags and its optimizer steps, with their checksums (no optimizer state, RNG states
+    or prompt cache: half the size). -> out."""
     out.mkdir(parents=True)
     shutil.copy2(checkpoint / MODEL_FILE, out / MODEL_FILE)
     (out / CONFIG_FILE).write_text(json.dumps(checkpoint_flags(checkpoint), indent=1) + "\n")
+    steps = load_state(checkpoint)["counters"]["optimizer_steps"]
+    (out / STEPS_FILE).write_text(json.dumps({"optimizer_steps": steps}) + "\n")
     write_checksums(out)
     return out
+
+
+def weights_only_steps(folder: Path) -> int:
+    """The optimizer steps that trained a weights-only checkpoint's weights (0 for one written before
+    it said): what its validation is logged at."""
+    path = folder / STEPS_FILE
+    if not path.exists():
+        return 0
+    try:
+        steps = json.loads(path.read_text(encoding="utf-8"))["optimizer_steps"]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
+        steps = None
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ConfigError(f"{path}: not a JSON table whose optimizer_steps is a count")
+    return steps
 
 
 def checkpoint_flags(folder: Path) -> dict:

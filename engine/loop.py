@@ -131,7 +131,11 @@ def duration(seconds: float) -> str:
 
 
 def summary_line(s: dict) -> str:
-    parts = [f"done: {s['steps']} steps in {s['seconds']:.1f}s"]
+    """The last line of a run: what it did, what it scored, where it wrote."""
+    if "evaluated" in s:  # --eval_only: the steps are the weights', the seconds the scoring's
+        parts = [f"done: {s['steps']} steps' weights ({s['evaluated']}) scored in {s['seconds']:.1f}s"]
+    else:
+        parts = [f"done: {s['steps']} steps ({s['train_seconds']:.1f}s of training, {s['seconds']:.1f}s in all)"]
     if "loss/combined" in s:
         parts.append(f"loss {s['loss/combined']:.4f} (efe {s['loss/efe']:.4f}, reward {s['rl/reward']:+.4f})")
     if "eval/cell_acc" in s:
@@ -144,6 +148,8 @@ def summary_line(s: dict) -> str:
         parts.append(f"validation {s['validation_share']:.0%} of the time ({s['validations']} during training, "
                      f"{s['validations_skipped']} skipped)")
     parts.append(f"run {s['run_dir']}")
+    if s.get("submission"):
+        parts.append(f"submission {s['submission']}")
     return " | ".join(parts)
 
 

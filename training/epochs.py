@@ -70,11 +70,13 @@ class EpochLoop:
         resumed_here = resumed_from is not None and resumed_from.parent.parent == self.run_dir
         self.saved_at = dataclasses.astuple(self.counters) if resumed_here else None
         self.validation = ValidationSchedule.of(cfg.eval)
-        what = "training"
+        what = "training" if resumed_from is None else \
+            f"training on from {resumed_from} (step {self.counters.optimizer_steps})"
         if cfg.data.train_on_eval_demos:
             what += f", TRANSDUCTIVE: the demos of {len(self.data.splits.evaluation)} evaluation tasks join training"
         self.logger = open_run(self.run_dir, cfg, self.state, self.data, dist, what, self.validation.describe(
-            cfg.eval.val_tasks, final_tasks(cfg.eval), len(self.data.splits.evaluation), cfg.run.epochs))
+            cfg.eval.val_tasks, final_tasks(cfg.eval), len(self.data.splits.evaluation),
+            cfg.run.epochs - self.counters.epoch))
         if self.logger is not None:
             self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)
         self.started = time.time()
@@ -105,7 +107,8 @@ class EpochLoop:
                               {"transductive": self.cfg.data.train_on_eval_demos, **metrics,
                                **self.validation.report(self.seconds), **self.flops.since_start(self.seconds),
                                **self.outside_steps_figures(),
-                               **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})}, self.dist)
+                               **({"compile_seconds": compile_seconds()} if self.cfg.agent.compile else {})}, self.dist,
+                              self.cfg.eval.submission)
         finally:
             if self.logger is not None:
                 self.logger.close()

@@ -149,11 +149,12 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
 
 
 def finish_run(run_dir: Path, logger: RunLogger | None, started: float, steps: int, metrics: dict,
-               dist: Dist) -> dict:
+               dist: Dist, submission: str = "") -> dict:
     """Write summary.json (main process), the mark of a finished run: whole or not at all, as a
-    reader (or a run killed while writing it) sees it. -> the summary."""
+    reader (or a run killed while writing it) sees it; `submission`: the file the run wrote, if any.
+    -> the summary."""
     summary = {"steps": steps, "seconds": round(time.time() - started, 1), "run_dir": str(run_dir),
-               "world_size": dist.world_size, **metrics}
+               "world_size": dist.world_size, **metrics, **({"submission": submission} if submission else {})}
     if logger is not None:
         summary.update({k: logger.last[k] for k in ("loss/combined", "loss/efe", "rl/reward") if k in logger.last})
         write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary, indent=2) + "\n")

@@ -35,6 +35,7 @@ from engine.checkpoint import (
     set_rng_state,
     staging_folder,
     start_checkpoint,
+    weights_only_steps,
 )
 from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
@@ -196,6 +197,7 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
             raise ConfigError(f"--resume {folder}: a weights-only checkpoint (a bundle's) is for --eval_only "
                               f"without --fsdp: it holds no optimizer state to train on")
         restore_weights(state.model, folder)
+        state.counters = Counters(optimizer_steps=weights_only_steps(folder))
         return
     if is_sharded_checkpoint(folder) and dist.is_main:  # torch's format, not ours: the one file read by pickle
         print(f"note: {folder / SHARDED_DIR}/.metadata is unpickled by torch.distributed.checkpoint: resume a "

@@ -76,7 +76,8 @@ class ValidationSchedule:
         return True
 
     def describe(self, val_tasks: int, eval_tasks: int, n_tasks: int, epochs: int) -> str:
-        """The start-up line's account of validation."""
+        """The start-up line's account of validation; `epochs`: those this invocation trains (a resumed
+        run's last one gets no validation of its own before the final one)."""
         subset = f"the first {val_tasks}" if 0 < val_tasks < n_tasks else f"all {n_tasks}"
         when = {"epoch": "after each epoch" if epochs > 1 else "", "steps": f"every {int(self.amount)} steps",
                 "minutes": f"every {self.amount:g} minutes of training", "end": ""}[self.unit]
@@ -332,7 +333,8 @@ def evaluate_only(cfg: Config, device: torch.device, dist: Dist, stop: StopReque
                           str(weights), "evaluate")  # --eval_tasks -1 and 0: all
     try:
         metrics = run_validation(state, data, cfg, device, dist, logger, stop, plan, run_dir)
-        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **metrics}, dist)
+        return finish_run(run_dir, logger, started, step, {"evaluated": str(weights), **metrics}, dist,
+                          cfg.eval.submission)
     except Interrupted as err:
         kept = f"its finished tasks are journaled in {run_dir}: run the same command to continue" \
             if cfg.eval.journal else "nothing written as finished, run the same command to evaluate again"
