@@ -163,6 +163,9 @@ def main() -> None:
     SETTINGS.update(parse_settings(args.set))
     args.agents, args.families = args.agents.split(","), args.families.split(",")
     sections = args.sections.split(",")
+    unknown = set(sections) - {"single", "mixed", "arc", "rl"}
+    if unknown:
+        raise SystemExit(f"--sections: unknown {sorted(unknown)}; choose from single, mixed, arc, rl")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.out or tmp)
         if "single" in sections:

@@ -34,8 +34,8 @@ def check_submission_path(path: Path) -> None:
     folder = next(p for p in path.parents if p.exists())  # the nearest that exists: the rest are made
     if not folder.is_dir():
         raise ConfigError(f"--submission {path}: {folder} is a file, not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise ConfigError(f"--submission {path}: not writable here")
+    if not os.access(folder, os.W_OK | os.X_OK):  # the file is replaced by a rename: its folder is what is written
+        raise ConfigError(f"--submission {path}: {folder} is not writable")
 
 
 class SubmissionFile:

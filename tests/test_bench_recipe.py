@@ -1,7 +1,7 @@
 """bench/recipe.py, the side-by-side table's bench, on the small ARC folder: a row trains, is scored
 beside the untrained start, with its paired gain over it, and a rerun on the same folder scores the
-run it finds without training it again (under its own --set); with --seeds each row runs once a seed
-and a last table gives the mean and spread."""
+run it finds without training it again; with --seeds each row runs once a seed and a last table gives
+the mean and spread."""
 
 import pytest
 

@@ -96,14 +96,23 @@ def test_a_resume_into_another_runs_folder_is_refused_and_its_own_or_an_empty_on
         plan_run_dir(cfg.replace(resume=str(run), run_dir=str(other)).run, checkpoint)
     for folder in (run, tmp_path / "empty"):
         assert plan_run_dir(cfg.replace(resume=str(run), run_dir=str(folder)).run, checkpoint) == folder
+    # an older checkpoint of the run trains on apart, never among the run's later ones
+    older = run / "checkpoints" / "step_00000001"
+    for run_dir in ("", str(run)):
+        with pytest.raises(ConfigError, match=r"has a newer checkpoint \(step_00000002\)"):
+            plan_run_dir(cfg.replace(resume=str(older), run_dir=run_dir).run, find_checkpoint(str(older)))
+    assert plan_run_dir(cfg.replace(resume=str(older), run_dir=str(tmp_path / "branch")).run, older) == \
+        tmp_path / "branch"
 
 
 def test_latest_names_a_checkpoint_of_its_own_folder_only(two_checkpoints, tmp_path, capsys):
     """A handed-on run folder whose checkpoints/latest points elsewhere resumes from its own newest."""
+    import shutil
+
     _, run = two_checkpoints
     elsewhere = tmp_path / "elsewhere" / "checkpoints"
-    elsewhere.mkdir(parents=True)
-    (run / "checkpoints" / "latest").write_text(f"../../elsewhere/checkpoints/{'step_00000009'}\n")
+    shutil.copytree(run / "checkpoints" / "step_00000001", elsewhere / "step_00000009")  # intact, and newer
+    (run / "checkpoints" / "latest").write_text("../../elsewhere/checkpoints/step_00000009\n")
     capsys.readouterr()
     assert find_checkpoint(str(run)) == run / "checkpoints" / "step_00000002"
     err = capsys.readouterr().err

@@ -40,7 +40,8 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-    run_dir = plan_run_dir(cfg.run, resumed_from)
+    # rank 0's: a folder named by the clock could differ between processes started a second apart
+    run_dir = Path(dist.gather(str(plan_run_dir(cfg.run, resumed_from)))[0])
     if cfg.eval.submission:
         check_submission_path(Path(cfg.eval.submission))
     with StopRequest(announce=dist.is_main) as stop, holding(run_dir, dist):
@@ -67,7 +68,7 @@ class EpochLoop:
             restore_run_state(self.state, resumed_from, cfg.flags(), dist)
         self.counters = self.state.counters
         # the counters of the newest checkpoint in run_dir: a checkpoint asked for again saves nothing new
-        resumed_here = resumed_from is not None and resumed_from.parent.parent == self.run_dir
+        resumed_here = resumed_from is not None and resumed_from.parent.parent.resolve() == self.run_dir.resolve()
         self.saved_at = dataclasses.astuple(self.counters) if resumed_here else None
         self.validation = ValidationSchedule.of(cfg.eval)
         what = "training" if resumed_from is None else \
@@ -200,7 +201,8 @@ class EpochLoop:
 
     @property
     def resume_hint(self) -> str:
-        return f"checkpoint saved, continue with --resume {self.run_dir}"
+        submission = f" --submission {self.cfg.eval.submission}" if self.cfg.eval.submission else ""
+        return f"checkpoint saved, continue with --resume {self.run_dir}{submission}"
 
     def checkpoint(self) -> None:
         """Save the run's state, unless the newest checkpoint already holds these counters."""

@@ -18,6 +18,7 @@ from typing import IO
 
 from tqdm import tqdm
 
+from engine.checkpoint import find_checkpoint
 from engine.config import Config, RunCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
@@ -43,19 +44,31 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
         trained = (path / "checkpoints").exists()
         evaluation = run.eval_only and not trained and any((path / "journal").glob("evaluate.rank*.jsonl"))
         held = trained or (path / SUMMARY_FILE).exists()
-        if continuing and held and path.resolve() != resumed_from.parent.parent.resolve():
-            # two runs' checkpoints, events and summary in one folder: neither could be resumed as it ran
-            raise ConfigError(f"--run_dir {path} holds another run than --resume {run.resume}: continue that run "
-                              f"in its own folder (leave out --run_dir) or choose an empty --run_dir")
+        if continuing and held:
+            _refuse_a_second_trajectory(path, resumed_from, run.resume)
         if not continuing and held and not evaluation:
             advice = "choose another --run_dir" if run.eval_only else \
                 f"pass --resume {path} to continue it, or choose another --run_dir"
             raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
         return path
     if continuing:
+        _refuse_a_second_trajectory(resumed_from.parent.parent, resumed_from, run.resume)
         return resumed_from.parent.parent
     name = f"{run.run_name}-eval" if run.eval_only else run.run_name
     return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _refuse_a_second_trajectory(path: Path, resumed_from: Path, resume: str) -> None:
+    """Training continues in `path` only from its own newest intact checkpoint: from another run's, or
+    from an older one of its own (a `marks/` copy, a step named), its later checkpoints would sort
+    after the new ones and the pruning (--keep_checkpoints) delete what the continuation writes."""
+    if path.resolve() != resumed_from.parent.parent.resolve():
+        raise ConfigError(f"--run_dir {path} holds another run than --resume {resume}: pass --resume {path} to "
+                          f"continue the run there, or choose an empty --run_dir")
+    newest = find_checkpoint(str(path), quiet=True) if (path / "checkpoints").is_dir() else resumed_from
+    if newest.resolve() != resumed_from.resolve():
+        raise ConfigError(f"--resume {resume}: {path} has a newer checkpoint ({newest.name}): pass --resume {path} "
+                          f"to continue it, or an empty --run_dir to train on from {resumed_from.name} apart")
 
 
 @contextlib.contextmanager
