@@ -188,6 +188,12 @@ def refuse_idle(cfg: Config, typed: dict) -> None:
             print(f"note: {idle[name]}: it changes nothing in this run", file=sys.stderr)
 
 
+def _flags_file(checkpoint: Path) -> str:
+    """Where a checkpoint's flags are read from, as an error names it (a checkpoint written before
+    config.json holds them in state.pt)."""
+    return f"--resume {checkpoint}/{'config.json' if (checkpoint / 'config.json').exists() else 'state.pt'}"
+
+
 def run_flags_of(checkpoint: Path, given: dict) -> dict:
     """The flags of the run that wrote the checkpoint, for every flag neither the command line nor --config
     gives (and not NOT_RESUMED), so `--resume RUN` continues RUN as it ran (its recipe, budget,
@@ -197,7 +203,7 @@ def run_flags_of(checkpoint: Path, given: dict) -> dict:
     refused unless one is given in its place."""
     taken = {name: value for name, value in checkpoint_flags(checkpoint).items()
              if name in SECTION_OF and name not in given and name not in NOT_RESUMED and name not in MODEL_FLAGS}
-    return checked(taken, f"--resume {checkpoint}/config.json")
+    return checked(taken, _flags_file(checkpoint))
 
 
 def given_flags(argv: list[str] | None) -> dict:
@@ -216,7 +222,7 @@ def model_flags_of(checkpoint: Path, given: dict) -> dict:
     it is resumed into is its own; a model flag given (on the command line or in --config) with
     another value is a ConfigError naming both."""
     saved = checked({name: v for name, v in checkpoint_flags(checkpoint).items() if name in MODEL_FLAGS},
-                    f"--resume {checkpoint}/config.json")
+                    _flags_file(checkpoint))
     defaults = Config().flags()  # a flag the suite gained after the checkpoint was written: its default then
     theirs = {name: saved.get(name, defaults[name]) for name in MODEL_FLAGS}
     # a Qwen given as a local folder may be the checkpoint's hub model saved there (a bundle's qwen/)
