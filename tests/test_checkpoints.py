@@ -105,6 +105,21 @@ def test_a_resume_into_another_runs_folder_is_refused_and_its_own_or_an_empty_on
         tmp_path / "branch"
 
 
+def test_every_process_takes_the_main_process_run_folder(small_cfg):
+    """A folder named by the clock (no --run_dir) is the main process's on every process; stood in for
+    by a gather that returns another rank 0's plan."""
+    from engine.distributed import Dist
+    from training.run_folder import agreed_run_dir
+
+    class SecondRank(Dist):
+        def gather(self, obj):
+            return ["runs/arc__0__20261203-101500", obj]
+
+    cfg = small_cfg(run_dir="")
+    assert agreed_run_dir(cfg.run, None, SecondRank()) == pathlib.Path("runs/arc__0__20261203-101500")
+    assert agreed_run_dir(cfg.run, None, Dist()).name.startswith("arc__0__")
+
+
 def test_latest_names_a_checkpoint_of_its_own_folder_only(two_checkpoints, tmp_path, capsys):
     """A handed-on run folder whose checkpoints/latest points elsewhere resumes from its own newest."""
     import shutil

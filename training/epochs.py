@@ -30,7 +30,7 @@ from engine.schedule import TrainingSchedule
 from evaluation.submission import check_submission_path
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.flops import TrainingFlops
-from training.run_folder import finish_run, holding, open_run, plan_run_dir
+from training.run_folder import agreed_run_dir, finish_run, holding, open_run
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
 from training.validation import ValidationSchedule, evaluate_only, final_tasks, validate
@@ -40,8 +40,7 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     """Train for `--epochs` (or, with `--eval_only`, validate saved weights). SIGINT and SIGTERM stop
     it within seconds, training or validating, with a checkpoint. -> the run's summary."""
     resumed_from = find_checkpoint(cfg.run.resume) if cfg.run.resume else None
-    # rank 0's: a folder named by the clock could differ between processes started a second apart
-    run_dir = Path(dist.gather(str(plan_run_dir(cfg.run, resumed_from)))[0])
+    run_dir = agreed_run_dir(cfg.run, resumed_from, dist)
     if cfg.eval.submission:
         check_submission_path(Path(cfg.eval.submission))
     with StopRequest(announce=dist.is_main) as stop, holding(run_dir, dist):

@@ -58,6 +58,12 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
     return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def agreed_run_dir(run: RunCfg, resumed_from: Path | None, dist: Dist) -> Path:
+    """`plan_run_dir` as the main process plans it, on every process: a folder named by the clock could
+    differ between processes started a second apart (collective)."""
+    return Path(dist.gather(str(plan_run_dir(run, resumed_from)))[0])
+
+
 def _refuse_a_second_trajectory(path: Path, resumed_from: Path, resume: str) -> None:
     """Training continues in `path` only from its own newest intact checkpoint: from another run's, or
     from an older one of its own (a `marks/` copy, a step named), its later checkpoints would sort
