@@ -110,17 +110,24 @@ def is_sharded_checkpoint(folder: Path) -> bool:
     return (folder / SHARDED_DIR).is_dir()
 
 
+def _json_table(path: Path) -> dict | None:
+    """A checkpoint's JSON file read as a table (checksums, flags, steps), or None when it is not one
+    (its checksum may match: a folder handed on may have been written to match)."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return table if isinstance(table, dict) else None
+
+
 def damage(folder: Path) -> str | None:
     """What is wrong with a checkpoint folder, in a few words naming the file; None if it is intact."""
     sums_file = folder / CHECKSUMS_FILE
     if not sums_file.is_file():
         return f"{sums_file} is missing"
-    try:
-        sums = json.loads(sums_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return f"{sums_file} is not valid JSON"
-    if not isinstance(sums, dict):
-        return f"{sums_file} is not a table of checksums"
+    sums = _json_table(sums_file)
+    if sums is None:
+        return f"{sums_file} is not a JSON table of checksums"
     weights = SHARDED_DIR + "/.metadata" if any(f.startswith(SHARDED_DIR + "/") for f in sums) else MODEL_FILE
     # a weights-only checkpoint (write_weights_only) has its flags and no state.pt in its checksums
     state = [] if CONFIG_FILE in sums and STATE_FILE not in sums else [STATE_FILE]
@@ -229,10 +236,7 @@ def weights_only_steps(folder: Path) -> int:
     path = folder / STEPS_FILE
     if not path.exists():
         return 0
-    try:
-        steps = json.loads(path.read_text(encoding="utf-8"))["optimizer_steps"]
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
-        steps = None
+    steps = (_json_table(path) or {}).get("optimizer_steps")
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
         raise ConfigError(f"{path}: not a JSON table whose optimizer_steps is a count")
     return steps
@@ -244,11 +248,8 @@ def checkpoint_flags(folder: Path) -> dict:
     path = folder / CONFIG_FILE
     if not path.exists():
         return load_state(folder)["config"]
-    try:  # its checksum matched, but a folder handed on may have been written to match
-        flags = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        flags = None
-    if not isinstance(flags, dict):
+    flags = _json_table(path)
+    if flags is None:
         raise ConfigError(f"{path}: not a JSON table of flag names and values")
     return flags
 

@@ -18,7 +18,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from engine.checkpoint import find_checkpoint
+from engine.checkpoint import damage
 from engine.config import Config, RunCfg
 from engine.distributed import Dist
 from engine.errors import ConfigError
@@ -71,9 +71,13 @@ def _refuse_a_second_trajectory(path: Path, resumed_from: Path, resume: str) -> 
     if path.resolve() != resumed_from.parent.parent.resolve():
         raise ConfigError(f"--run_dir {path} holds another run than --resume {resume}: pass --resume {path} to "
                           f"continue the run there, or choose an empty --run_dir")
-    newest = find_checkpoint(str(path), quiet=True) if (path / "checkpoints").is_dir() else resumed_from
-    if newest.resolve() != resumed_from.resolve():
-        raise ConfigError(f"--resume {resume}: {path} has a newer checkpoint ({newest.name}): pass --resume {path} "
+    # the checkpoint resumed was checked already: only the folder's later ones are (a resume of the newest
+    # checks nothing again; a newer one that is damaged is what the resume fell back past)
+    own = resumed_from.parent.resolve() == (path / "checkpoints").resolve()
+    later = sorted(c for c in (path / "checkpoints").glob("step_*") if not own or c.name > resumed_from.name)
+    newer = next((c for c in reversed(later) if damage(c) is None), None)
+    if newer is not None:
+        raise ConfigError(f"--resume {resume}: {path} has a newer checkpoint ({newer.name}): pass --resume {path} "
                           f"to continue it, or an empty --run_dir to train on from {resumed_from.name} apart")
 
 
