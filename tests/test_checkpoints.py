@@ -86,7 +86,7 @@ def test_evaluation_only_never_writes_into_a_finished_run(two_checkpoints):
 
 def test_a_resume_into_another_runs_folder_is_refused_and_its_own_or_an_empty_one_taken(two_checkpoints, tmp_path):
     """Two runs' checkpoints in one folder would interleave (and the pruning keep the other's)."""
-    from training.run_folder import plan_run_dir
+    from training.run_folder import plan_run_dir, refuse_an_older_start
 
     cfg, run = two_checkpoints
     other = tmp_path / "other"
@@ -96,13 +96,13 @@ def test_a_resume_into_another_runs_folder_is_refused_and_its_own_or_an_empty_on
         plan_run_dir(cfg.replace(resume=str(run), run_dir=str(other)).run, checkpoint)
     for folder in (run, tmp_path / "empty"):
         assert plan_run_dir(cfg.replace(resume=str(run), run_dir=str(folder)).run, checkpoint) == folder
-    # an older checkpoint of the run trains on apart, never among the run's later ones
+    # an older checkpoint of the run trains on apart, never among the run's later ones (asked once the
+    # folder is held: a run still writing there is refused as its holder)
     older = run / "checkpoints" / "step_00000001"
-    for run_dir in ("", str(run)):
-        with pytest.raises(ConfigError, match=r"has a newer checkpoint \(step_00000002\)"):
-            plan_run_dir(cfg.replace(resume=str(older), run_dir=run_dir).run, find_checkpoint(str(older)))
-    assert plan_run_dir(cfg.replace(resume=str(older), run_dir=str(tmp_path / "branch")).run, older) == \
-        tmp_path / "branch"
+    with pytest.raises(ConfigError, match=r"has a newer checkpoint \(step_00000002\)"):
+        training.train(cfg.replace(resume=str(older), run_dir=""), CPU)
+    refuse_an_older_start(tmp_path / "branch", older, str(older))
+    refuse_an_older_start(run, run / "checkpoints" / "step_00000002", str(run))
 
 
 def test_every_process_takes_the_main_process_run_folder(small_cfg):

@@ -30,7 +30,7 @@ from engine.schedule import TrainingSchedule
 from evaluation.submission import check_submission_path
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.flops import TrainingFlops
-from training.run_folder import agreed_run_dir, finish_run, holding, open_run
+from training.run_folder import agreed_run_dir, finish_run, holding, open_run, refuse_an_older_start
 from training.run_state import restore_run_state, save_run_state
 from training.step import train_step
 from training.validation import ValidationSchedule, evaluate_only, final_tasks, validate
@@ -46,6 +46,8 @@ def train(cfg: Config, device: torch.device, dist: Dist = Dist()) -> dict:
     with StopRequest(announce=dist.is_main) as stop, holding(run_dir, dist):
         if cfg.run.eval_only:
             return evaluate_only(cfg, device, dist, stop, resumed_from, run_dir)
+        if resumed_from is not None:
+            refuse_an_older_start(run_dir, resumed_from, cfg.run.resume)
         return EpochLoop(cfg, device, dist, stop, resumed_from, run_dir).run()
 
 

@@ -44,15 +44,16 @@ def plan_run_dir(run: RunCfg, resumed_from: Path | None) -> Path:
         trained = (path / "checkpoints").exists()
         evaluation = run.eval_only and not trained and any((path / "journal").glob("evaluate.rank*.jsonl"))
         held = trained or (path / SUMMARY_FILE).exists()
-        if continuing and held:
-            _refuse_a_second_trajectory(path, resumed_from, run.resume)
+        if continuing and held and path.resolve() != resumed_from.parent.parent.resolve():
+            # two runs' checkpoints, events and summary in one folder: neither could be resumed as it ran
+            raise ConfigError(f"--run_dir {path} holds another run than --resume {run.resume}: pass --resume {path} "
+                              f"to continue the run there, or choose an empty --run_dir")
         if not continuing and held and not evaluation:
             advice = "choose another --run_dir" if run.eval_only else \
                 f"pass --resume {path} to continue it, or choose another --run_dir"
             raise ConfigError(f"--run_dir {path} already holds a run: {advice}")
         return path
     if continuing:
-        _refuse_a_second_trajectory(resumed_from.parent.parent, resumed_from, run.resume)
         return resumed_from.parent.parent
     name = f"{run.run_name}-eval" if run.eval_only else run.run_name
     return Path("runs") / f"{name}__{run.seed}__{time.strftime('%Y%m%d-%H%M%S')}"
@@ -64,13 +65,11 @@ def agreed_run_dir(run: RunCfg, resumed_from: Path | None, dist: Dist) -> Path:
     return Path(dist.gather(str(plan_run_dir(run, resumed_from)))[0])
 
 
-def _refuse_a_second_trajectory(path: Path, resumed_from: Path, resume: str) -> None:
-    """Training continues in `path` only from its own newest intact checkpoint: from another run's, or
-    from an older one of its own (a `marks/` copy, a step named), its later checkpoints would sort
-    after the new ones and the pruning (--keep_checkpoints) delete what the continuation writes."""
-    if path.resolve() != resumed_from.parent.parent.resolve():
-        raise ConfigError(f"--run_dir {path} holds another run than --resume {resume}: pass --resume {path} to "
-                          f"continue the run there, or choose an empty --run_dir")
+def refuse_an_older_start(path: Path, resumed_from: Path, resume: str) -> None:
+    """Training continues in its run folder `path` only from the folder's newest intact checkpoint: from
+    an older one (a `marks/` copy, a step named) the later ones would sort after the new ones and the
+    pruning (--keep_checkpoints) delete what the continuation writes. Asked once the folder is held
+    (`holding`), so a run still writing checkpoints there is refused as the folder's holder."""
     # the checkpoint resumed was checked already: only the folder's later ones are (a resume of the newest
     # checks nothing again; a newer one that is damaged is what the resume fell back past)
     own = resumed_from.parent.resolve() == (path / "checkpoints").resolve()
