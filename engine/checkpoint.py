@@ -5,7 +5,8 @@
                                                         config, prompt cache
     <run>/checkpoints/step_00000020/config.json         the run's flags (--resume builds its model from them)
     <run>/checkpoints/step_00000020/checksums.json      sha256 of every other file of the folder
-    <run>/checkpoints/latest                            name of the newest complete checkpoint
+    <run>/checkpoints/latest                            name of the newest complete checkpoint (for a reader:
+                                                        a resume takes the newest intact step_* itself)
 
 Under --fsdp `sharded/` (torch.distributed.checkpoint) replaces model.safetensors and state.pt holds
 no main optimizer (docs/distributed.md). Atomic writes, checksums, resuming: docs/runs.md, "Faults and resuming".
@@ -143,7 +144,7 @@ def damage(folder: Path) -> str | None:
 def find_checkpoint(path: str, quiet: bool = False) -> Path:
     """The checkpoint `--resume path` names, checked: a checkpoint folder (used only if intact), or a
     run folder, its `checkpoints/` folder or its `checkpoints/latest` file (the newest intact
-    checkpoint there, saying so on stderr when a newer one is damaged, unless `quiet`)."""
+    checkpoint there by step, saying so on stderr when a newer one is damaged, unless `quiet`)."""
     p = Path(path)
     if p.name == LATEST and p.is_file():
         p = p.parent
@@ -156,13 +157,15 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
             raise ConfigError(f"--resume {path}: {planted}")
         return p
     root = p if (p / LATEST).is_file() or p.name == "checkpoints" else p / "checkpoints"
+    # newest first by step, whatever `latest` names: a run killed between a checkpoint's rename into place
+    # and `latest`'s rewrite left that checkpoint complete, and a resume from the one before would be
+    # refused there (training/run_folder.refuse_an_older_start)
     candidates = sorted(root.glob("step_*"), reverse=True)
     problems = []
-    if (root / LATEST).is_file():  # the newest complete one first, then the others newest first
+    if (root / LATEST).is_file():
         name = (root / LATEST).read_text().strip()
-        if name.startswith("step_") and Path(name).name == name:
-            candidates = [root / name] + [c for c in candidates if c.name != name]
-        else:  # a checkpoint of this folder only: a file a run folder was handed with may not point elsewhere
+        if not (name.startswith("step_") and Path(name).name == name):
+            # a checkpoint of this folder only: a file a run folder was handed with may not point elsewhere
             problems.append(f"{LATEST} names {name[:80]!r}, not a checkpoint of {root}")
     if not candidates:
         raise ConfigError(f"--resume {path}: no checkpoint there (a run folder, its checkpoints/ or "

@@ -43,6 +43,19 @@ def test_every_form_of_resume_names_the_newest_checkpoint(two_checkpoints):
     assert find_checkpoint(str(run / "checkpoints" / "step_00000001")).name == "step_00000001"
 
 
+def test_a_kill_between_a_checkpoints_rename_and_latest_resumes_from_that_checkpoint(two_checkpoints, capsys):
+    """step_00000002 renamed into place, `latest` still naming step_00000001 (a SIGKILL between the two
+    writes): the complete checkpoint is resumed, and the run goes on in its own folder (it was refused
+    there as a start from an older checkpoint)."""
+    _, run = two_checkpoints
+    (run / "checkpoints" / "latest").write_text("step_00000001\n")
+    (run / "summary.json").unlink()
+    assert find_checkpoint(str(run)).name == "step_00000002"
+    capsys.readouterr()
+    assert training.main(["--resume", str(run), "--epochs", "2"]) == 0
+    assert capsys.readouterr().out.startswith("done: 4 steps")
+
+
 @pytest.mark.parametrize("file,how", [("model.safetensors", "truncate"), ("state.pt", "flip a byte")])
 def test_a_damaged_checkpoint_is_named_and_the_run_falls_back(file, how, two_checkpoints, capsys):
     _, run = two_checkpoints
