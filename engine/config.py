@@ -354,7 +354,7 @@ class EvalCfg:
             amount = float(number) if minutes else int(number)
         except ValueError:
             amount = 0
-        if amount <= 0:
+        if not 0 < amount < math.inf:  # (nan compares false: refused too)
             raise ConfigError(f"--val_every {self.val_every}: expected epoch, end, a step count (500) or minutes "
                               f"(30min)")
         return ("minutes" if minutes else "steps"), float(amount)

@@ -75,7 +75,7 @@ def test_final_validation_scores_every_task_only_when_that_fits_in_the_training_
     assert not fits_in_training(48.0, 16, 384, train_seconds=1199.0)
 
 
-@pytest.mark.parametrize("bad", ["0", "-3", "often", "0min", "min"])
+@pytest.mark.parametrize("bad", ["0", "-3", "often", "0min", "min", "nanmin", "infmin"])
 def test_val_every_refuses_what_is_not_a_step_count_or_minutes(bad):
     with pytest.raises(ConfigError, match="--val_every"):
         EvalCfg(val_every=bad)
