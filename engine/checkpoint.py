@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.errors import ConfigError
 from engine.files import write_atomic
+from engine.sharded import code_in_shards
 
 MODEL_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"  # the run's flags, also in state.pt: read without loading the optimizers
@@ -152,7 +153,7 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
         problem = damage(p)
         if problem:
             raise ConfigError(f"--resume {path}: checkpoint damaged: {problem}")
-        planted = code_in_state(p)
+        planted = code_in_state(p) or code_in_shards(p, SHARDED_DIR)
         if planted:
             raise ConfigError(f"--resume {path}: {planted}")
         return p
@@ -172,7 +173,7 @@ def find_checkpoint(path: str, quiet: bool = False) -> Path:
                           f"checkpoints/latest, or a checkpoint folder)")
     for folder in candidates:
         problem = damage(folder)
-        planted = None if problem else code_in_state(folder)
+        planted = None if problem else code_in_state(folder) or code_in_shards(folder, SHARDED_DIR)
         if planted:  # not damage but a file written to run code: the folder is not to be trusted, no older one used
             raise ConfigError(f"--resume {path}: {planted}")
         if problem is None:

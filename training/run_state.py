@@ -41,6 +41,7 @@ from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
+from engine.sharded import load_shards, sharded_metadata
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
 
@@ -134,17 +135,16 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
         # torch.distributed.checkpoint reads the shards it needs, whatever sharding wrote them
         model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
         both = {"model": model_state, "optimizer": optimizer_state}
-        written = {k[len("model."):] for k in dcp.FileSystemReader(folder / SHARDED_DIR).read_metadata()
-                   .state_dict_metadata if k.startswith("model.")}
+        written = {k[len("model."):] for k in sharded_metadata(folder / SHARDED_DIR).state_dict_metadata
+                   if k.startswith("model.")}
         unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
         if unexpected:
             raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected "
                               f"{unexpected[:3]}): resume with the flags it was trained with")
         try:
-            dcp.load(both, checkpoint_id=folder / SHARDED_DIR)
-        except (RuntimeError, ValueError) as err:  # DCP's one error for missing keys or other shapes
-            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model ({str(err).splitlines()[0]}): "
-                              f"resume with the flags and data it was trained with") from None
+            load_shards(both, folder / SHARDED_DIR)
+        except ConfigError as err:
+            raise ConfigError(f"--resume {err}") from None
         # not strict: the frozen weights, left out on purpose, are the ones the model has
         set_state_dict(state.model, state.optimizer, model_state_dict=both["model"],
                        optim_state_dict=both["optimizer"],
@@ -199,9 +199,6 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
         restore_weights(state.model, folder)
         state.counters = Counters(optimizer_steps=weights_only_steps(folder))
         return
-    if is_sharded_checkpoint(folder) and dist.is_main:  # torch's format, not ours: the one file read by pickle
-        print(f"note: {folder / SHARDED_DIR}/.metadata is unpickled by torch.distributed.checkpoint: resume a "
-              f"sharded checkpoint only from a source you trust (docs/runs.md)", file=sys.stderr)
     saved = _restore_model_and_optimizer(state, folder)
     state.rl_optimizer.load_state_dict(saved["rl_optimizer"])
     state.amp.load_state_dict(saved["amp"])

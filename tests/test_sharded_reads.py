@@ -1,0 +1,89 @@
+"""A sharded checkpoint (torch.distributed.checkpoint) read without running code: its .metadata and
+its non-tensor entries, each a pickle that DCP itself would unpickle unrestricted (engine/sharded.py).
+The checkpoints are written by DCP in this one process; tests/test_fsdp.py resumes real ones."""
+
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from engine.checkpoint import (
+    SHARDED_DIR,
+    commit_checkpoint,
+    find_checkpoint,
+    staging_folder,
+    start_checkpoint,
+    write_checksums,
+)
+from engine.errors import ConfigError
+from engine.sharded import METADATA_FILE, load_shards, sharded_metadata
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+class Planted:
+    """Unpickled, it creates the file `marker`: what a planted pickle could do with any other call."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def state(w: torch.Tensor) -> dict:
+    return {"model": {"w": w}, "optimizer": {"param_groups": [{"lr": 1e-3, "betas": (0.9, 0.99), "params": ["w"]}]}}
+
+
+def sharded_checkpoint(run, step: int, saved: dict):
+    """Checkpoint `step` of run folder `run` as a sharded run commits it: DCP's shards, then state.pt."""
+    start_checkpoint(run, step)
+    dcp.save(saved, checkpoint_id=staging_folder(run, step) / SHARDED_DIR)
+    return commit_checkpoint(run, step, None, {"config": {}}, keep=0)
+
+
+def test_a_round_trip_fills_the_tensors_and_plain_entries(tmp_path):
+    w = torch.randn(3, 4)
+    folder = sharded_checkpoint(tmp_path / "run", 1, state(w))
+    assert find_checkpoint(str(tmp_path / "run")) == folder
+    into = state(torch.zeros(3, 4))
+    into["optimizer"]["param_groups"][0]["lr"] = 0.0
+    load_shards(into, folder / SHARDED_DIR)
+    assert torch.equal(into["model"]["w"], w) and into["optimizer"] == state(w)["optimizer"]
+    assert "model.w" in sharded_metadata(folder / SHARDED_DIR).state_dict_metadata
+
+
+def test_metadata_that_would_run_code_is_refused_before_it_is_read(tmp_path):
+    """Its checksums rewritten to match (a folder handed on may be): refused in one line, nothing run,
+    and no older checkpoint taken in its place."""
+    run, marker = tmp_path / "run", tmp_path / "ran"
+    sharded_checkpoint(run, 1, state(torch.randn(3, 4)))
+    newest = sharded_checkpoint(run, 2, state(torch.randn(3, 4)))
+    (newest / SHARDED_DIR / METADATA_FILE).write_bytes(pickle.dumps(Planted(marker)))
+    write_checksums(newest)
+    for form in (run, newest):
+        with pytest.raises(ConfigError, match=r"\.metadata names io\.open, which would run code when read: refused"):
+            find_checkpoint(str(form))
+    assert not marker.exists()
+
+
+def test_an_entry_that_would_run_code_is_refused(tmp_path):
+    """DCP's own load runs it (what the test guards against); load_shards refuses it, naming the entry."""
+    marker = tmp_path / "ran"
+    dcp.save({**state(torch.randn(3, 4)), "counter": Planted(marker)}, checkpoint_id=tmp_path / "shards")
+    sharded_metadata(tmp_path / "shards")  # the metadata itself is DCP's own
+    with pytest.raises(ConfigError, match=r"entry counter would run code when read: refused \(.*open"):
+        load_shards({"counter": None}, tmp_path / "shards")
+    assert not marker.exists()
+    dcp.load({"counter": None}, checkpoint_id=tmp_path / "shards")
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("into,why", [({"model": {"v": torch.zeros(3, 4)}}, "Missing key"),
+                                      ({"model": {"w": torch.zeros(4, 4)}}, "Size mismatch")])
+def test_a_checkpoint_that_does_not_fit_is_one_line(into, why, tmp_path):
+    dcp.save(state(torch.randn(3, 4)), checkpoint_id=tmp_path / "shards")
+    with pytest.raises(ConfigError, match=f"does not fit the model \\({why}") as err:
+        load_shards(into, tmp_path / "shards")
+    assert "\n" not in str(err.value)
