@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import io
 import pickle
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -25,10 +25,11 @@ from engine.errors import ConfigError
 
 METADATA_FILE = ".metadata"
 # beyond the classes of torch.distributed.checkpoint.metadata, what DCP pickles into .metadata: its
-# storage index, a tensor's layout (by name), sizes, and the path it was saved to
+# storage index, a tensor's layout (by name), sizes, and the path it was saved to (a pathlib class,
+# `pathlib._local`'s from Python 3.13 on)
 METADATA_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
-                    ("torch", "Size"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-                    ("collections", "OrderedDict")}
+                    ("torch", "Size"), ("collections", "OrderedDict")}
+PATH_MODULES = ("pathlib", "pathlib._local")
 TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)  # torch.float32 and the like, pickled by name
 
 
@@ -40,6 +41,10 @@ class _MetadataUnpickler(pickle.Unpickler):
         torch_value = module == "torch" and isinstance(getattr(torch, name, None), TORCH_VALUES)
         if ours or torch_value or (module, name) in METADATA_GLOBALS:
             return super().find_class(module, name)
+        if module in PATH_MODULES:
+            found = super().find_class(module, name)  # the standard library's own module: importing it runs nothing
+            if inspect.isclass(found) and issubclass(found, PurePath):
+                return found
         raise pickle.UnpicklingError(f"{module}.{name}")
 
 
