@@ -1,11 +1,13 @@
 """A sharded checkpoint (`--fsdp`, torch.distributed.checkpoint) read without running code.
 
-torch.distributed.checkpoint reads a checkpoint's `.metadata` with plain `pickle.load` and every
-entry that is not a tensor with `torch.load(weights_only=False)` (torch 2.11 to 2.13), so a sharded
-folder handed on could run code when resumed. Its own extension points close both: `code_in_shards`
-unpickles `.metadata` with only the classes DCP writes there allowed (refused before DCP reads it,
-as engine/checkpoint.code_in_state refuses a state.pt), and `load_shards` loads with a planner that
-checks each non-tensor entry with torch's weights-only unpickler before DCP's default one reads it.
+torch.distributed.checkpoint (DCP) reads a checkpoint's `.metadata` with plain `pickle.load` (and,
+when that fails, a rank's own `__R.metadata` the same way) and every entry that is not a tensor
+with `torch.load(weights_only=False)` (torch 2.11 to 2.13), so a sharded folder handed on could run
+code when resumed. Its own extension points close all three: `CheckedReader` (DCP's file reader)
+reads `.metadata` by `sharded_metadata`, which unpickles only what DCP writes there, and asks for no
+rank's own file; `WeightsOnlyPlanner` (DCP's default load planner) has each non-tensor entry read
+by torch's weights-only unpickler first. `code_in_shards` refuses a planted `.metadata` before
+anything is read, as engine/checkpoint.code_in_state refuses a planted state.pt.
 """
 
 from __future__ import annotations
@@ -17,56 +19,103 @@ from pathlib import Path, PurePath
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner
+from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
+from torch.distributed.checkpoint import filesystem as dcp_filesystem
 from torch.distributed.checkpoint import metadata as dcp_metadata
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from engine.errors import ConfigError
 
 METADATA_FILE = ".metadata"
-# beyond the classes of torch.distributed.checkpoint.metadata, what DCP pickles into .metadata: its
-# storage index, a tensor's layout (by name), sizes, and the path it was saved to (a pathlib class,
-# `pathlib._local`'s from Python 3.13 on)
-METADATA_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+# beyond the classes torch.distributed.checkpoint.metadata defines, what DCP pickles into .metadata:
+# its storage index, a tensor's layout (by name), sizes, and the path it was saved to (a pathlib
+# class, `pathlib._local`'s from Python 3.13 on)
+METADATA_GLOBALS = {(dcp_filesystem.__name__, "_StorageInfo"), ("torch.serialization", "_get_layout"),
                     ("torch", "Size"), ("collections", "OrderedDict")}
 PATH_MODULES = ("pathlib", "pathlib._local")
 TORCH_VALUES = (torch.dtype, torch.layout, torch.memory_format)  # torch.float32 and the like, pickled by name
+# the only objects whose state a BUILD opcode may set: DCP's records (on a class, BUILD would set
+# class attributes for the whole process)
+BUILT = (*(c for c in vars(dcp_metadata).values() if inspect.isclass(c) and c.__module__ == dcp_metadata.__name__),
+         dcp_filesystem._StorageInfo)
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles what DCP writes into .metadata and refuses any other global before it is looked up."""
+class _Refused(pickle.UnpicklingError):
+    """A global or a BUILD that what DCP writes never holds."""
+
+
+class _MetadataUnpickler(pickle._Unpickler):
+    """Unpickles what DCP writes into .metadata and refuses any other global before it is looked up,
+    and a BUILD on anything but DCP's records. Python's own unpickler, not the C one: only its
+    dispatch table lets BUILD be checked (find_class never sees it)."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
 
     def find_class(self, module: str, name: str) -> object:
-        ours = module == dcp_metadata.__name__ and inspect.isclass(getattr(dcp_metadata, name, None))
+        found = getattr(dcp_metadata, name, None) if module == dcp_metadata.__name__ else None
+        ours = inspect.isclass(found) and found.__module__ == dcp_metadata.__name__
         torch_value = module == "torch" and isinstance(getattr(torch, name, None), TORCH_VALUES)
         if ours or torch_value or (module, name) in METADATA_GLOBALS:
             return super().find_class(module, name)
         if module in PATH_MODULES:
-            found = super().find_class(module, name)  # the standard library's own module: importing it runs nothing
+            try:
+                found = super().find_class(module, name)  # the standard library's module: importing it runs nothing
+            except (ImportError, AttributeError):  # pathlib._local before Python 3.13, a name it lacks
+                found = None
             if inspect.isclass(found) and issubclass(found, PurePath):
                 return found
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise _Refused(f"names {module}.{name}, which would run code when read")
+
+    def load_build(self) -> None:
+        if not isinstance(self.stack[-2], BUILT):  # [-1]: the state, [-2]: what it is set on
+            raise _Refused(f"sets the state of a {type(self.stack[-2]).__name__}, which DCP never writes")
+        super().load_build()
+
+    dispatch[pickle.BUILD[0]] = load_build
 
 
 def sharded_metadata(shards: Path) -> Metadata:
-    """The `.metadata` of a sharded checkpoint's folder (`sharded/`), unpickled with only DCP's own
-    classes allowed; ConfigError naming the file and the global when it names anything else."""
+    """The `.metadata` of a sharded checkpoint's folder `shards` (its `sharded/`), unpickled by
+    `_MetadataUnpickler`, every shard it names a plain file of that folder. ConfigError naming the
+    file: a global or state it may not hold, or not DCP's metadata."""
     path = shards / METADATA_FILE
     try:
         with open(path, "rb") as f:
             found = _MetadataUnpickler(f).load()
-    except pickle.UnpicklingError as err:
-        raise ConfigError(f"{path} names {err}, which would run code when read: refused") from None
-    except (EOFError, ValueError, TypeError, AttributeError, OSError) as err:  # damaged beyond its checksum's reach
-        raise ConfigError(f"{path} is not torch.distributed.checkpoint's metadata ({err})") from None
-    if not isinstance(found, Metadata):
-        raise ConfigError(f"{path} is not torch.distributed.checkpoint's metadata (a {type(found).__name__})")
+    except _Refused as err:
+        raise ConfigError(f"{path} {err}: refused") from None
+    except Exception as err:  # noqa: BLE001 - any failure to unpickle a file handed on: the file, not the suite
+        raise ConfigError(f"{path} is not torch.distributed.checkpoint's metadata ({type(err).__name__}: "
+                          f"{err})") from None
+    problem = _metadata_problem(found, shards)
+    if problem:
+        raise ConfigError(f"{path} is not torch.distributed.checkpoint's metadata ({problem})")
     return found
 
 
+def _metadata_problem(found: object, shards: Path) -> str | None:
+    """What unpickled metadata lacks to be what DCP wrote for `shards`, or None: every entry's shard a
+    plain file of the folder (not a link, a device or a path out of it, which DCP would read)."""
+    if not isinstance(found, Metadata):
+        return f"a {type(found).__name__}"
+    if found.storage_meta is not None and not isinstance(found.storage_meta, StorageMeta):
+        return f"its storage_meta is a {type(found.storage_meta).__name__}"
+    if not isinstance(found.storage_data, dict):
+        return "no storage index"
+    for info in found.storage_data.values():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(info, dcp_filesystem._StorageInfo) or not isinstance(rel, str):
+            return "an entry without its shard file"
+        part = PurePath(rel)
+        file = shards / part
+        if part.is_absolute() or ".." in part.parts or file.is_symlink() or not file.is_file():
+            return f"an entry read from {rel!r}, not a file of the folder"
+    return None
+
+
 def code_in_shards(folder: Path, shards: str) -> str | None:
-    """What in checkpoint `folder`'s `shards` subfolder's .metadata would run code when DCP reads it, in a
-    few words; None when nothing would (or the checkpoint is not sharded)."""
+    """What in checkpoint `folder`'s `shards` subfolder's .metadata would run code or read outside it
+    when DCP reads it, in a few words; None when nothing would (or the checkpoint is not sharded)."""
     if not (folder / shards / METADATA_FILE).is_file():
         return None
     try:
@@ -74,6 +123,18 @@ def code_in_shards(folder: Path, shards: str) -> str | None:
     except ConfigError as err:
         return str(err)
     return None
+
+
+class CheckedReader(FileSystemReader):
+    """DCP's file reader, its metadata read by `sharded_metadata`. Its read_metadata takes no keyword
+    arguments, which is how DCP tells a reader that cannot read a rank's own `__R.metadata`: DCP
+    falls back to that file, unpickled unrestricted, when reading `.metadata` fails."""
+
+    def read_metadata(self, *args: object) -> Metadata:
+        found = sharded_metadata(Path(self.path))
+        found.storage_meta = found.storage_meta or StorageMeta()
+        found.storage_meta.load_id = self.load_id  # as FileSystemReader's own read_metadata does
+        return found
 
 
 class WeightsOnlyPlanner(DefaultLoadPlanner):
@@ -92,18 +153,31 @@ class WeightsOnlyPlanner(DefaultLoadPlanner):
         super().load_bytes(read_item, value)
 
 
+# DCP's planner errors for a key the checkpoint lacks and a tensor of another shape
+DOES_NOT_FIT = ("Missing key in checkpoint state_dict", "Size mismatch")
+
+
 def load_shards(state_dict: dict, shards: Path) -> None:
     """DCP's load of `state_dict` (its tensors filled in place, each process its own shards) from the
-    folder `shards`, with `WeightsOnlyPlanner`. Collective. ConfigError when an entry would run code, or
-    when the checkpoint lacks a key or holds another shape (DCP wraps every failure, on every process,
-    in one CheckpointException: the first process's is said)."""
+    folder `shards`, by `CheckedReader` and `WeightsOnlyPlanner`. Collective. ConfigError when the
+    checkpoint holds what would run code, or lacks a key or holds another shape (DCP wraps a failure
+    on any process in one CheckpointException on every process: the first process's is said)."""
+    sharded_metadata(shards)  # its refusal in one line (CheckedReader's inside DCP's load would come wrapped)
     try:
-        dcp.load(state_dict, checkpoint_id=shards, planner=WeightsOnlyPlanner())
+        dcp.load(state_dict, storage_reader=CheckedReader(shards), planner=WeightsOnlyPlanner())
     except CheckpointException as wrapped:
-        err = next(iter(wrapped.failures.values()))[0]
-        if isinstance(err, ConfigError):
-            raise ConfigError(f"{shards}: {err}") from None
-        if isinstance(err, (RuntimeError, ValueError)):  # DCP's errors for a missing key or another shape
-            raise ConfigError(f"{shards}: the checkpoint does not fit the model ({str(err).splitlines()[0]}): "
-                              f"resume with the flags and data it was trained with") from None
+        _refuse(next(iter(wrapped.failures.values()))[0], shards)
         raise
+    except (ConfigError, RuntimeError, ValueError) as err:  # unwrapped where DCP runs without collectives
+        _refuse(err, shards)
+        raise
+
+
+def _refuse(err: BaseException, shards: Path) -> None:
+    """A ConfigError for a failure of `load_shards` that is the checkpoint's, not the suite's; else nothing."""
+    if isinstance(err, ConfigError):
+        raise ConfigError(f"{shards}: {err}") from None
+    said = str(err).strip()
+    if isinstance(err, (RuntimeError, ValueError)) and said.startswith(DOES_NOT_FIT):
+        raise ConfigError(f"{shards}: the checkpoint does not fit the model ({said.splitlines()[0]}): resume with "
+                          f"the flags and data it was trained with") from None

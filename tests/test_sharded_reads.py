@@ -7,6 +7,7 @@ import pickle
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import CheckpointException
 
 from engine.checkpoint import (
     SHARDED_DIR,
@@ -17,7 +18,7 @@ from engine.checkpoint import (
     write_checksums,
 )
 from engine.errors import ConfigError
-from engine.sharded import METADATA_FILE, load_shards, sharded_metadata
+from engine.sharded import METADATA_FILE, CheckedReader, load_shards, sharded_metadata
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -89,3 +90,59 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(into, why, tmp_path):
     with pytest.raises(ConfigError, match=f"does not fit the model \\({why}") as err:
         load_shards(into, tmp_path / "shards")
     assert "\n" not in str(err.value)
+
+
+def planted_metadata(shards, change) -> None:
+    """Rewrite the .metadata DCP wrote in `shards` as `change(metadata)` leaves it (read here by DCP's
+    own unpickler: the file is the test's)."""
+    path = shards / METADATA_FILE
+    metadata = pickle.loads(path.read_bytes())
+    change(metadata)
+    path.write_bytes(pickle.dumps(metadata))
+
+
+def test_no_rank_file_is_read_when_the_metadata_fails(tmp_path):
+    """DCP falls back to a rank's own __0.metadata, unpickled unrestricted, when reading .metadata
+    fails (here its storage_meta is a number): refused, nothing run."""
+    shards, marker = tmp_path / "shards", tmp_path / "ran"
+    dcp.save(state(torch.randn(3, 4)), checkpoint_id=shards)
+    planted_metadata(shards, lambda m: setattr(m, "storage_meta", 1))
+    (shards / f"__0{METADATA_FILE}").write_bytes(pickle.dumps(Planted(marker)))
+    with pytest.raises(ConfigError, match="not torch.distributed.checkpoint's metadata .its storage_meta is a int"):
+        load_shards(state(torch.zeros(3, 4)), shards)
+    with pytest.raises(CheckpointException, match="metadata is None"):  # past that check, DCP with our reader alone
+        dcp.load(state(torch.zeros(3, 4)), storage_reader=CheckedReader(shards))
+    assert not marker.exists()
+    with pytest.raises(BaseException, match="metadata"):  # DCP's own reader runs the rank file
+        dcp.load(state(torch.zeros(3, 4)), checkpoint_id=shards)
+    assert marker.exists()
+
+
+def test_a_shard_outside_the_folder_is_refused(tmp_path):
+    shards = tmp_path / "shards"
+    dcp.save(state(torch.randn(3, 4)), checkpoint_id=shards)
+    (tmp_path / "outside.distcp").write_bytes(next(shards.glob("*.distcp")).read_bytes())
+
+    def elsewhere(metadata):
+        for info in metadata.storage_data.values():
+            info.relative_path = "../outside.distcp"
+
+    planted_metadata(shards, elsewhere)
+    with pytest.raises(ConfigError, match=r"an entry read from '../outside.distcp', not a file of the folder"):
+        load_shards(state(torch.zeros(3, 4)), shards)
+
+
+def test_metadata_may_not_set_a_class_attribute(tmp_path):
+    """A BUILD opcode on a class (which find_class never sees) would set the attribute for the whole
+    process: refused, the class untouched; the C unpickler DCP uses sets it."""
+    from pathlib import PurePath
+
+    payload = b"\x80\x04cpathlib\nPurePath\nN}X\x07\x00\x00\x00plantedctorch\nSize\ns\x86b."
+    (tmp_path / METADATA_FILE).write_bytes(payload)
+    with pytest.raises(ConfigError, match="sets the state of a type, which DCP never writes: refused"):
+        sharded_metadata(tmp_path)
+    assert not hasattr(PurePath, "planted")
+    try:
+        assert pickle.loads(payload).planted is torch.Size
+    finally:
+        del PurePath.planted
