@@ -146,3 +146,14 @@ def test_metadata_may_not_set_a_class_attribute(tmp_path):
         assert pickle.loads(payload).planted is torch.Size
     finally:
         del PurePath.planted
+
+
+@pytest.mark.parametrize("payload,why", [(b"not a pickle", "is not torch.distributed.checkpoint's metadata"),
+                                         (pickle.dumps([1, 2]), r"metadata \(a list\)"),
+                                         (b"\x80\x04cos\nsystem\n.", r"names os\.system, which would run code"),
+                                         (b"\x80\x04cpathlib\nos\n.", r"names pathlib\.os, which would run code")])
+def test_metadata_that_is_not_dcps_is_one_line(payload, why, tmp_path):
+    (tmp_path / METADATA_FILE).write_bytes(payload)
+    with pytest.raises(ConfigError, match=why) as err:
+        sharded_metadata(tmp_path)
+    assert "\n" not in str(err.value)
