@@ -126,12 +126,17 @@ def code_in_shards(folder: Path, shards: str) -> str | None:
 
 
 class CheckedReader(FileSystemReader):
-    """DCP's file reader, its metadata read by `sharded_metadata`. Its read_metadata takes no keyword
-    arguments, which is how DCP tells a reader that cannot read a rank's own `__R.metadata`: DCP
-    falls back to that file, unpickled unrestricted, when reading `.metadata` fails."""
+    """DCP's file reader of the folder `path`, its metadata `metadata` (read by `sharded_metadata`; None:
+    read it here). Its read_metadata takes no keyword arguments, which is how DCP tells a reader that
+    cannot read a rank's own `__R.metadata`: DCP falls back to that file, unpickled unrestricted, when
+    reading `.metadata` fails."""
+
+    def __init__(self, path: Path, metadata: Metadata | None = None) -> None:
+        super().__init__(path)
+        self.checked = metadata
 
     def read_metadata(self, *args: object) -> Metadata:
-        found = sharded_metadata(Path(self.path))
+        found = self.checked or sharded_metadata(Path(self.path))
         found.storage_meta = found.storage_meta or StorageMeta()
         found.storage_meta.load_id = self.load_id  # as FileSystemReader's own read_metadata does
         return found
@@ -157,14 +162,16 @@ class WeightsOnlyPlanner(DefaultLoadPlanner):
 DOES_NOT_FIT = ("Missing key in checkpoint state_dict", "Size mismatch")
 
 
-def load_shards(state_dict: dict, shards: Path) -> None:
+def load_shards(state_dict: dict, shards: Path, metadata: Metadata | None = None) -> None:
     """DCP's load of `state_dict` (its tensors filled in place, each process its own shards) from the
-    folder `shards`, by `CheckedReader` and `WeightsOnlyPlanner`. Collective. ConfigError when the
-    checkpoint holds what would run code, or lacks a key or holds another shape (DCP wraps a failure
-    on any process in one CheckpointException on every process: the first process's is said)."""
-    sharded_metadata(shards)  # its refusal in one line (CheckedReader's inside DCP's load would come wrapped)
+    folder `shards` whose metadata `sharded_metadata` read (None: read here), by `CheckedReader` and
+    `WeightsOnlyPlanner`. Collective. ConfigError when the checkpoint holds what would run code, or
+    lacks a key or holds another shape (DCP wraps a failure on any process in one CheckpointException
+    on every process: the first process's is said)."""
+    # read before DCP's load, so a refusal is one line (inside the load it would come wrapped)
+    metadata = metadata or sharded_metadata(shards)
     try:
-        dcp.load(state_dict, storage_reader=CheckedReader(shards), planner=WeightsOnlyPlanner())
+        dcp.load(state_dict, storage_reader=CheckedReader(shards, metadata), planner=WeightsOnlyPlanner())
     except CheckpointException as wrapped:
         _refuse(next(iter(wrapped.failures.values()))[0], shards)
         raise

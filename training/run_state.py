@@ -135,14 +135,14 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
         # torch.distributed.checkpoint reads the shards it needs, whatever sharding wrote them
         model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
         both = {"model": model_state, "optimizer": optimizer_state}
-        written = {k[len("model."):] for k in sharded_metadata(folder / SHARDED_DIR).state_dict_metadata
-                   if k.startswith("model.")}
+        metadata = sharded_metadata(folder / SHARDED_DIR)  # read once, by the reader that runs no code
+        written = {k[len("model."):] for k in metadata.state_dict_metadata if k.startswith("model.")}
         unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
         if unexpected:
             raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected "
                               f"{unexpected[:3]}): resume with the flags it was trained with")
         try:
-            load_shards(both, folder / SHARDED_DIR)
+            load_shards(both, folder / SHARDED_DIR, metadata)
         except ConfigError as err:
             raise ConfigError(f"--resume {err}") from None
         # not strict: the frozen weights, left out on purpose, are the ones the model has
