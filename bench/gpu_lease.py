@@ -28,8 +28,8 @@ An earlier command's phases in --out are moved to --out/earlier/ first (a second
 Figures: seconds of each phase (start-up, training, compile, held-out loss, scoring); steps and
 episodes a second; model FLOPs a second (training/flops.py) over the whole training and at its
 steady state (the median of the last half of its log intervals), and MFU against the device's
-data-sheet bf16 peak and against `--peak_tflops` (790: an H200's large bf16 matrix product measured
-here); the held-out loss before adaptation with its interval; pass@2, oracle and exact on the
+data-sheet bf16 peak and against `--peak_tflops` (790: what a large bf16 matrix product reaches
+on an H200); the held-out loss before adaptation with its interval; pass@2, oracle and exact on the
 tasks scored with their intervals, the copy-the-input baseline beside; the deadline's tasks full,
 cut and late.
 """
@@ -77,7 +77,7 @@ REWRITE_S = 30  # lease.json and lease.md are rewritten this often while a phase
 # what a phase's log shows once in each part (the training's bar with a loss: a log step taken; the held-out
 # loss's bar; the scoring's bar with a score: a group of tasks scored and journaled)
 STOP_MARKERS = {"training": (", loss=",), "heldout": ("held-out loss, eval",), "scoring": ("pass@2=",)}
-MEASURED_PEAK_TFLOPS = 790.0  # an H200's bf16 matrix product measured here (docs/gpu.md)
+MEASURED_PEAK_TFLOPS = 790.0  # what a large bf16 matrix product reaches on an H200 (80% of its data sheet's)
 # the same code at sizes a CPU runs in seconds: the recipe's agent, data and validation, smaller
 TINY_SIZES = ("--agent_channels", "32", "--agent_layers", "1", "--prompt_dim", "32", "--batch_size", "8",
               "--num_workers", "0", "--amp", "off", "--no-compile", "--eval_tasks", "4", "--heldout_tasks", "8",
@@ -89,7 +89,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=Path("runs/gpu-lease"), help="the run and the report go here")
     ap.add_argument("--copy_to", type=Path, help="copy the report, the log and the tarball here ($OUT)")
     ap.add_argument("--minutes", type=float, default=FULL_MINUTES,
-                    help="wall time of the whole command, at most: the device time the caller has left")
+                    help="wall time of the whole command, at most (what is left of the GPU's booking)")
     ap.add_argument("--train_minutes", type=float, help="the run's --max_minutes (its compile inside; default: "
                     f"{FULL_TRAIN_MINUTES:g} at --minutes {FULL_MINUTES:g}, scaled with what --minutes leaves)")
     ap.add_argument("--eval_minutes", type=float, help="the run's --eval_minutes (held-out loss, scoring; default: "

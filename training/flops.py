@@ -25,8 +25,8 @@ from data.canvas import NUM_CLASSES
 from engine.config import AgentCfg, Config
 
 # Dense bf16 tensor-core peaks, TFLOP/s, from the vendors' data sheets (SXM parts); first match wins.
-# An H200 measured about 790 on a large bf16 matrix product here (docs/gpu.md): the lease's report
-# gives MFU against both.
+# A large bf16 matrix product reaches about 790 on an H200 (80% of its sheet's): the lease's report
+# gives MFU against both (--peak_tflops sets the second).
 BF16_PEAK_TFLOPS = (("H200", 989.0), ("H100 PCIe", 756.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0),
                     ("L40", 181.0), ("L4", 121.0), ("A10G", 70.0), ("RTX 4090", 165.0))
 
