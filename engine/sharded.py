@@ -7,7 +7,8 @@ code when resumed. Its own extension points close all three: `CheckedReader` (DC
 reads `.metadata` by `sharded_metadata`, which unpickles only what DCP writes there, and asks for no
 rank's own file; `WeightsOnlyPlanner` (DCP's default load planner) has each non-tensor entry read
 by torch's weights-only unpickler first. `code_in_shards` refuses a planted `.metadata` before
-anything is read, as engine/checkpoint.code_in_state refuses a planted state.pt.
+anything is read, as engine/checkpoint.code_in_state refuses a planted state.pt. `save_shards`,
+`restore_shards` and `shard_whole_state` are a sharded run's checkpoint (training/run_state.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,18 @@ from pathlib import Path, PurePath
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint import CheckpointException, DefaultLoadPlanner, FileSystemReader
 from torch.distributed.checkpoint import filesystem as dcp_filesystem
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
 
 from engine.errors import ConfigError
 
@@ -188,3 +197,47 @@ def _refuse(err: BaseException, shards: Path) -> None:
     if isinstance(err, (RuntimeError, ValueError)) and said.startswith(DOES_NOT_FIT):
         raise ConfigError(f"{shards}: the checkpoint does not fit the model ({said.splitlines()[0]}): resume with "
                           f"the flags and data it was trained with") from None
+
+
+# Frozen weights (a frozen Qwen, LoRA's base) come from their source, never from a checkpoint.
+TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
+
+
+def save_shards(model: nn.Module, optimizer: torch.optim.Optimizer, shards: Path) -> None:
+    """Collective: each process writes its shards of `model`'s trainable weights and of `optimizer`'s
+    state into the folder `shards`, whatever the processes' number."""
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=TRAINABLE_ONLY)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=shards)
+
+
+def restore_shards(model: nn.Module, optimizer: torch.optim.Optimizer, shards: Path) -> None:
+    """Collective: `model`'s trainable weights and `optimizer`'s state (sharded or not) from the folder
+    `shards`, each process reading the parts it holds, whatever sharding wrote them. ConfigError when
+    the checkpoint does not fit the model or holds what would run code."""
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=TRAINABLE_ONLY)
+    both = {"model": model_state, "optimizer": optimizer_state}
+    metadata = sharded_metadata(shards)  # read once, by the reader that runs no code
+    written = {k[len("model."):] for k in metadata.state_dict_metadata if k.startswith("model.")}
+    unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
+    if unexpected:
+        raise ConfigError(f"{shards}: the checkpoint does not fit the model (unexpected {unexpected[:3]}): "
+                          f"resume with the flags it was trained with")
+    load_shards(both, shards, metadata)
+    # not strict: the frozen weights, left out on purpose, are the ones the model has
+    set_state_dict(model, optimizer, model_state_dict=both["model"], optim_state_dict=both["optimizer"],
+                   options=StateDictOptions(ignore_frozen_params=True, strict=False))
+
+
+def shard_whole_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor],
+                      optimizer_state: dict) -> None:
+    """An unsharded checkpoint's `weights` (name -> whole tensor) and `optimizer_state` (its
+    state_dict, parameters named by index) into sharded `model` and `optimizer`: each process keeps
+    its shards."""
+    full = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
+    set_model_state_dict(model, weights, options=full)
+    # the optimizer's state names parameters by index in the unsharded file, by name here
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    set_optimizer_state_dict(model, optimizer, options=full, optim_state_dict={
+        "state": {order[i]: v for i, v in optimizer_state["state"].items()},
+        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in optimizer_state["param_groups"]]})

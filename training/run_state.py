@@ -12,15 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-    set_state_dict,
-)
 
 from engine.checkpoint import (
     MODEL_FILE,
@@ -41,7 +33,7 @@ from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
-from engine.sharded import load_shards, sharded_metadata
+from engine.sharded import restore_shards, save_shards, shard_whole_state
 from model import ArcModel
 from prompt import PromptCache, QwenFeatures
 
@@ -90,10 +82,6 @@ def _rank_state(state: TrainState) -> dict:
             "prompt_cache": cache.state_dict() if cache is not None else None}
 
 
-# Frozen weights (a frozen Qwen, LoRA's base) come from their source, never from a checkpoint.
-TRAINABLE_ONLY = StateDictOptions(ignore_frozen_params=True)
-
-
 def save_run_state(state: TrainState, config: dict, run_dir: Path, keep: int, dist: Dist) -> None:
     """Collective: every rank calls it. Unsharded, the main one writes checkpoint `optimizer_steps`;
     sharded (--fsdp), every one writes its shards of the weights and of the main optimizer with
@@ -108,9 +96,7 @@ def save_run_state(state: TrainState, config: dict, run_dir: Path, keep: int, di
         start_checkpoint(run_dir, step)
     if sharded:
         dist.barrier()  # the staging folder exists
-        model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
-        dcp.save({"model": model_state, "optimizer": optimizer_state},
-                 checkpoint_id=staging_folder(run_dir, step) / SHARDED_DIR)
+        save_shards(state.model, state.optimizer, staging_folder(run_dir, step) / SHARDED_DIR)
     if dist.is_main:
         saved = {"counters": dataclasses.asdict(state.counters), "config": config, "world_size": dist.world_size,
                  "rl_optimizer": state.rl_optimizer.state_dict(), "amp": state.amp.state_dict(), "ranks": ranks}
@@ -132,23 +118,10 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
     """Weights and main optimizer from either checkpoint format into a sharded or unsharded model.
     -> state.pt's contents."""
     if is_sharded_checkpoint(folder):
-        # torch.distributed.checkpoint reads the shards it needs, whatever sharding wrote them
-        model_state, optimizer_state = get_state_dict(state.model, state.optimizer, options=TRAINABLE_ONLY)
-        both = {"model": model_state, "optimizer": optimizer_state}
-        metadata = sharded_metadata(folder / SHARDED_DIR)  # read once, by the reader that runs no code
-        written = {k[len("model."):] for k in metadata.state_dict_metadata if k.startswith("model.")}
-        unexpected = sorted(written - set(model_state))  # DCP reads only what is asked for: say what it would skip
-        if unexpected:
-            raise ConfigError(f"--resume {folder}: the checkpoint does not fit the model (unexpected "
-                              f"{unexpected[:3]}): resume with the flags it was trained with")
         try:
-            load_shards(both, folder / SHARDED_DIR, metadata)
+            restore_shards(state.model, state.optimizer, folder / SHARDED_DIR)
         except ConfigError as err:
             raise ConfigError(f"--resume {err}") from None
-        # not strict: the frozen weights, left out on purpose, are the ones the model has
-        set_state_dict(state.model, state.optimizer, model_state_dict=both["model"],
-                       optim_state_dict=both["optimizer"],
-                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
         return load_state(folder)
     if not is_sharded(state.model):
         restore_weights(state.model, folder)
@@ -161,15 +134,7 @@ def _restore_model_and_optimizer(state: TrainState, folder: Path) -> dict:
         state.model.check_fits(weights)
     except ConfigError as err:
         raise ConfigError(f"--resume {folder}: {err}") from None
-    full = StateDictOptions(full_state_dict=True, ignore_frozen_params=True)
-    set_model_state_dict(state.model, weights, options=full)
-    # the optimizer's state names parameters by index in the unsharded file, by name here
-    names = {id(p): n for n, p in state.model.named_parameters()}
-    order = [names[id(p)] for group in state.optimizer.param_groups for p in group["params"]]
-    optimizer = saved["optimizer"]
-    set_optimizer_state_dict(state.model, state.optimizer, options=full, optim_state_dict={
-        "state": {order[i]: v for i, v in optimizer["state"].items()},
-        "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in optimizer["param_groups"]]})
+    shard_whole_state(state.model, state.optimizer, weights, saved["optimizer"])
     return saved
 
 
