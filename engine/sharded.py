@@ -169,6 +169,9 @@ class WeightsOnlyPlanner(DefaultLoadPlanner):
 
 # DCP's planner errors for a key the checkpoint lacks and a tensor of another shape
 DOES_NOT_FIT = ("Missing key in checkpoint state_dict", "Size mismatch")
+# DCP's file reader's error for a shard whose tensor is not the shape its metadata gives (its sha256
+# matched, so not damage: a .metadata rewritten with its checksums)
+SHARD_OF_ANOTHER_SIZE = "mismatch sizes"
 
 
 def load_shards(state_dict: dict, shards: Path, metadata: Metadata | None = None) -> None:
@@ -184,7 +187,7 @@ def load_shards(state_dict: dict, shards: Path, metadata: Metadata | None = None
     except CheckpointException as wrapped:
         _refuse(next(iter(wrapped.failures.values()))[0], shards)
         raise
-    except (ConfigError, RuntimeError, ValueError) as err:  # unwrapped where DCP runs without collectives
+    except (ConfigError, RuntimeError, ValueError, AssertionError) as err:  # unwrapped: DCP without collectives
         _refuse(err, shards)
         raise
 
@@ -197,6 +200,9 @@ def _refuse(err: BaseException, shards: Path) -> None:
     if isinstance(err, (RuntimeError, ValueError)) and said.startswith(DOES_NOT_FIT):
         raise ConfigError(f"{shards}: the checkpoint does not fit the model ({said.splitlines()[0]}): resume with "
                           f"the flags and data it was trained with") from None
+    if isinstance(err, AssertionError) and SHARD_OF_ANOTHER_SIZE in said:
+        raise ConfigError(f"{shards}: a shard holds another shape than its {METADATA_FILE} says (the folder was "
+                          f"altered): {said.splitlines()[0][:200]}") from None
 
 
 # Frozen weights (a frozen Qwen, LoRA's base) come from their source, never from a checkpoint.

@@ -92,6 +92,22 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(into, why, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_a_shard_of_another_shape_than_its_metadata_is_one_line(tmp_path):
+    """A .metadata rewritten to give a tensor a larger shape than its shard holds (its checksums
+    rewritten too: not damage): DCP's reader asserts; here one line naming the folder."""
+    shards = tmp_path / "shards"
+    dcp.save(state(torch.randn(3, 4)), checkpoint_id=shards)
+
+    def larger(metadata):
+        entry = metadata.state_dict_metadata["model.w"]
+        entry.size = entry.chunks[0].sizes = torch.Size([4, 4])
+
+    planted_metadata(shards, larger)
+    with pytest.raises(ConfigError, match="a shard holds another shape than its .metadata says") as err:
+        load_shards(state(torch.zeros(4, 4)), shards)
+    assert "\n" not in str(err.value) and str(shards) in str(err.value)
+
+
 def planted_metadata(shards, change) -> None:
     """Rewrite the .metadata DCP wrote in `shards` as `change(metadata)` leaves it (read here by DCP's
     own unpickler: the file is the test's)."""
