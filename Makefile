@@ -20,8 +20,10 @@ run: $(STAMP)
 	$(PY) fixed.py --config configs/smoke.toml
 
 # the whole suite on TEST_WORKERS pytest-xdist workers, each test sent to the next free worker;
-# plain `.venv/bin/python -m pytest` runs it serially
-TEST_WORKERS ?= 2
+# plain `.venv/bin/python -m pytest` runs it serially. Three on 2 cores: many tests wait on a launched
+# run or a signal, and a third worker takes the CPU they leave (2 cores, AMD EPYC: the suite's pytest
+# 5:27 on two workers, 4:35 on three; docs/results.md)
+TEST_WORKERS ?= 3
 
 # and the numerically sensitive tests (-m numeric) again on the AVX2 and the plain kernels torch may pick on
 # another machine of this kind (a tolerance must hold on every kernel set, not only this machine's): one
