@@ -3,7 +3,8 @@ the untrained weights and from a trained checkpoint, every setting paired with t
 
     python -m bench.frontier [--settings default,search,v64-s240,...] [--tasks 100] [--minutes 15]
                              [--size all|small|large] [--starts untrained,trained]
-                             [--out runs/frontier] [--svg docs/frontier.svg] [--set NAME=VALUE ...]
+                             [--out runs/frontier] [--svg docs/frontier.svg] [--config RECIPE]
+                             [--set NAME=VALUE ...]
 
 `--size` scores the first `--tasks` of a size class (evaluation/ttt_policy.size_class): small, the
 tasks whose every demo grid and test input is at most 10 a side (78 of ARC-AGI-1's 400), or large,
@@ -13,7 +14,11 @@ the rest; `v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S, every t
 A setting is a name and the adaptation flags it changes from today's default validation
 (`SETTINGS`; `--set` adds flags to every row, the data included, e.g. `--set data=PATH` for a
 folder of tasks); a setting that builds another model (`MODEL_SETTINGS`: other
-widths) is scored from the untrained start only. The starts: `untrained` (the weights as built,
+widths) is scored from the untrained start only. `--config configs/gpu-1.toml` makes a recipe the base
+of every row under `--set`'s flags (its adaptation is then the row `default`; its run's length and
+what is scored stay the benchmark's: `OWN_FLAGS`), and its trained start is the recipe trained; rows
+train and score on the run's `--device` (`--set device=cuda`; auto: CUDA where there is one). The
+starts: `untrained` (the weights as built,
 nothing trained) and the defaults trained each of `--minutes` (`--minutes 15,60`; `0`: the untrained
 start alone), trained once into `--out` and found there again by a later run; a longer start goes on
 from the longest shorter one (15 and 60 minutes cost 60 minutes of training, not 75: the defaults'
@@ -46,6 +51,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -53,18 +59,19 @@ import torch
 
 import training
 from bench.heldout_curve import COLOURS
-from bench.learnability import EVAL_DEFAULTS, parse_settings
+from bench.learnability import EVAL_DEFAULTS, device_of, parse_settings
 from bench.recipe import train_until, with_interval
 from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint
 from engine.config import MODEL_FLAGS, Config
+from engine.errors import ConfigError
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 from evaluation.journal import open_journal
 from evaluation.ttt_policy import SMALL_SIDE
+from training.cli import read_config_file
 
-CPU = torch.device("cpu")
 UNTRAINED = "untrained"
 DEFAULT = "default"
 # name (no commas: --settings lists them) -> the adaptation flags it changes from the default validation
@@ -140,10 +147,11 @@ def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, siz
     cfg = Config.from_flags(run_dir=str(start or cache), eval_only=True,
                             **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks})
     checkpoint = find_checkpoint(str(start)) if start is not None else None
-    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
+    device = device_of(cfg)
+    data, state = training.load_run(cfg, checkpoint, device, cache_dir=cache)
     scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, tasks, size),
                          cfg=cfg,
-                         device=CPU, desc="frontier",
+                         device=device, desc="frontier",
                          journal=open_journal(out, name, state.model, cfg, 0, 1))
     pass2 = {key: m["pass2"] for key, m in by_pair(scores.records, data.eval_set).items()}
     loss = by_pair(scores.losses, data.eval_set)
@@ -282,14 +290,18 @@ def across_starts(rows: list[dict]) -> list[str]:
             f"loss - {first} (95%) |", "|---|---|---|---|---|---|", *lines]
 
 
-def trained_start(minutes: float, out: Path, common: dict) -> tuple[str, Path]:
-    """The defaults trained `minutes` minutes in `out/defaults-<minutes>min`, trained there now if it
-    holds less; a new folder starts from the longest shorter start in `out` (its checkpoints and
-    ledger: the training goes on from there). -> (the start's name in the tables, its folder)."""
-    folder = out / f"defaults-{minutes:g}min"
-    if not folder.exists():
-        trained = ((float(f.name.removeprefix("defaults-").removesuffix("min")), f)
-                   for f in out.glob("defaults-*min") if f.is_dir())
+def trained_start(minutes: float, out: Path, common: dict, recipe: str = "defaults") -> tuple[str, Path]:
+    """The defaults (or the recipe named `recipe`, its flags in `common`) trained `minutes` minutes in
+    `out/<recipe>-<minutes>min`, trained there now if it holds less; under a constant lr a new folder
+    starts from the longest shorter start of the recipe in `out` (its checkpoints and ledger: the
+    training goes on from there). -> (the start's name in the tables, its folder)."""
+    folder = out / f"{recipe}-{minutes:g}min"
+    # a run resumed at a larger --max_minutes goes on as one run of it only at a constant lr (a cosine
+    # is drawn over the whole budget): each start of another schedule is trained from the start
+    constant = common.get("lr_schedule", Config().optim.lr_schedule) == "constant"
+    if constant and not folder.exists():
+        named = ((re.fullmatch(rf"{re.escape(recipe)}-([0-9.]+)min", f.name), f) for f in out.iterdir() if f.is_dir())
+        trained = ((float(match[1]), f) for match, f in named if match)
         shorter = sorted((m, f) for m, f in trained if m < minutes)
         if shorter:
             partial = folder.with_name(folder.name + ".partial")
@@ -298,7 +310,29 @@ def trained_start(minutes: float, out: Path, common: dict) -> tuple[str, Path]:
             shutil.copytree(shorter[-1][1], partial, ignore=shutil.ignore_patterns("journal"))
             partial.rename(folder)  # whole or not at all
     so_far = train_until(minutes, folder, common)
-    return f"defaults {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)", folder
+    return f"{recipe} {so_far['train_minutes']:.0f} min ({so_far['steps']:,} steps)", folder
+
+
+# what the benchmark sets itself: how long a start trains and where, and what is scored (--minutes, --out, --tasks)
+OWN_FLAGS = {"epochs", "max_minutes", "max_batches", "run_dir", "resume", "eval_only", "eval_tasks", "log_every",
+             "prompt_cache_dir", "submission"}
+
+
+def row_flags(config: str | None, pairs: list[str]) -> dict:
+    """The flags every row adds to its setting's: a recipe's (`config`, but what the benchmark sets
+    itself, said on stdout) under --set's `pairs`."""
+    try:
+        recipe = read_config_file(config) if config else {}
+    except ConfigError as err:
+        raise SystemExit(str(err)) from None
+    dropped = sorted(recipe.keys() & OWN_FLAGS)
+    if dropped:
+        print(f"--config {config}: {', '.join(dropped)} left to the benchmark (--minutes, --out, --tasks)")
+    given = parse_settings(pairs)
+    refused = sorted(given.keys() & OWN_FLAGS)
+    if refused:
+        raise SystemExit(f"--set {', '.join(refused)}: the benchmark sets it (--minutes, --out, --tasks)")
+    return {**{k: v for k, v in recipe.items() if k not in OWN_FLAGS}, **given}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -314,8 +348,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--starts", default="untrained,trained", help="which starts: untrained, trained or both")
     ap.add_argument("--out", type=Path, default=Path("runs/frontier"), help="the trained start and frontier.json")
     ap.add_argument("--svg", type=Path, help="draw the frontier here")
+    ap.add_argument("--config", help="a recipe (configs/*.toml): its flags for every row under --set's, and the "
+                                     "trained start is it trained (default: the defaults)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
-                    help="a fixed.py flag for every row (training the start too)")
+                    help="a fixed.py flag for every row (training the start too); --set device=cuda for a GPU")
     args = ap.parse_args(argv)
     names = list(dict.fromkeys(n for n in args.settings.split(",") if n))
     unknown = [n for n in names if n not in SETTINGS]
@@ -329,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         minutes = sorted({float(m) for m in args.minutes.split(",") if m} - {0.0})
     except ValueError:
         raise SystemExit(f"--minutes {args.minutes}: comma-separated numbers of minutes") from None
-    common = parse_settings(args.set)
+    common = row_flags(args.config, args.set)
     args.out.mkdir(parents=True, exist_ok=True)
     ledger = args.out / LEDGER
     rows: list[dict] = json.loads(ledger.read_text()) if ledger.exists() else []
@@ -338,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--starts {args.starts}: untrained, trained or both (comma-separated)")
     starts: dict[str, Path | None] = {UNTRAINED: None} if UNTRAINED in wanted else {}
     if "trained" in wanted:
-        starts.update(trained_start(m, args.out, common) for m in minutes)
+        recipe = Path(args.config).stem if args.config else "defaults"
+        starts.update(trained_start(m, args.out, common, recipe) for m in minutes)
     size = args.size if args.size == "all" else f"{args.size}:{SMALL_SIDE}"
     print(f"the first {args.tasks} evaluation tasks ({size}); intervals: {METHOD}; s/task on this machine "
           f"({torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)

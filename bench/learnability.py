@@ -29,6 +29,7 @@ from agents import AGENTS
 from data.synthetic import FAMILIES
 from engine.checkpoint import find_checkpoint
 from engine.config import SECTION_OF, Config
+from engine.distributed import init_distributed
 from engine.run_logger import read_scalars
 from evaluation.evaluate import evaluate
 
@@ -56,13 +57,19 @@ def parse_settings(pairs: list[str]) -> dict:
     return out
 
 
+def device_of(cfg: Config) -> torch.device:
+    """The device a benchmark's runs train and score on: their --device as fixed.py resolves it (auto:
+    CUDA where there is one), in this one process."""
+    return init_distributed(cfg.run.device)[1]
+
+
 def run(minutes: float, run_dir: Path, reuse: bool = False, **overrides) -> tuple[Config, dict, Path]:
     """Train for `minutes` into `run_dir`; with `reuse`, a finished run already there is taken as is."""
     cfg = Config.from_flags(epochs=1000, max_minutes=minutes, run_dir=str(run_dir), log_every=20,
                             prompt_cache_dir=str(run_dir.parent / "cache"), **{**SETTINGS, **overrides})
     if reuse and (run_dir / "summary.json").exists():
         return cfg, json.loads((run_dir / "summary.json").read_text()), run_dir
-    return cfg, training.train(cfg, CPU), run_dir
+    return cfg, training.train(cfg, device_of(cfg)), run_dir
 
 
 def evaluate_variant(cfg: Config, run_dir: Path | None, by_family: dict | None = None,
@@ -73,9 +80,10 @@ def evaluate_variant(cfg: Config, run_dir: Path | None, by_family: dict | None =
     run's sibling `cache`)."""
     checkpoint = find_checkpoint(str(run_dir)) if run_dir is not None else None
     cache = cache_dir if cache_dir is not None else run_dir.parent / "cache"
-    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
+    device = device_of(cfg)
+    data, state = training.load_run(cfg, checkpoint, device, cache_dir=cache)
     eval_set = data.eval_set
-    result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=CPU)
+    result = evaluate(state.model, state.prompts, eval_set, cfg=cfg, device=device)
     metrics, submission = result.metrics, result.submission
     if by_family is not None:
         hits: dict[str, list[bool]] = {}

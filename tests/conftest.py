@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-# `make test` runs the suite on two pytest-xdist workers, one per core: each worker, and what it
-# starts, computes on one thread (two torch thread pools of two on two cores fight for them), and
+# `make test` runs the suite on three pytest-xdist workers on two cores: each worker, and what it
+# starts, computes on one thread (torch thread pools of two on two cores fight for them), and
 # inductor compiles a graph's kernels in the worker itself (its pool of compile processes would be one
 # more interpreter to start, importing torch, for the few compiles of the suite: 4 s of CPU a worker).
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -30,7 +30,7 @@ BIN = str(Path(sys.executable).parent)
 WARM_PYTHON_SCRIPT = str(ROOT / "tests" / "warm_python.py")
 WARM_PYTHON = (sys.executable, WARM_PYTHON_SCRIPT)
 # Launchers of two processes, each on a free port of its own (--standalone; accelerate's port 0), so
-# two tests that launch may run at once on the two xdist workers (the default 29500 would clash).
+# tests that launch may run at once on the xdist workers (the default 29500 would clash).
 # `torchrun` and `accelerate launch` are these modules' mains: run by the warm python, a launcher
 # starts in a fork too (1.3 and 2.3 s of imports saved a launch)
 LAUNCHER_ARGS = ["--standalone", "--nproc_per_node", "2"]

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from bench.frontier import NOW, frontier, of_size, same_row
+from bench.frontier import NOW, frontier, of_size, row_flags, same_row, trained_start
+from bench.recipe import LEDGER as RECIPE_LEDGER
 from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
 from training.build import build_data
@@ -138,3 +139,35 @@ def test_a_size_class_takes_the_first_tasks_whose_known_grids_fit(small_cfg, mon
     assert small and large and sorted(small + large) == sorted(ids) and of_size(eval_set, 100, "all") == ids
     assert all(sides[t] <= cut for t in small) and all(sides[t] > cut for t in large)
     assert of_size(eval_set, 1, "small") == small[:1] and small == [t for t in ids if t in small]
+
+
+
+def test_a_recipe_sets_every_rows_flags_and_what_the_benchmark_sets_is_left_to_it(arc_folder, tmp_path):
+    """--config: a recipe's flags join every row (under --set's); what the benchmark sets itself is
+    left to it and said, and refused from --set."""
+    recipe = tmp_path / "lean.toml"
+    recipe.write_text("ttt_lr = 2e-3\nttt_batch_size = 4\nmax_minutes = 600\neval_tasks = 0\n")
+    out = bench(arc_folder, tmp_path / "out", "--config", str(recipe), "--settings", "default", "--starts",
+                "untrained", "--minutes", "0")
+    assert f"--config {recipe}: eval_tasks, max_minutes left to the benchmark" in out
+    assert rows(out)[0][3] == "12", "3 steps of the recipe's 4 episodes a task"
+    (row,) = json.loads((tmp_path / "out" / "frontier.json").read_text())
+    assert row["flags"]["ttt_lr"] == 2e-3 and row["flags"]["agent_channels"] == 16  # --set's over the recipe's
+    with pytest.raises(SystemExit, match="--set max_minutes: the benchmark sets it"):
+        row_flags(str(recipe), ["max_minutes=1"])
+
+
+def test_a_recipes_trained_start_is_named_by_it_and_goes_on_from_its_own_shorter_start(tmp_path, monkeypatch):
+    """The trained start of `--config lean.toml` lives in lean-<minutes>min and grows from the longest
+    shorter lean start, never from the defaults' or lean-big's (each holds enough training: nothing trains)."""
+    for name, steps in (("defaults-0.01min", 7), ("lean-0.01min", 5), ("lean-big-0.015min", 9)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": steps}))
+    name, folder = trained_start(0.02, tmp_path, {}, "lean")
+    assert folder == tmp_path / "lean-0.02min" and name == "lean 1 min (5 steps)"
+    # under a cosine (drawn over the whole budget) a longer start is trained from the start, not resumed
+    (tmp_path / "fresh-0.01min").mkdir()
+    (tmp_path / "fresh-0.01min" / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": 5}))
+    monkeypatch.setattr("bench.frontier.train_until", lambda minutes, folder, flags: {
+        "train_minutes": minutes, "steps": len(list(folder.glob("*")))})
+    assert trained_start(0.02, tmp_path, {"lr_schedule": "cosine"}, "fresh")[0] == "fresh 0 min (0 steps)"

@@ -4,6 +4,7 @@ of evaluation or training), and nothing imports fixed.py, the entry point. Type-
 too: there is no cycle to hide."""
 
 import ast
+import importlib
 import re
 
 import pytest
@@ -82,3 +83,10 @@ def test_no_function_of_the_core_runs_over_60_lines():
                 long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
                             f"({node.end_lineno - node.lineno + 1} lines)")
     assert not long, long
+
+
+@pytest.mark.parametrize("module", sorted(".".join(p.relative_to(ROOT).with_suffix("").parts)
+                                          for p in (ROOT / "bench").rglob("*.py") if p.stem != "__init__"))
+def test_every_benchmark_imports(module):
+    """A benchmark no test runs still imports: a name moved out of the module it imports from fails here."""
+    importlib.import_module(module)

@@ -37,8 +37,8 @@ TINY_SIZES = ("--qwen_model", "tiny", "--agent_channels", "16", "--agent_layers"
               # a task's adaptation: 8 steps, not 60 or a small task's 120 (1.2 s, not 7.3, a task on 2 cores)
               "--ttt_steps", "8", "--ttt_small_steps", "8")
 CPU_REFERENCE = ("CPU reference (2 cores, the tiny Qwen): `make run` validates at about 4 s a task "
-                 "(docs/results.md); 30 CPU minutes of training with per-task adaptation reach 7-9% pass@2 on "
-                 "ARC-AGI-1 (docs/adaptation.md)")
+                 "(docs/results.md); the weights as built score 6.9% of ARC-AGI-1's "
+                 "evaluation tasks after per-task adaptation (docs/results.md)")
 # tqdm's "epoch 1/1000:  26%|██▌  | 55/215 [00:20<01:02, 2.5batch/s]": a message printed as the run
 # stops can follow it on the same line (the bar leaves no newline)
 PROGRESS_BAR = re.compile(r"^.*\d+%\|.*?\]")
