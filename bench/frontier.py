@@ -111,7 +111,7 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
-                 for views in (8, 16, 32, 64) for steps in (60, 120, 240)})
+                 for views in (8, 16, 32, 64) for steps in (60, 120, 240, 480)})
 for _name in SETTINGS.keys() - {DEFAULT, *DEFAULT_VARIANTS}:  # the rest adapt every task alike: no size rule
     SETTINGS[_name].setdefault("ttt_small_steps", 0)
 MODEL_SETTINGS = {name for name, flags in SETTINGS.items() if flags.keys() & MODEL_FLAGS}  # another model
