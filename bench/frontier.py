@@ -300,7 +300,8 @@ def trained_start(minutes: float, out: Path, common: dict, recipe: str = "defaul
     # is drawn over the whole budget): each start of another schedule is trained from the start
     constant = common.get("lr_schedule", Config().optim.lr_schedule) == "constant"
     if constant and not folder.exists():
-        named = ((re.fullmatch(rf"{re.escape(recipe)}-([0-9.]+)min", f.name), f) for f in out.iterdir() if f.is_dir())
+        length = re.compile(rf"{re.escape(recipe)}-(\d+(?:\.\d+)?)min")
+        named = ((length.fullmatch(f.name), f) for f in out.iterdir() if f.is_dir())
         trained = ((float(match[1]), f) for match, f in named if match)
         shorter = sorted((m, f) for m, f in trained if m < minutes)
         if shorter:

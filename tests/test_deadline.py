@@ -196,8 +196,9 @@ def test_a_training_runs_final_validation_shares_one_deadline_over_all_its_tasks
         return plan(self, *args)
 
     monkeypatch.setattr(Deadline, "plan", spy)
-    # 6 s: room on a loaded machine for the held-out pass and the first group before the rest is planned
-    cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, eval_minutes=0.1,
+    # 12 s: room on a loaded machine (three xdist workers on two cores) for the held-out pass and each group's
+    # overrun of its share before the last group is planned (at 6 s the last one once came too late to plan)
+    cfg = small_cfg(val_tasks=1, eval_tasks=0, val_every="end", ttt_steps=1000, eval_minutes=0.2,
                     run_dir=str(tmp_path / "run"))
     summary = training.train(cfg, CPU)
     tasks = int(summary["eval/tasks"])
