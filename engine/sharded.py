@@ -178,17 +178,14 @@ def load_shards(state_dict: dict, shards: Path, metadata: Metadata | None = None
     """DCP's load of `state_dict` (its tensors filled in place, each process its own shards) from the
     folder `shards` whose metadata `sharded_metadata` read (None: read here), by `CheckedReader` and
     `WeightsOnlyPlanner`. Collective. ConfigError when the checkpoint holds what would run code, or
-    lacks a key or holds another shape (DCP wraps a failure on any process in one CheckpointException
-    on every process: the first process's is said)."""
+    lacks a key or holds another shape (DCP wraps a failure on any process, one process alone too, in
+    one CheckpointException on every process: the first process's is said)."""
     # read before DCP's load, so a refusal is one line (inside the load it would come wrapped)
     metadata = metadata or sharded_metadata(shards)
     try:
         dcp.load(state_dict, storage_reader=CheckedReader(shards, metadata), planner=WeightsOnlyPlanner())
     except CheckpointException as wrapped:
         _refuse(next(iter(wrapped.failures.values()))[0], shards)
-        raise
-    except (ConfigError, RuntimeError, ValueError) as err:  # unwrapped where DCP runs without collectives
-        _refuse(err, shards)
         raise
 
 
