@@ -35,7 +35,8 @@ test pairs (pass@2 in points with its interval and McNemar's exact p, the loss w
 first (the untrained one) at the same setting: what training buys once adaptation is as strong.
 
 Rows are kept in `--out`/frontier.json as they finish: a rerun prints what is there and scores only
-the rows it lacks (a row is its start, its setting's flags and the tasks), so a long table survives
+the rows it lacks (a row is its start, its setting's flags, the tasks and the device: "cpu" or the
+GPU's name; a trained start on a GPU is trained into a folder of that name), so a long table survives
 a stop. Inside a row each task's result is journaled as it finishes (`--out`/journal/, one file a
 start and setting, evaluation/journal.py): a row stopped halfway goes on from its last task, and a
 row of more tasks scores only the tasks a row of fewer, same start and setting, lacks (with
@@ -124,6 +125,7 @@ BEFORE = {"ttt_small_steps": 0, "ttt_check_every": 5, "ttt_stop_views": 8}
 NOW = {"ttt_check_every": 0, "ttt_stop_views": 8, "ttt_params": "all"}
 SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most SMALL_SIDE
 LEDGER = "frontier.json"
+CPU = "cpu"  # a row's device before devices were named (every row ran on the CPU)
 
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
 
@@ -160,9 +162,16 @@ def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, siz
 
 
 def row_name(key: dict) -> str:
-    """The name of a row's journal: its start and flags (not its tasks: a row of more tasks reads the
-    tasks a row of fewer journaled), hashed."""
-    return hashlib.sha256(json.dumps([key["start"], key["flags"]], sort_keys=True).encode()).hexdigest()[:16]
+    """The name of a row's journal: its start, flags and device (not its tasks: a row of more tasks reads
+    the tasks a row of fewer journaled), hashed (a CPU's rows as before devices were named)."""
+    named = [key["start"], key["flags"]] + ([key["device"]] if key.get("device", CPU) != CPU else [])
+    return hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def device_name(device: torch.device) -> str:
+    """What a row's seconds were measured on, in its key: "cpu", or the GPU's name (seconds a task on a
+    CPU and on a GPU, or on two GPUs, are not one row)."""
+    return CPU if device.type == "cpu" else torch.cuda.get_device_name(device)
 
 
 def same_row(row: dict, key: dict) -> bool:
@@ -172,7 +181,7 @@ def same_row(row: dict, key: dict) -> bool:
     defaults = Config().flags()
     changed = [{k: v for k, v in f.items() if v != defaults.get(k)} for f in ({**BEFORE, **row["flags"]}, key["flags"])]
     return row["start"] == key["start"] and row["tasks"] == key["tasks"] and changed[0] == changed[1] \
-        and row.get("size", "all") == key.get("size", "all")
+        and row.get("size", "all") == key.get("size", "all") and row.get("device", CPU) == key.get("device", CPU)
 
 
 def pairs_of(row: dict, what: str) -> Pairs:
@@ -367,6 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError:
         raise SystemExit(f"--minutes {args.minutes}: comma-separated numbers of minutes") from None
     common = row_flags(args.config, args.set)
+    device = device_name(device_of(Config.from_flags(**{k: v for k, v in common.items() if k == "device"})))
     args.out.mkdir(parents=True, exist_ok=True)
     ledger = args.out / LEDGER
     rows: list[dict] = json.loads(ledger.read_text()) if ledger.exists() else []
@@ -376,10 +386,11 @@ def main(argv: list[str] | None = None) -> None:
     starts: dict[str, Path | None] = {UNTRAINED: None} if UNTRAINED in wanted else {}
     if "trained" in wanted:
         recipe = Path(args.config).stem if args.config else "defaults"
+        recipe += "" if device == CPU else "@" + re.sub(r"[^A-Za-z0-9]+", "-", device)  # its own start a device
         starts.update(trained_start(m, args.out, common, recipe) for m in minutes)
     size = args.size if args.size == "all" else f"{args.size}:{SMALL_SIDE}"
     print(f"the first {args.tasks} evaluation tasks ({size}); intervals: {METHOD}; s/task on this machine "
-          f"({torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)
+          f"({device}, {torch.get_num_threads()} threads)\n\n{HEADER}", flush=True)
     shown = []
     for start, folder in starts.items():
         base = None
@@ -387,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
             if folder is not None and name in MODEL_SETTINGS:
                 continue
             flags = {**EVAL_DEFAULTS, **common, **SETTINGS[name]}
-            key = {"start": start, "flags": {**NOW, **flags}, "tasks": args.tasks, "size": size}
+            key = {"start": start, "flags": {**NOW, **flags}, "tasks": args.tasks, "size": size, "device": device}
             row = next((r for r in rows if same_row(r, key)), None)
             if row is None:
                 row = {**key, "setting": name, **score(folder, flags, args.tasks, args.out, row_name(key), args.size)}

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bench.frontier import NOW, frontier, of_size, row_flags, same_row, trained_start
+from bench.frontier import NOW, device_name, frontier, of_size, row_flags, row_name, same_row, trained_start
 from bench.recipe import LEDGER as RECIPE_LEDGER
 from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
@@ -146,13 +146,13 @@ def test_a_recipe_sets_every_rows_flags_and_what_the_benchmark_sets_is_left_to_i
     """--config: a recipe's flags join every row (under --set's); what the benchmark sets itself is
     left to it and said, and refused from --set."""
     recipe = tmp_path / "lean.toml"
-    recipe.write_text("ttt_lr = 2e-3\nttt_batch_size = 4\nmax_minutes = 600\neval_tasks = 0\n")
+    recipe.write_text("ttt_lr = 2e-3\nttt_batch_size = 4\nttt_steps = 9\nmax_minutes = 600\neval_tasks = 0\n")
     out = bench(arc_folder, tmp_path / "out", "--config", str(recipe), "--settings", "default", "--starts",
                 "untrained", "--minutes", "0")
     assert f"--config {recipe}: eval_tasks, max_minutes left to the benchmark" in out
     assert rows(out)[0][3] == "12", "3 steps of the recipe's 4 episodes a task"
     (row,) = json.loads((tmp_path / "out" / "frontier.json").read_text())
-    assert row["flags"]["ttt_lr"] == 2e-3 and row["flags"]["agent_channels"] == 16  # --set's over the recipe's
+    assert row["flags"]["ttt_lr"] == 2e-3 and row["flags"]["ttt_steps"] == 3  # --set's (SMALL) over the recipe's
     with pytest.raises(SystemExit, match="--set max_minutes: the benchmark sets it"):
         row_flags(str(recipe), ["max_minutes=1"])
 
@@ -171,3 +171,15 @@ def test_a_recipes_trained_start_is_named_by_it_and_goes_on_from_its_own_shorter
     monkeypatch.setattr("bench.frontier.train_until", lambda minutes, folder, flags: {
         "train_minutes": minutes, "steps": len(list(folder.glob("*")))})
     assert trained_start(0.02, tmp_path, {"lr_schedule": "cosine"}, "fresh")[0] == "fresh 0 min (0 steps)"
+
+
+def test_a_row_measured_on_another_device_is_another_row():
+    """Seconds a task on a CPU and on a GPU are not one row: a kept row (and its journal) is found
+    again on its own device only; a row kept before devices were named is a CPU's."""
+    cpu = {"start": "untrained", "flags": {**NOW, "ttt_steps": 3, "ttt_small_steps": 120}, "tasks": 2, "size": "all",
+           "device": "cpu"}
+    gpu = {**cpu, "device": "NVIDIA H200"}
+    before = {k: v for k, v in cpu.items() if k != "device"}
+    assert same_row(before, cpu) and same_row(cpu, cpu) and not same_row(cpu, gpu) and not same_row(before, gpu)
+    assert row_name(before) == row_name(cpu) != row_name(gpu)
+    assert device_name(torch.device("cpu")) == "cpu"

@@ -72,3 +72,20 @@ def test_a_curve_keeps_a_checkpoint_at_each_mark_that_validation_can_name(arc_fo
     marks = tmp_path / "defaults" / "marks"
     assert sorted(p.name for p in marks.iterdir()) == ["0.02min", "0.1min"]
     assert find_checkpoint(str(marks / "0.02min")) == marks / "0.02min"  # intact, and a checkpoint folder
+
+
+def test_a_start_validates_cheaply_whatever_its_rows_score_with(tmp_path, monkeypatch):
+    """train_until's own final validation: no test-time training and one view, over a recipe's or
+    --set's scoring flags (a recipe's 256 views and 240 steps a small task would cost the start's
+    time for a validation the bench throws away); the rest of the flags are the row's."""
+    from bench.recipe import train_until
+
+    trained = []
+    monkeypatch.setattr("training.train", lambda cfg, device: trained.append(cfg) or {"train_seconds": 6.0,
+                                                                                     "steps": 3})
+    flags = {"ttt_steps": 60, "ttt_small_steps": 240, "eval_augments": 256, "agent_channels": 16}
+    (tmp_path / "run").mkdir()  # what the run makes
+    assert train_until(0.5, tmp_path / "run", flags) == {"train_minutes": 0.1, "steps": 3}
+    (cfg,) = trained
+    assert (cfg.eval.ttt_steps, cfg.eval.ttt_small_steps, cfg.eval.eval_augments) == (0, 0, 1)
+    assert cfg.agent.agent_channels == 16 and cfg.run.max_minutes == 0.5
