@@ -103,7 +103,7 @@ def measure(cfg: Config, device: torch.device, ks: Iterable[int], tasks: int, fi
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ks", default="1,4,16", help="tasks adapted together, one row each; the first is the reference")
     ap.add_argument("--tasks", type=int, default=32, help="tasks of the most common side")
     ap.add_argument("--first", type=int, default=0, help="the first N evaluation tasks instead (sides mixed)")

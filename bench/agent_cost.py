@@ -70,7 +70,7 @@ def step_seconds(cfg: Config, side: int, batch: int, repeats: int, device: torch
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sides", default="12,30")
     ap.add_argument("--batch", type=int, default=8, help="episodes a micro-batch (2 rows each)")
     ap.add_argument("--repeats", type=int, default=5)

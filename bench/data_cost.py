@@ -40,7 +40,7 @@ def measure(data: str, steps: int, run_dir: Path, **flags) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--re_arc", required=True, help="RE-ARC's re_arc.zip or its folder")
     ap.add_argument("--steps", type=int, default=150, help="training steps a row")
     ap.add_argument("--sets", default="1,8,64", help="--re_arc_sets values to measure")

@@ -346,7 +346,7 @@ def row_flags(config: str | None, pairs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated names of {list(SETTINGS)} "
                                                                    "(the first: each start's pairing base)")
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")

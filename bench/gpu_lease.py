@@ -85,7 +85,7 @@ TINY_SIZES = ("--agent_channels", "32", "--agent_layers", "1", "--prompt_dim", "
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench.gpu_lease", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench.gpu_lease", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("runs/gpu-lease"), help="the run and the report go here")
     ap.add_argument("--copy_to", type=Path, help="copy the report, the log and the tarball here ($OUT)")
     ap.add_argument("--minutes", type=float, default=FULL_MINUTES,

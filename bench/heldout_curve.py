@@ -151,7 +151,7 @@ def svg(curves: dict[str, list[dict]], fits: dict[str, dict | None], path: Path,
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="run folders whose validations logged heldout/*")
     ap.add_argument("--untrained", type=Path, help="an --eval_only run folder of the weights as built: step 0")
     ap.add_argument("--svg", type=Path, help="draw the curves here")

@@ -156,7 +156,7 @@ def section_rl(runs) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sections", default="single,mixed,arc,rl")
     ap.add_argument("--agents", default=",".join(AGENTS), help="agents compared (default: every one)")
     ap.add_argument("--families", default=",".join(FAMILIES))

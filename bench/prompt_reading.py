@@ -63,7 +63,7 @@ def donors(dataset: EpisodeDataset) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run folder or checkpoint")
     ap.add_argument("--untrained", action="store_true", help="the weights as built with the run's flags")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a flag to change")

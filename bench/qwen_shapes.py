@@ -75,7 +75,7 @@ def gpu_estimate(row: dict, per_token: float, prompt_tokens: int, weight_bytes: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="Qwen/Qwen2.5-0.5B,Qwen/Qwen2.5-1.5B")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--texts", type=int, default=4, help="demo texts encoded per measurement")

@@ -99,7 +99,7 @@ def table(records: list[tuple[str, dict]], views: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=78, help="the first N evaluation tasks of --size")
     ap.add_argument("--size", choices=SIZES, default="small", help="all, small or large (bench.frontier's)")
     ap.add_argument("--views", type=int, default=32, help="voted views a test input (at least 8)")

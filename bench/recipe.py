@@ -186,7 +186,7 @@ def spread(values: list[float], scale: float = 100, fmt_: str = ".1f") -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="defaults,re-arc", help=f"comma-separated names of {list(ROWS)}")
     ap.add_argument("--re_arc", default="", help="RE-ARC's re_arc.zip or its folder (rows with re-arc)")
     ap.add_argument("--minutes", type=float, default=15.0, help="training minutes a row")

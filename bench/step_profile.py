@@ -181,7 +181,7 @@ def device_activity(events: list[RecordedEvent], steps: int) -> dict[str, float]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--agents", default=",".join(AGENTS), help="agents compared (default: every one)")

@@ -104,7 +104,7 @@ def curve(run: str, tasks: int, marks: list[int], settings: dict,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="a run folder or one of its checkpoints")
     ap.add_argument("--tasks", type=int, default=30, help="the first N evaluation tasks")
     ap.add_argument("--marks", default="0,10,20,40,60,100,150", help="steps at which to measure")

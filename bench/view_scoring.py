@@ -69,7 +69,7 @@ def per_sample(model, dataset, episodes: list[int], views: int, cfg: Config, dev
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--views", default="8,64,256")
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("--device", default="cpu")

@@ -315,7 +315,8 @@ class EvalCfg:
     view_starts: bool = flag(False, "search over starts: the mean refinement and each gate-forced input view that "
                                     "sizes every demo right, the one of lowest demo loss kept (off: from random or "
                                     "ARC-trained weights test-time training does better from the mean)")
-    ttt_steps: int = flag(60, "test-time training steps per task (0: none; with --view_starts, the search alone)",
+    ttt_steps: int = flag(60, "test-time training steps per task, but for a small one's (--ttt_small_steps; 0: "
+                               "none; with --view_starts, the search alone)",
                           within=NON_NEGATIVE)
     ttt_small_steps: int = flag(120, "a small task's test-time training steps (every demo grid and test input at "
                                 "most 10 a side; 0: as any task)", within=NON_NEGATIVE)

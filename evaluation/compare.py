@@ -150,7 +150,7 @@ def compare_page(result: Comparison, heads: tuple[dict, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_a", type=Path, help="a run folder (with report.json)")
     ap.add_argument("run_b", type=Path, help="another run folder")
     ap.add_argument("--out", type=Path, help="the page (default: RUN_B/compare.html)")

@@ -115,7 +115,9 @@ def test_resuming_with_a_different_config_warns_naming_the_fields(small_cfg, tmp
     training.train(small_cfg(run_dir=str(tmp_path / "a"), max_batches=2, epochs=2, agent_lr=3e-4, clip=0.5,
                              log_every=7, ttt_steps=3, resume=str(tmp_path / "a")), torch.device("cpu"))
     err = capsys.readouterr().err
-    assert "resuming with a different config: agent_lr, clip\n" in err
+    said = next(line for line in err.splitlines() if "resuming with a different config" in line)
+    assert said == f"warning: resuming with a different config: agent_lr 0.0003 (the checkpoint's: " \
+                   f"{small_cfg().optim.agent_lr}), clip 0.5 (the checkpoint's: {small_cfg().optim.clip})", said
 
 
 def test_a_flag_newer_than_the_checkpoint_is_a_change_only_when_set_off_its_default(small_cfg, tmp_path, capsys):

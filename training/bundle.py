@@ -90,7 +90,7 @@ def size(folder: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run folder (its newest intact checkpoint) or a checkpoint folder")
     ap.add_argument("out", type=Path, help="the bundle's folder (new)")
     ap.add_argument("--wheels", type=Path, default=ROOT / "gpu-wheels", help="what make gpu-wheels fetched")

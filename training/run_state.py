@@ -179,7 +179,7 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
     # a flag the checkpoint does not name was added to the suite after it was written: that run ran
     # with the flag's default, so only a value other than the default is a change
     defaults = Config().flags()
-    changed = [k for k, v in config.items()
+    changed = [f"{k} {v} (the checkpoint's: {saved['config'].get(k, defaults[k])})" for k, v in config.items()
                if k not in RESUME_FREE and not (evaluating and SECTION_OF[k] == "optim")
                and saved["config"].get(k, defaults[k]) != v]
     if changed and dist.is_main:

@@ -57,7 +57,7 @@ BUDGET_SHARES = {"seeds": 1 / 8, "qwen": 3 / 16, "agents": 1 / 4}
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench.gpu_check", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for gpu_check.json, gpu_check.md and the ARC run")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="sizes that take seconds (the CPU dry run)")
