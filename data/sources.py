@@ -109,12 +109,11 @@ def load_hf(folder: str) -> ArcSplits:
 
 
 def load_folder(root: Path) -> ArcSplits:
+    """The ARC-AGI repository layout (either of `training/`, `evaluation/` may be absent: an empty
+    split, so a folder of tasks to score needs no training folder beside it) or Kaggle's files."""
     if (root / "training").is_dir() or (root / "evaluation").is_dir():
-        for sub in ("training", "evaluation"):
-            if not (root / sub).is_dir():
-                raise DataError(f"{root}: missing folder '{sub}/' of ARC JSON files")
-        return ArcSplits(str(root), load_folder_split(root / "training"),
-                         load_folder_split(root / "evaluation", to_predict=True))
+        return ArcSplits(str(root), *(load_folder_split(root / sub, to_predict=sub == "evaluation")
+                                      if (root / sub).is_dir() else () for sub in ("training", "evaluation")))
     files = sorted(root.glob("*_challenges.json"))
     if not files:
         raise DataError(f"{root}: neither training/ and evaluation/ folders nor Kaggle *_challenges.json files")
@@ -178,7 +177,8 @@ def load_splits(data: str, eval_data: str = "", allow_overlap: bool = False,
     source = load_source(data, synthetic, re_arc)
     eval_source = load_source(eval_data, synthetic, re_arc) if eval_data and eval_data != data else source
     if not eval_source.evaluation:
-        raise DataError(f"--data {eval_data or data}: no evaluation tasks (pass --eval_data)")
+        raise DataError(f"--eval_data {eval_data}: no evaluation tasks" if eval_data else
+                        f"--data {data}: no evaluation tasks (pass --eval_data)")
     eval_ids = {t.task_id for t in eval_source.evaluation}
     training = source.training
     if drop_overlap:

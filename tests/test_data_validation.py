@@ -61,11 +61,28 @@ def test_cell_errors_name_pair_and_cell(tmp_path):
         load_splits(str(root))
 
 
+def test_a_folder_holds_either_split_alone(tmp_path):
+    """A folder of tasks to score needs no training/ beside its evaluation/, and the other way
+    round; the split a job needs and the folder lacks is a one-line error naming the flag."""
+    scored, trained = tmp_path / "scored", tmp_path / "trained"
+    for root, sub in ((scored, "evaluation"), (trained, "training")):
+        (root / sub).mkdir(parents=True)
+        (root / sub / f"{root.name}.json").write_text(json.dumps(GOOD))
+    splits = load_splits(str(trained), eval_data=str(scored))
+    assert [t.task_id for t in splits.training + splits.evaluation] == ["trained", "scored"]
+    with pytest.raises(DataError, match=f"^--data {trained}: no evaluation tasks \\(pass --eval_data\\)$"):
+        load_splits(str(trained))
+    with pytest.raises(DataError, match=f"^--eval_data {trained}: no evaluation tasks$"):
+        load_splits(str(scored), eval_data=str(trained))
+    with pytest.raises(DataError, match=f"^--data {scored}: no training tasks$"):
+        load_splits(str(scored))
+
+
 def test_missing_folders_and_empty_sources_are_errors(tmp_path):
     with pytest.raises(DataError, match="not a data source"):
         load_splits(str(tmp_path / "nowhere"))
     (tmp_path / "training").mkdir()
-    with pytest.raises(DataError, match="missing folder 'evaluation/'"):
+    with pytest.raises(DataError, match="no ARC task files"):
         load_splits(str(tmp_path))
     (tmp_path / "evaluation").mkdir()
     with pytest.raises(DataError, match="no ARC task files"):
