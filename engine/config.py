@@ -313,8 +313,8 @@ class EvalCfg:
     eval_refinement: str = flag("mean", "refined prompt at validation: the RL head's mean, a sampled delta, or zero "
                                 "(ablation: no task information)", ("mean", "sampled", "zero"))
     view_starts: bool = flag(False, "search over starts: the mean refinement and each gate-forced input view that "
-                                    "sizes every demo right, the one of lowest demo loss kept (off: from random or "
-                                    "ARC-trained weights test-time training does better from the mean)")
+                                    "sizes every demo right, the one of lowest demo loss kept (for a start trained on "
+                                    "geometric rules; off: test-time training from the mean refinement)")
     ttt_steps: int = flag(60, "test-time training steps per task, but for a small one's (--ttt_small_steps; 0: "
                                "none; with --view_starts, the search alone)",
                           within=NON_NEGATIVE)
