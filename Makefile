@@ -88,7 +88,7 @@ gpu-check: gpu-site
 # The 10-minute GPU command (bench/gpu_lease.py, docs/gpu.md): configs/gpu-lease.toml trained and all 400
 # ARC-AGI-1 evaluation tasks scored in LEASE_MINUTES (9.5; a shorter job: training and scoring shrink to fit)
 # at most, with gpu-wheels/ and runs/re_arc.zip beside the tree; the report in runs/gpu-lease/lease.md, copied to
-# OUT when OUT is given; ARGS passes flags on: ARGS="--train_minutes 4 --set agent_channels=512"
+# OUT when OUT is given; ARGS passes flags on: ARGS="--train_minutes 3 --set agent_channels=512"
 LEASE_COPY = $(if $(and $(strip $(OUT)),$(filter environment command line,$(origin OUT))),--copy_to $(OUT))
 gpu-lease: gpu-site
 	$(GPU_PATH) $(PYTHON) -m bench.gpu_lease --out runs/gpu-lease $(LEASE_COPY) \
@@ -97,10 +97,12 @@ gpu-lease: gpu-site
 # One folder that predicts a challenges file offline (ARC Prize's notebook): code, the run's newest
 # checkpoint, the wheels make gpu-wheels fetches, predict.sh: make bundle RUN=runs/<name> OUT=bundle
 # [QWEN=folder of a hub Qwen]; then: sh bundle/predict.sh arc-agi_test_challenges.json submission.json 60
+# OUT only when given (its default is the GPU check's)
+BUNDLE_OUT = $(if $(filter environment command line,$(origin OUT)),$(OUT))
 bundle: $(STAMP)
-	@test -n "$(RUN)" -a -n "$(OUT)" || { echo "make bundle: give RUN=runs/<name> and OUT=<new folder>"; exit 2; }
+	@test -n "$(RUN)" -a -n "$(BUNDLE_OUT)" || { echo "make bundle: give RUN=runs/<name> and OUT=<new folder>"; exit 2; }
 	test -d $(GPU_WHEELS) || $(MAKE) gpu-wheels
-	$(PY) -m training.bundle $(RUN) $(OUT) --wheels $(GPU_WHEELS) $(if $(QWEN),--qwen_folder $(QWEN))
+	$(PY) -m training.bundle $(RUN) $(BUNDLE_OUT) --wheels $(GPU_WHEELS) $(if $(QWEN),--qwen_folder $(QWEN))
 
 bench-data: $(STAMP)
 	$(PY) -m bench.loader_throughput

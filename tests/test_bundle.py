@@ -76,3 +76,12 @@ def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(sm
     lacking = subprocess.run(["sh", str(out / "predict.sh"), str(path), str(tmp_path / "s2.json")], cwd=tmp_path,
                              env={**offline, "PYTHON": "false"}, capture_output=True, text=True, timeout=60)
     assert lacking.returncode == 2 and lacking.stderr.count("\n") == 1 and "lacks torch" in lacking.stderr
+
+
+def test_make_bundle_without_out_is_refused_not_written_into_the_gpu_checks_folder():
+    """OUT's default in the Makefile is the GPU check's folder: `make bundle` takes OUT only when
+    given, so one left out is a one-line refusal rather than a bundle written there."""
+    proc = subprocess.run(["make", "--no-print-directory", "bundle", "RUN=runs/nowhere"], cwd=ROOT,
+                          capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "OUT"})
+    assert proc.returncode == 2 and "make bundle: give RUN=runs/<name> and OUT=<new folder>" in proc.stdout, \
+        proc.stdout + proc.stderr
