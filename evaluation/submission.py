@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
+import tempfile
 from pathlib import Path
 
 from data.arc import Grid
@@ -34,8 +34,13 @@ def check_submission_path(path: Path) -> None:
     folder = next(p for p in path.parents if p.exists())  # the nearest that exists: the rest are made
     if not folder.is_dir():
         raise ConfigError(f"--submission {path}: {folder} is a file, not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):  # the file is replaced by a rename: its folder is what is written
-        raise ConfigError(f"--submission {path}: {folder} is not writable")
+    # the file is replaced by a rename, so its folder is what is written: a file made there and removed
+    # (permission bits say nothing to root, nor of a read-only or pseudo file system such as /proc)
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ConfigError(f"--submission {path}: {folder} is not writable ({err.strerror})") from None
 
 
 class SubmissionFile:

@@ -165,7 +165,9 @@ def test_a_submission_or_run_folder_that_cannot_be_written_is_refused_before_any
     cases = [(["--submission", str(tmp_path)], "a folder; name the file"),
              (["--submission", str(tmp_path / "a_file" / "sub.json")], "is a file, not a folder"),
              (["--run_dir", str(tmp_path / "a_file")], "cannot be a run folder"),
-             (["--run_dir", str(tmp_path / "a_file" / "run")], "cannot be a run folder")]
+             (["--run_dir", str(tmp_path / "a_file" / "run")], "cannot be a run folder"),
+             # a folder no file can be made in, whoever runs the test (root passes every permission check)
+             (["--submission", "/proc/sub.json"], "--submission /proc/sub.json: /proc is not writable")]
     for flags, says in cases:
         capsys.readouterr()
         assert training.main(["--run_dir", str(tmp_path / "run"), "--max_batches", "1", *flags]) == 2, flags
