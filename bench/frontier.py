@@ -6,7 +6,7 @@ the untrained weights and from a trained checkpoint, every setting paired with t
                              [--out runs/frontier] [--svg docs/frontier.svg] [--config RECIPE]
                              [--set NAME=VALUE ...]
 
-`--size` scores the first `--tasks` of a size class (evaluation/ttt_policy.size_class): small, the
+`--size` scores the first `--tasks` of a size class (fixed.py's `--eval_size`): small, the
 tasks whose every demo grid and test input is at most 10 a side (78 of ARC-AGI-1's 400), or large,
 the rest; `v{V}-s{S}` is the grid of `--ttt_views` V by `--ttt_steps` S, every task alike
 (`--ttt_small_steps 0`; v8-s60: the default on a large task).
@@ -62,9 +62,8 @@ import training
 from bench.heldout_curve import COLOURS
 from bench.learnability import EVAL_DEFAULTS, device_of, parse_settings
 from bench.recipe import train_until, with_interval
-from data.episodes import EpisodeDataset
 from engine.checkpoint import find_checkpoint
-from engine.config import MODEL_FLAGS, Config
+from engine.config import EVAL_SIZES, MODEL_FLAGS, Config
 from engine.errors import ConfigError
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
@@ -123,35 +122,25 @@ MODEL_SETTINGS = {name for name, flags in SETTINGS.items() if flags.keys() & MOD
 # retired ones (a key's EVAL_DEFAULTS give the rest).
 BEFORE = {"ttt_small_steps": 0, "ttt_check_every": 5, "ttt_stop_views": 8}
 NOW = {"ttt_check_every": 0, "ttt_stop_views": 8, "ttt_params": "all"}
-SIZES = ("all", "small", "large")  # --size: every task, or those whose known grids are all at most SMALL_SIDE
 LEDGER = "frontier.json"
 CPU = "cpu"  # a row's device before devices were named (every row ran on the CPU)
 
 Pairs = dict[tuple[str, str], float]  # (task id, "test[j]") -> a pair's value
 
 
-def of_size(dataset: EpisodeDataset, tasks: int, size: str) -> list[str]:
-    """The first `tasks` evaluation tasks of a size class (`SIZES`), in the set's order."""
-    ids = first_tasks(dataset, 0)
-    if size != "all":
-        side = {ep.task.task_id: ep.task.known_side for ep in dataset.episodes}
-        ids = [t for t in ids if (side[t] <= SMALL_SIDE) == (size == "small")]
-    return ids[:tasks]
-
-
 def score(start: Path | None, flags: dict, tasks: int, out: Path, name: str, size: str = "all") -> dict:
     """The checkpoint in `start` (None: the weights as built) validated with `flags` on the first
-    `tasks` evaluation tasks of a size class (`of_size`), the prompts cached in `out`/cache, each
+    `tasks` evaluation tasks of a size class (--eval_size), the prompts cached in `out`/cache, each
     task's result journaled in `out`/journal/`name`.rank0of1.jsonl (evaluation/journal.py) and read
     back from there when that holds it. -> {"metrics": eval/* figures, "pass2": per test pair, "loss":
     the held-out loss after adaptation per test pair}, the pairs as [task id, where, value] lists."""
     cache = out / "cache"
     cfg = Config.from_flags(run_dir=str(start or cache), eval_only=True,
-                            **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks})
+                            **{**EVAL_DEFAULTS, "heldout_loss": True, **flags, "eval_tasks": tasks, "eval_size": size})
     checkpoint = find_checkpoint(str(start)) if start is not None else None
     device = device_of(cfg)
     data, state = training.load_run(cfg, checkpoint, device, cache_dir=cache)
-    scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, tasks, size),
+    scores = score_tasks(state.model, state.prompts, data.eval_set, first_tasks(data.eval_set, tasks),
                          cfg=cfg,
                          device=device, desc="frontier",
                          journal=open_journal(out, name, state.model, cfg, 0, 1))
@@ -325,7 +314,7 @@ def trained_start(minutes: float, out: Path, common: dict, recipe: str = "defaul
 
 # what the benchmark sets itself: how long a start trains and where, and what is scored (--minutes, --out, --tasks)
 OWN_FLAGS = {"epochs", "max_minutes", "max_batches", "run_dir", "resume", "eval_only", "eval_tasks", "log_every",
-             "prompt_cache_dir", "submission"}
+             "prompt_cache_dir", "submission", "eval_size"}
 
 
 def row_flags(config: str | None, pairs: list[str]) -> dict:
@@ -350,9 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--settings", default=",".join(SETTINGS), help=f"comma-separated names of {list(SETTINGS)} "
                                                                    "(the first: each start's pairing base)")
     ap.add_argument("--tasks", type=int, default=100, help="ARC-AGI-1 evaluation tasks scored (the first N)")
-    ap.add_argument("--size", choices=SIZES, default="all", help="the tasks: all, or the first of a size class: small "
-                                                                 "(every demo grid and test input at most "
-                                                                 f"{SMALL_SIDE} a side) or large (the rest)")
+    ap.add_argument("--size", choices=EVAL_SIZES, default="all",
+                    help=f"the tasks (--eval_size): all, or the first of a size class: small (every demo grid and "
+                         f"test input at most {SMALL_SIDE} a side) or large (the rest)")
     ap.add_argument("--minutes", default="15", help="training minutes of each trained start, comma-separated "
                                                         "(0: none)")
     ap.add_argument("--starts", default="untrained,trained", help="which starts: untrained, trained or both")

@@ -20,10 +20,9 @@ from collections.abc import Callable
 import numpy as np
 
 import training
-from bench.frontier import SIZES, of_size
 from bench.learnability import EVAL_DEFAULTS, device_of, parse_settings
-from engine.config import Config
-from evaluation.evaluate import score_tasks
+from engine.config import EVAL_SIZES, Config
+from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.intervals import interval, mcnemar, paired
 from evaluation.scoring import Candidates
 
@@ -101,7 +100,7 @@ def table(records: list[tuple[str, dict]], views: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=78, help="the first N evaluation tasks of --size")
-    ap.add_argument("--size", choices=SIZES, default="small", help="all, small or large (bench.frontier's)")
+    ap.add_argument("--size", choices=EVAL_SIZES, default="small", help="all, small or large (--eval_size)")
     ap.add_argument("--views", type=int, default=32, help="voted views a test input (at least 8)")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="a fixed.py flag")
     ap.add_argument("--cache", default="runs/rankings", help="the prompt cache's folder")
@@ -109,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.views < 8 or args.tasks < 1:
         raise SystemExit(f"--views {args.views} --tasks {args.tasks}: at least 8 views and 1 task")
     cfg = Config.from_flags(run_dir=args.cache, eval_only=True, **{**EVAL_DEFAULTS, "heldout_loss": False,
-                            "eval_augments": args.views, **parse_settings(args.set), "eval_tasks": args.tasks})
+                            "eval_augments": args.views, **parse_settings(args.set), "eval_tasks": args.tasks,
+                            "eval_size": args.size})
     device = device_of(cfg)
     data, state = training.load_run(cfg, None, device, cache_dir=args.cache)
     kept: dict[int, tuple[str, dict]] = {}
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         if ep.query.answered:
             kept[i] = (ep.task.task_id, pair_record(cands, ep.query.output))
 
-    scores = score_tasks(state.model, state.prompts, data.eval_set, of_size(data.eval_set, args.tasks, args.size),
+    scores = score_tasks(state.model, state.prompts, data.eval_set, first_tasks(data.eval_set, args.tasks),
                          cfg=cfg, device=device, desc="rankings", on_candidates=keep)
     records = list(kept.values())
     if list(pass2(records, _votes, args.views).values()) != [scores.records[i][1]["pass2"] for i in kept]:

@@ -288,6 +288,9 @@ class OptimCfg:
         _check(self)
 
 
+EVAL_SIZES = ("all", "small", "large")  # --eval_size: every evaluation task, or a size class (evaluation/ttt_policy.py)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalCfg:
     """Validation, test-time training and the submission file."""
@@ -303,6 +306,9 @@ class EvalCfg:
                            "--eval_only, under --eval_minutes or expected within the training's time, else "
                            "--val_tasks)", result_free=True,
                            within=Range(-1))
+    eval_size: str = flag("all", "the evaluation tasks every validation draws from: all, or a size class: small "
+                          "(every demo grid and test input at most 10 a side) or large", EVAL_SIZES,
+                          result_free=True)
     eval_batch_size: int = flag(32, "episodes per validation batch", within=AT_LEAST_ONE)
     heldout_loss: bool = flag(True, "measure the held-out loss (docs/runs.md) at each validation: before adaptation on "
                               "--heldout_tasks tasks and held-out training pairs, after adaptation on the voted views")
@@ -344,6 +350,9 @@ class EvalCfg:
     def __post_init__(self) -> None:
         _check(self)
         self.validation_interval()
+        if self.submission and self.eval_size != "all":
+            raise ConfigError(f"--submission holds every evaluation task: it takes --eval_size all, not "
+                              f"{self.eval_size}")
 
     def validation_interval(self) -> tuple[str, float]:
         """--val_every as (unit, amount): ("epoch", 1), ("steps", N), ("minutes", M) or ("end", 0)."""

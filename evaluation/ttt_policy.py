@@ -32,9 +32,19 @@ from engine.schedule import warmed_factor
 SMALL_SIDE = 10  # 78 of ARC-AGI-1's 400 evaluation tasks, 179 of its 400 training tasks
 
 
+def is_small(task: ArcTask) -> bool:
+    """Every grid known before the task's test outputs (demos, test inputs) at most SMALL_SIDE a side."""
+    return task.known_side <= SMALL_SIDE
+
+
+def of_size(tasks: tuple[ArcTask, ...], size: str) -> tuple[ArcTask, ...]:
+    """The tasks of a size class (--eval_size: all, small or large), in their order."""
+    return tasks if size == "all" else tuple(t for t in tasks if is_small(t) == (size == "small"))
+
+
 def size_class(e: EvalCfg, task: ArcTask) -> str:
     """"small" or "large" where the size rule is on (test-time training, --ttt_small_steps), else ""."""
-    return "" if not (e.ttt_steps and e.ttt_small_steps) else "small" if task.known_side <= SMALL_SIDE else "large"
+    return "" if not (e.ttt_steps and e.ttt_small_steps) else "small" if is_small(task) else "large"
 
 
 def by_size(e: EvalCfg, tasks: list[ArcTask]) -> dict:

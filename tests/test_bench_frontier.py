@@ -8,11 +8,9 @@ import json
 import pytest
 import torch
 
-from bench.frontier import NOW, device_name, frontier, of_size, row_flags, row_name, same_row, trained_start
+from bench.frontier import NOW, device_name, frontier, row_flags, row_name, same_row, trained_start
 from bench.recipe import LEDGER as RECIPE_LEDGER
-from evaluation.evaluate import first_tasks
 from tests.conftest import WARM_PYTHON, run_command
-from training.build import build_data
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
 
@@ -125,21 +123,6 @@ def test_a_row_of_more_tasks_scores_only_the_tasks_a_row_of_fewer_lacks_and_scor
     assert tasks_in()[:2] == first_two and len(tasks_in()) == 3, "the first two tasks were read, not scored again"
     bench(arc_folder, tmp_path / "fresh", *alone, "--tasks", "3")
     assert kept_pairs(tmp_path / "grown") == kept_pairs(tmp_path / "fresh")
-
-
-def test_a_size_class_takes_the_first_tasks_whose_known_grids_fit(small_cfg, monkeypatch):
-    """--size small: every demo grid and test input at most SMALL_SIDE a side (here the folder's
-    median, every task of it being small at 10); large: the rest, in the set's order."""
-    eval_set = build_data(small_cfg(), torch.device("cpu")).eval_set
-    ids = first_tasks(eval_set, 0)
-    sides = {ep.task.task_id: ep.task.known_side for ep in eval_set.episodes}
-    cut = sorted(sides.values())[len(ids) // 2]
-    monkeypatch.setattr("bench.frontier.SMALL_SIDE", cut)
-    small, large = (of_size(eval_set, 100, size) for size in ("small", "large"))
-    assert small and large and sorted(small + large) == sorted(ids) and of_size(eval_set, 100, "all") == ids
-    assert all(sides[t] <= cut for t in small) and all(sides[t] > cut for t in large)
-    assert of_size(eval_set, 1, "small") == small[:1] and small == [t for t in ids if t in small]
-
 
 
 def test_a_recipe_sets_every_rows_flags_and_what_the_benchmark_sets_is_left_to_it(arc_folder, tmp_path):

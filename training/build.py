@@ -26,6 +26,7 @@ from engine.distributed import Dist, data_parallel, is_sharded
 from engine.fsdp import shard_model, unsharded_copy
 from engine.loop import seed_everything
 from engine.precision import MixedPrecision, check_master_weights
+from evaluation.ttt_policy import of_size
 from model import ArcModel, build_model
 from prompt import QwenFeatures
 from training.run_state import TrainState, restore_run_state
@@ -40,6 +41,7 @@ class TrainingData:
     loader: DataLoader
     eval_set: EpisodeDataset  # the evaluation tasks' test pairs; their outputs are read by the scorer only
     held_out: tuple[ArcTask, ...] = ()  # training tasks whose test pairs training never saw (--hold_out_tests)
+    evaluation: str = ""  # the evaluation tasks eval_set holds, in words: "400", or --eval_size's "78 small of 400"
 
     def batches_in_epoch(self, max_batches: int) -> int:
         full = self.sampler.batches_per_epoch
@@ -79,11 +81,17 @@ def build_data(cfg: Config, device: torch.device, dist: Dist = Dist()) -> Traini
     # so any --num_workers gives the same batches (a worker set lives as long as the loader).
     loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate, num_workers=d.num_workers,
                         persistent_workers=d.num_workers > 0, pin_memory=device.type == "cuda")
-    # every evaluation task (validation picks which it scores); the canvas side of a test input is
-    # predicted without its output
-    eval_set = EpisodeDataset(evaluation_episodes(splits.evaluation), scale, canvas=d.canvas, fit_target=False,
+    # every evaluation task of --eval_size (validation picks which it scores); the canvas side of a test
+    # input is predicted without its output
+    evaluated = of_size(splits.evaluation, cfg.eval.eval_size)
+    if not evaluated:
+        raise DataError(f"--eval_size {cfg.eval.eval_size}: none of the {len(splits.evaluation)} evaluation tasks of "
+                        f"{splits.name} is {cfg.eval.eval_size}")
+    eval_set = EpisodeDataset(evaluation_episodes(evaluated), scale, canvas=d.canvas, fit_target=False,
                               task_rows=task_rows)
-    return TrainingData(splits, families, sampler, loader, eval_set, held_out)
+    every = len(splits.evaluation)
+    evaluation = str(every) if len(evaluated) == every else f"{len(evaluated)} {cfg.eval.eval_size} of {every}"
+    return TrainingData(splits, families, sampler, loader, eval_set, held_out, evaluation)
 
 
 def build_train_state(cfg: Config, device: torch.device, dist: Dist = Dist(), prompt_cache_dir: Path | None = None,

@@ -27,6 +27,7 @@ from engine.distributed import Dist
 from engine.loop import Interrupted, StopRequest, TrainingStopped, epoch_windows, seed_everything
 from engine.run_logger import IntervalMeans
 from engine.schedule import TrainingSchedule
+from evaluation.evaluate import first_tasks
 from evaluation.submission import check_submission_path
 from training.build import build_data, build_train_state, prompt_cache_dir
 from training.flops import TrainingFlops
@@ -77,7 +78,7 @@ class EpochLoop:
         if cfg.data.train_on_eval_demos:
             what += f", TRANSDUCTIVE: the demos of {len(self.data.splits.evaluation)} evaluation tasks join training"
         self.logger = open_run(self.run_dir, cfg, self.state, self.data, dist, what, self.validation.describe(
-            cfg.eval.val_tasks, final_tasks(cfg.eval), len(self.data.splits.evaluation),
+            cfg.eval.val_tasks, final_tasks(cfg.eval), len(first_tasks(self.data.eval_set, 0)),
             cfg.run.epochs - self.counters.epoch))
         if self.logger is not None:
             self.logger.writer.add_text("transductive", str(cfg.data.train_on_eval_demos), 0)

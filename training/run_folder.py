@@ -156,7 +156,7 @@ def open_run(run_dir: Path, cfg: Config, state: TrainState, data: TrainingData, 
     device = next(state.model.parameters()).device
     sharded = " sharded (--fsdp)" if cfg.optim.fsdp else ""
     print(f"run {run_dir} ({what}) | device={device} amp={cfg.optim.amp} world_size={dist.world_size}{sharded} | "
-          f"data {data.splits.name}: {len(data.splits.training)} training, {len(data.splits.evaluation)} evaluation "
+          f"data {data.splits.name}: {len(data.splits.training)} training, {data.evaluation} evaluation "
           f"tasks | {state.model.description()} [qwen {cfg.qwen.qwen_train}]", file=sys.stderr)
     for note in data.splits.notes:
         print(note, file=sys.stderr)
