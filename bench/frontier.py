@@ -63,7 +63,7 @@ from bench.heldout_curve import COLOURS
 from bench.learnability import EVAL_DEFAULTS, device_of, parse_settings
 from bench.recipe import train_until, with_interval
 from engine.checkpoint import find_checkpoint
-from engine.config import EVAL_SIZES, MODEL_FLAGS, Config
+from engine.config import EVAL_SIZES, MODEL_FLAGS, RESUME_FREE, Config
 from engine.errors import ConfigError
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair
@@ -288,17 +288,28 @@ def across_starts(rows: list[dict]) -> list[str]:
             f"loss - {first} (95%) |", "|---|---|---|---|---|---|", *lines]
 
 
+def start_stem(recipe: str, common: dict) -> str:
+    """A trained start's folder name before its minutes: the recipe's name, and where `common` holds
+    flags that shape what training learns (a recipe's own, --set data=...), a hash of them, so a
+    start trained with other flags is never the one these score (a start trained as long is reused
+    without training, its flags unread)."""
+    shaping = {k: v for k, v in common.items() if k not in RESUME_FREE}
+    return f"{recipe}+{hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:8]}" \
+        if shaping else recipe
+
+
 def trained_start(minutes: float, out: Path, common: dict, recipe: str = "defaults") -> tuple[str, Path]:
     """The defaults (or the recipe named `recipe`, its flags in `common`) trained `minutes` minutes in
-    `out/<recipe>-<minutes>min`, trained there now if it holds less; under a constant lr a new folder
-    starts from the longest shorter start of the recipe in `out` (its checkpoints and ledger: the
-    training goes on from there). -> (the start's name in the tables, its folder)."""
-    folder = out / f"{recipe}-{minutes:g}min"
+    `out/<start_stem>-<minutes>min`, trained there now if it holds less; under a constant lr a new
+    folder starts from the longest shorter start of the same stem in `out` (its checkpoints and
+    ledger: the training goes on from there). -> (the start's name in the tables, its folder)."""
+    stem = start_stem(recipe, common)
+    folder = out / f"{stem}-{minutes:g}min"
     # a run resumed at a larger --max_minutes goes on as one run of it only at a constant lr (a cosine
     # is drawn over the whole budget): each start of another schedule is trained from the start
     constant = common.get("lr_schedule", Config().optim.lr_schedule) == "constant"
     if constant and not folder.exists():
-        length = re.compile(rf"{re.escape(recipe)}-(\d+(?:\.\d+)?)min")
+        length = re.compile(rf"{re.escape(stem)}-(\d+(?:\.\d+)?)min")
         named = ((length.fullmatch(f.name), f) for f in out.iterdir() if f.is_dir())
         trained = ((float(match[1]), f) for match, f in named if match)
         shorter = sorted((m, f) for m, f in trained if m < minutes)

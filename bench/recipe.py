@@ -18,7 +18,8 @@ checkpoint folder any later validation can name (`fixed.py --eval_only --resume 
 --eval_tasks 0 --ttt_steps 60 --ttt_small_steps 120 --eval_augments 8` scores it on all 400 tasks
 with the default adaptation: a resume takes the run's cheap validation otherwise). A run already in
 `--out` that trained as long is scored, not trained again (`--set` then changes its scoring alone:
-`--set eval_augments=32`). Each row prints as it finishes. What a step of each row costs:
+`--set eval_augments=32`; a run there trained with other training flags is refused, in one line).
+Each row prints as it finishes. What a step of each row costs:
 bench/data_cost.py; what more voted views buy: bench/frontier.py.
 
 The untrained start is a standing row (`untrained`: the same flags, the weights as built, nothing
@@ -50,8 +51,8 @@ from bench.learnability import (
     fmt,
     parse_settings,
 )
-from engine.checkpoint import find_checkpoint
-from engine.config import Config
+from engine.checkpoint import checkpoint_flags, find_checkpoint
+from engine.config import RESUME_FREE, Config
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair, heldout_losses
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
@@ -83,6 +84,8 @@ def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
     training nothing when it holds as many). -> {"train_minutes", "steps"} so far."""
     ledger = run_dir / LEDGER
     done = json.loads(ledger.read_text()) if ledger.exists() else {"train_minutes": 0.0, "steps": 0}
+    if done["steps"]:
+        refuse_other_training(run_dir, flags)
     if done["train_minutes"] >= 0.99 * minutes:  # trained that long already (a rerun scores it again)
         return done
     done = done["train_minutes"]
@@ -96,6 +99,17 @@ def train_until(minutes: float, run_dir: Path, flags: dict) -> dict:
     so_far = {"train_minutes": done + summary["train_seconds"] / 60, "steps": summary["steps"]}
     ledger.write_text(json.dumps(so_far))
     return so_far
+
+
+def refuse_other_training(run_dir: Path, flags: dict) -> None:
+    """A SystemExit naming each flag of `flags` that shapes what training learns (not RESUME_FREE) and
+    that the run in `run_dir` trained with another value: a run trained otherwise is not this row's
+    start, to be scored or trained on as if it were."""
+    saved, defaults = checkpoint_flags(find_checkpoint(str(run_dir), quiet=True)), Config().flags()
+    clashes = [f"--{k} {saved.get(k, defaults[k])} (here: {v})" for k, v in sorted(flags.items())
+               if k not in RESUME_FREE and saved.get(k, defaults[k]) != v]
+    if clashes:
+        raise SystemExit(f"{run_dir}: trained with {', '.join(clashes)}: another --out, or remove it")
 
 
 def keep_mark(run_dir: Path, minutes: float) -> Path:

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from bench.frontier import NOW, device_name, frontier, row_flags, row_name, same_row, trained_start
+from bench.frontier import NOW, device_name, frontier, row_flags, row_name, same_row, start_stem, trained_start
 from bench.recipe import LEDGER as RECIPE_LEDGER
 from tests.conftest import WARM_PYTHON, run_command
 
@@ -93,10 +93,11 @@ def test_a_longer_start_goes_on_from_the_shorter_one_and_the_first_setting_is_th
     out = bench(arc_folder, tmp_path, "--settings", "search", "--minutes", "0.02,0.04", "--starts", "trained")
     table = rows(out)
     assert [r[1] for r in table] == ["search", "search"] and table[0][8] == "(the base)", "no default asked for"
-    shorter, longer = (json.loads((tmp_path / f"defaults-{m}min" / "recipe.json").read_text())
-                       for m in ("0.02", "0.04"))
+    # the folders' names hash the --set flags that shape training (the data, the small sizes)
+    (short_folder,), (long_folder,) = (list(tmp_path.glob(f"defaults+*-{m}min")) for m in ("0.02", "0.04"))
+    shorter, longer = (json.loads((f / "recipe.json").read_text()) for f in (short_folder, long_folder))
     assert longer["steps"] > shorter["steps"] and longer["train_minutes"] > shorter["train_minutes"]
-    assert (tmp_path / "defaults-0.04min" / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
+    assert (long_folder / "checkpoints").is_dir() and not list(tmp_path.glob("*.partial"))
     (row,) = across(out)
     assert row[0] == "search" and f"({longer['steps']:,} steps)" in row[1], "the longer start against the shorter"
 
@@ -143,17 +144,34 @@ def test_a_recipe_sets_every_rows_flags_and_what_the_benchmark_sets_is_left_to_i
 def test_a_recipes_trained_start_is_named_by_it_and_goes_on_from_its_own_shorter_start(tmp_path, monkeypatch):
     """The trained start of `--config lean.toml` lives in lean-<minutes>min and grows from the longest
     shorter lean start, never from the defaults' or lean-big's (each holds enough training: nothing trains)."""
+    monkeypatch.setattr("bench.recipe.refuse_other_training", lambda run_dir, flags: None)  # ledgers, no runs
     for name, steps in (("defaults-0.01min", 7), ("lean-0.01min", 5), ("lean-big-0.015min", 9)):
         (tmp_path / name).mkdir()
         (tmp_path / name / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": steps}))
     name, folder = trained_start(0.02, tmp_path, {}, "lean")
     assert folder == tmp_path / "lean-0.02min" and name == "lean 1 min (5 steps)"
     # under a cosine (drawn over the whole budget) a longer start is trained from the start, not resumed
-    (tmp_path / "fresh-0.01min").mkdir()
-    (tmp_path / "fresh-0.01min" / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": 5}))
+    cosine = {"lr_schedule": "cosine"}
+    shorter = tmp_path / f"{start_stem('fresh', cosine)}-0.01min"
+    shorter.mkdir()
+    (shorter / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": 5}))
     monkeypatch.setattr("bench.frontier.train_until", lambda minutes, folder, flags: {
         "train_minutes": minutes, "steps": len(list(folder.glob("*")))})
-    assert trained_start(0.02, tmp_path, {"lr_schedule": "cosine"}, "fresh")[0] == "fresh 0 min (0 steps)"
+    assert trained_start(0.02, tmp_path, cosine, "fresh")[0] == "fresh 0 min (0 steps)"
+
+
+def test_a_start_trained_with_other_flags_is_never_reused(tmp_path, monkeypatch):
+    """A start's folder names the flags that shaped its training: --set data=... or a model flag
+    gives a start of its own (the 15 minutes of the defaults are not the transductive start's), where
+    a flag that cannot change what is learned (the device, a validation flag) keeps the start."""
+    monkeypatch.setattr("bench.recipe.refuse_other_training", lambda run_dir, flags: None)  # a ledger, no run
+    (tmp_path / "defaults-1min").mkdir()
+    (tmp_path / "defaults-1min" / RECIPE_LEDGER).write_text(json.dumps({"train_minutes": 1.0, "steps": 7}))
+    for same in ({}, {"num_workers": 2, "ttt_lr": 3e-3, "eval_augments": 32}):
+        assert trained_start(1, tmp_path, same, "defaults") == ("defaults 1 min (7 steps)", tmp_path / "defaults-1min")
+    stems = {start_stem("defaults", flags) for flags in ({"train_on_eval_demos": True}, {"agent_channels": 32},
+                                                         {"agent_channels": 32, "ttt_lr": 3e-3}, {})}
+    assert len(stems) == 3 and "defaults" in stems and all(s.startswith("defaults+") for s in stems - {"defaults"})
 
 
 def test_a_row_measured_on_another_device_is_another_row():

@@ -5,6 +5,7 @@ the mean and spread."""
 
 import pytest
 
+from bench.recipe import refuse_other_training
 from tests.conftest import WARM_PYTHON, run_command
 
 pytestmark = pytest.mark.usefixtures("warm_python")  # each bench a process of its own
@@ -50,6 +51,11 @@ def test_a_row_is_scored_beside_the_untrained_start_and_a_rerun_trains_nothing(a
     assert untrained[3] == "0" and untrained[5] != first[5], "weights as built"
     (again,) = tables(bench(arc_folder, tmp_path, "--minutes", "0.02", "--set", "eval_augments=2"))[0]
     assert again[3] == steps and again[9] != "-", "the run found is scored, not trained"
+    # a run trained with other training flags is not this row's: refused in one line, not scored as it
+    refuse_other_training(tmp_path / "defaults", {"agent_channels": 16, "eval_augments": 2, "num_workers": 1})
+    with pytest.raises(SystemExit, match=r"defaults: trained with --agent_channels 16 \(here: 32\), --seed 0 "
+                                         r"\(here: 1\): another --out, or remove it$"):
+        refuse_other_training(tmp_path / "defaults", {"agent_channels": 32, "seed": 1, "eval_augments": 2})
 
 
 @pytest.mark.slow
