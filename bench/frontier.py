@@ -107,7 +107,9 @@ DEFAULT_VARIANTS = {"default-lr-3e-3": {"ttt_lr": 3e-3}, "default-views-16": {"t
                     "default-dropout-0.1": {"ttt_dropout": 0.1}, "default-view-rows": {"ttt_view_rows": True},
                     "default-search": {"view_starts": True}, "default-no-input-views": {"input_views": False},
                     # the adaptation loss's coefficients (the training loss's: loss_function.adaptation_loss)
-                    "default-smoothing-0": {"label_smoothing": 0.0}, "default-hard-4": {"hard_weight": 4.0}}
+                    "default-smoothing-0": {"label_smoothing": 0.0}, "default-hard-4": {"hard_weight": 4.0},
+                    # the prompt without the Qwen text stream (numeric and relation features only)
+                    "default-no-qwen": {"use_qwen": False}}
 SETTINGS.update(DEFAULT_VARIANTS)
 # the grid of test-time training's views of the demos by its steps (v8-s60: the default's on large tasks)
 SETTINGS.update({f"v{views}-s{steps}": {"ttt_views": views, "ttt_steps": steps}
