@@ -92,3 +92,14 @@ def test_eval_size_scores_one_class_and_refuses_what_it_cannot_mean(small_cfg, a
     with pytest.raises(ConfigError, match="^--submission holds every evaluation task: it takes --eval_size all, "
                                           "not small$"):
         small_cfg(eval_size="small", submission=str(tmp_path / "submission.json"))
+
+
+def test_the_flags_help_names_the_small_side_the_rule_uses():
+    """engine/config.py cannot import the rule (evaluation sits above it), so its help says the side
+    in words: it must be SMALL_SIDE's."""
+    import dataclasses
+
+    from engine.config import EvalCfg
+    helps = {f.name: f.metadata["help"] for f in dataclasses.fields(EvalCfg)}
+    for name in ("eval_size", "ttt_small_steps"):
+        assert f"at most {SMALL_SIDE} a side" in helps[name], (name, helps[name])
