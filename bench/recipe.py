@@ -52,7 +52,7 @@ from bench.learnability import (
     parse_settings,
 )
 from engine.checkpoint import checkpoint_flags, find_checkpoint
-from engine.config import RESUME_FREE, Config
+from engine.config import Config, changed_flags
 from evaluation.evaluate import first_tasks, score_tasks
 from evaluation.heldout import by_pair, heldout_losses
 from evaluation.intervals import METHOD, beyond_noise, mcnemar, paired
@@ -105,9 +105,8 @@ def refuse_other_training(run_dir: Path, flags: dict) -> None:
     """A SystemExit naming each flag of `flags` that shapes what training learns (not RESUME_FREE) and
     that the run in `run_dir` trained with another value: a run trained otherwise is not this row's
     start, to be scored or trained on as if it were."""
-    saved, defaults = checkpoint_flags(find_checkpoint(str(run_dir), quiet=True)), Config().flags()
-    clashes = [f"--{k} {saved.get(k, defaults[k])} (here: {v})" for k, v in sorted(flags.items())
-               if k not in RESUME_FREE and saved.get(k, defaults[k]) != v]
+    saved = checkpoint_flags(find_checkpoint(str(run_dir), quiet=True))
+    clashes = [f"--{k} {theirs} (here: {v})" for k, theirs, v in changed_flags(saved, dict(sorted(flags.items())))]
     if clashes:
         raise SystemExit(f"{run_dir}: trained with {', '.join(clashes)}: another --out, or remove it")
 

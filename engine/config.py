@@ -493,3 +493,12 @@ class Config:
     def flags(self) -> dict:
         """Every flag by name: what the checkpoint, the hparams text and resume comparisons hold."""
         return {name: getattr(getattr(self, section), name) for name, section in SECTION_OF.items()}
+
+
+def changed_flags(saved: dict, flags: dict, free: frozenset[str] = RESUME_FREE) -> list[tuple[str, object, object]]:
+    """(name, the run's value, the value here) for each of `flags` but those in `free` whose value differs
+    from a run's `saved` flags. A flag the run's checkpoint does not name was added to the suite after it
+    was written: that run ran with the flag's default, so only a value other than the default is a change."""
+    defaults = Config().flags()
+    return [(k, saved.get(k, defaults[k]), v) for k, v in flags.items()
+            if k not in free and saved.get(k, defaults[k]) != v]

@@ -29,7 +29,7 @@ from engine.checkpoint import (
     start_checkpoint,
     weights_only_steps,
 )
-from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config
+from engine.config import NOT_RESUMED, RESUME_FREE, SECTION_OF, Config, changed_flags
 from engine.distributed import Dist, is_sharded, weights_checksum
 from engine.errors import ConfigError
 from engine.precision import MixedPrecision
@@ -176,12 +176,9 @@ def restore_run_state(state: TrainState, folder: Path, config: dict, dist: Dist,
     if isinstance(state.prompts, PromptCache) and mine["prompt_cache"] is not None:
         state.prompts.load_state_dict(mine["prompt_cache"])
     set_rng_state(mine["rng"])
-    # a flag the checkpoint does not name was added to the suite after it was written: that run ran
-    # with the flag's default, so only a value other than the default is a change
-    defaults = Config().flags()
-    changed = [f"{k} {v} (the checkpoint's: {saved['config'].get(k, defaults[k])})" for k, v in config.items()
-               if k not in RESUME_FREE and not (evaluating and SECTION_OF[k] == "optim")
-               and saved["config"].get(k, defaults[k]) != v]
+    # an evaluation trains nothing: its optimizer flags cannot change what it scores
+    free = RESUME_FREE | frozenset(k for k, s in SECTION_OF.items() if evaluating and s == "optim")
+    changed = [f"{k} {v} (the checkpoint's: {theirs})" for k, theirs, v in changed_flags(saved["config"], config, free)]
     if changed and dist.is_main:
         print(f"warning: resuming with a different config: {', '.join(changed)}", file=sys.stderr)
     state.counters = Counters(**saved["counters"])
